@@ -1,0 +1,38 @@
+# Every target sets itself up on a fresh machine: a virtual environment in .venv with the
+# package and its test tools. Nothing needs installing by hand.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck crd check-crd clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev,plot]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/specgate demo $(DEMO_ARGS)
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+crd: $(STAMP)
+	$(BIN)/specgate crd > crds/specdecodedeployments.specgate.io.yaml
+
+check-crd: $(STAMP)
+	$(BIN)/specgate crd --check crds/specdecodedeployments.specgate.io.yaml
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info out

@@ -1,0 +1,248 @@
+"""kopf handlers: thin shells that render, adopt, apply and write status.
+
+`build_registry(config)` registers every handler on a fresh registry (no module-level
+registration, no globals); the per-process state (the API client) lives in kopf's memo, created
+at startup and closed at cleanup.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+from pydantic import ValidationError
+
+from specgate import api
+from specgate.kube import Credentials, KubeClient, KubeError, adopt
+from specgate_operator import render, status
+
+log = logging.getLogger("specgate.operator")
+
+FINALIZER = "specgate.io/cleanup"
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """Everything `specgate operator` is configured with."""
+
+    render: render.RenderOptions = field(default_factory=render.RenderOptions)
+    resync_seconds: float = 30.0
+    """How often every resource is re-applied (drift correction) and its status refreshed."""
+    detect_monitoring: bool = True
+    """Render ServiceMonitors when the monitoring.coreos.com/v1 API is served."""
+
+
+class MissingSecret(Exception):
+    """The spec names an engine API-key Secret that does not exist (yet)."""
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _invalid_spec_message(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+    )
+
+
+async def _ensure_api_key(kube: KubeClient, sdd: api.SpecDecodeDeployment, owner: Any) -> None:
+    ref = sdd.spec.api_key_secret_ref
+    if ref is not None:
+        secret = await kube.get_or_none("v1", "Secret", sdd.namespace, ref.name)
+        if secret is None:
+            raise MissingSecret(f"Secret {ref.name!r} (spec.apiKeySecretRef) not found")
+        if ref.key not in (secret.get("data") or {}) and ref.key not in (
+            secret.get("stringData") or {}
+        ):
+            raise MissingSecret(f"Secret {ref.name!r} has no key {ref.key!r}")
+        return
+    # Create-if-absent: a key generated once stays for the resource's lifetime.
+    manifest = render.engine_api_key_secret(sdd, secrets.token_urlsafe(32))
+    await kube.create_if_absent(adopt(manifest, owner))
+
+
+async def apply_children(
+    kube: KubeClient, sdd: api.SpecDecodeDeployment, owner: Any, opts: render.RenderOptions
+) -> None:
+    await _ensure_api_key(kube, sdd, owner)
+    for manifest in render.render(sdd, opts):
+        await kube.apply(adopt(manifest, owner))
+
+
+async def observe(
+    kube: KubeClient,
+    sdd_name: str,
+    namespace: str,
+    generation: int,
+    desired_replicas: int,
+    router_port: int,
+    problem: tuple[str, str] | None,
+) -> status.Observed:
+    n = render.names(sdd_name)
+    engine = await kube.get_or_none("apps/v1", "Deployment", namespace, n["engine"])
+    router = await kube.get_or_none("apps/v1", "Deployment", namespace, n["router"])
+    return status.Observed(
+        generation=generation,
+        desired_replicas=desired_replicas,
+        engine=engine,
+        router=router,
+        router_endpoint=f"http://{n['router']}.{namespace}.svc:{router_port}",
+        problem=problem,
+    )
+
+
+def _owner(body: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": body["apiVersion"],
+        "kind": body["kind"],
+        "metadata": {"name": body["metadata"]["name"], "uid": body["metadata"]["uid"]},
+    }
+
+
+async def reconcile(
+    body: Any, patch: Any, memo: Any, logger: logging.Logger | logging.LoggerAdapter[Any]
+) -> None:
+    """Render, apply and write status; raise kopf errors so kopf retries what a retry can fix."""
+    kube: KubeClient = memo.kube
+    config: OperatorConfig = memo.config
+    meta = body["metadata"]
+    generation = int(meta.get("generation", 0))
+    problem: tuple[str, str] | None = None
+    error: Exception | None = None
+    try:
+        sdd = api.SpecDecodeDeployment.model_validate(
+            {"apiVersion": body["apiVersion"], "kind": body["kind"], "metadata": dict(meta),
+             "spec": dict(body.get("spec") or {})}
+        )
+    except ValidationError as exc:
+        message = _invalid_spec_message(exc)
+        problem, error = ("InvalidSpec", message), kopf.PermanentError(message)
+        sdd = None
+    if sdd is not None:
+        opts = config.render
+        if config.detect_monitoring:
+            opts = render.RenderOptions(
+                **{**opts.__dict__, "service_monitor": memo.service_monitor}
+            )
+        try:
+            await apply_children(kube, sdd, _owner(body), opts)
+        except MissingSecret as exc:
+            problem, error = ("SecretNotFound", str(exc)), kopf.TemporaryError(str(exc), delay=10)
+        except KubeError as exc:
+            reason = "ApplyForbidden" if exc.status == 403 else "ApplyFailed"
+            problem = (reason, str(exc))
+            # 422 means the rendered object itself is invalid: only a spec change can fix it.
+            error = (
+                kopf.PermanentError(str(exc))
+                if exc.status == 422
+                else kopf.TemporaryError(str(exc), delay=15)
+            )
+    replicas = sdd.spec.replicas if sdd else 0
+    router_port = sdd.spec.router.port if sdd else 8000
+    observed = await observe(
+        kube, meta["name"], meta.get("namespace") or "default", generation, replicas,
+        router_port, problem,
+    )  # fmt: skip
+    selector = f"{render.LABEL_COMPONENT}=engine,{render.LABEL_DEPLOYMENT}={meta['name']}"
+    new_status = status.status_patch(
+        observed, dict(body.get("status") or {}), now=_now(), selector=selector
+    )
+    if sdd is not None and not (body.get("status") or {}).get("threshold"):
+        threshold = render.initial_threshold(sdd.spec.speculative.control)
+        new_status["threshold"] = "always" if threshold is None else str(threshold)
+    for key, value in new_status.items():
+        patch.status[key] = value
+    if error is not None:
+        logger.warning("reconcile of %s failed: %s", meta["name"], error)
+        raise error
+
+
+async def delete_children(kube: KubeClient, name: str, namespace: str, uid: str) -> int:
+    """Delete every child this resource owns (the garbage collector would too; this makes
+    deletion prompt and independent of it). Objects not owned by the resource are left alone."""
+    deleted = 0
+    for api_version, kind, ns, child in render.child_refs(name, namespace):
+        try:
+            obj = await kube.get_or_none(api_version, kind, ns, child)
+        except KubeError as exc:
+            if exc.status == 404:  # the API itself is not served (e.g. no ServiceMonitor CRD)
+                continue
+            raise
+        if obj is None:
+            continue
+        owners = (obj.get("metadata") or {}).get("ownerReferences") or []
+        if any(o.get("uid") == uid for o in owners) and await kube.delete(
+            api_version, kind, ns, child
+        ):
+            deleted += 1
+    return deleted
+
+
+def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+    resource = (api.GROUP, api.VERSION, api.PLURAL)
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+    @kopf.on.startup(registry=registry)
+    async def configure(
+        settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any
+    ) -> None:
+        settings.persistence.finalizer = FINALIZER
+        # Keep kopf's bookkeeping in annotations: .status belongs to the CRD's schema.
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+            prefix="specgate.io"
+        )
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix="specgate.io", key="last-handled-configuration"
+        )
+        settings.posting.level = logging.WARNING
+        settings.watching.server_timeout = 300
+        settings.networking.request_timeout = 30
+        info = kopf.login_with_service_account(
+            settings=settings, logger=logger
+        ) or kopf.login_with_kubeconfig(settings=settings, logger=logger)
+        if info is None:
+            raise kopf.PermanentError("no Kubernetes credentials: no service account, no kubeconfig")
+        memo.config = config
+        memo.kube = KubeClient(Credentials.from_kopf(info))
+        memo.service_monitor = False
+        if config.detect_monitoring:
+            memo.service_monitor = await memo.kube.serves("monitoring.coreos.com/v1", "servicemonitors")
+        logger.info("ServiceMonitor API served: %s", memo.service_monitor)
+
+    @kopf.on.cleanup(registry=registry)
+    async def close(memo: kopf.Memo, **_: Any) -> None:
+        if getattr(memo, "kube", None) is not None:
+            await memo.kube.aclose()
+
+    @kopf.on.probe(id="api", registry=registry)
+    async def api_reachable(memo: kopf.Memo, **_: Any) -> bool:
+        return await memo.kube.serves(api.API_VERSION, api.PLURAL)
+
+    @kopf.on.resume(*resource, registry=registry)
+    @kopf.on.create(*resource, registry=registry)
+    @kopf.on.update(*resource, field="spec", registry=registry)
+    async def on_change(body: Any, patch: Any, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+        await reconcile(body, patch, memo, logger)
+
+    @kopf.timer(*resource, interval=config.resync_seconds, idle=0, registry=registry)
+    async def resync(body: Any, patch: Any, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+        await reconcile(body, patch, memo, logger)
+
+    @kopf.on.delete(*resource, registry=registry)
+    async def on_delete(body: Any, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+        meta = body["metadata"]
+        count = await delete_children(
+            memo.kube, meta["name"], meta.get("namespace") or "default", meta["uid"]
+        )
+        logger.info("deleted %d children of %s", count, meta["name"])
+
+    return registry

@@ -1,0 +1,79 @@
+"""`specgate operator`: run the kopf operator in this process."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+
+from specgate_operator import render
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument(
+        "-n", "--namespace", action="append", default=[], metavar="NS",
+        help="watch this namespace (repeatable; globs allowed); default: all namespaces",
+    )  # fmt: skip
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
+    defaults = render.RenderOptions()
+    parser.add_argument("--engine-image", default=defaults.engine_image)
+    parser.add_argument("--router-image", default=defaults.router_image)
+    parser.add_argument(
+        "--metrics-namespace-label", action="append", default=[], metavar="KEY=VALUE",
+        help="let pods in namespaces with this label scrape engine /metrics (NetworkPolicy)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--resync-seconds", type=float, default=30.0,
+        help="re-apply children and refresh status this often",
+    )  # fmt: skip
+    parser.add_argument(
+        "--liveness", default="http://0.0.0.0:8080/healthz",
+        help="liveness endpoint URL (empty to disable)",
+    )  # fmt: skip
+    parser.add_argument("--no-service-monitor", action="store_true",
+                        help="never render ServiceMonitors, even when the API is served")
+    parser.add_argument("-v", "--verbose", action="store_true")
+
+
+def _labels(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--metrics-namespace-label: expected KEY=VALUE, got {pair!r}")
+        out[key] = value
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    import kopf
+
+    from specgate_operator import handlers
+
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    config = handlers.OperatorConfig(
+        render=render.RenderOptions(
+            engine_image=args.engine_image,
+            router_image=args.router_image,
+            metrics_namespace_labels=_labels(args.metrics_namespace_label),
+        ),
+        resync_seconds=args.resync_seconds,
+        detect_monitoring=not args.no_service_monitor,
+    )
+    namespaces = list(args.namespace)
+    # A single replica (Recreate) runs at a time, so kopf's peering is not needed.
+    asyncio.run(
+        kopf.operator(
+            registry=handlers.build_registry(config),
+            memo=kopf.Memo(),
+            standalone=True,
+            clusterwide=not namespaces,
+            namespaces=namespaces,
+            liveness_endpoint=args.liveness or None,
+        )
+    )
+    return 0

@@ -1,0 +1,550 @@
+"""Render a SpecDecodeDeployment into the Kubernetes objects that realise it.
+
+A pure function of (resource, options): no I/O, deterministic names, so the operator, `specgate
+render` and the tests all see the same manifests. Owner references are added by the operator at
+apply time (they need the live uid), not here.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from specgate import api
+
+Manifest = dict[str, Any]
+
+ENGINE_KEY_ENV = "SPECGATE_ENGINE_API_KEY"
+ROUTER_CONFIG_FILE = "router.yaml"
+ROUTER_CONFIG_DIR = "/etc/specgate"
+MANAGED_BY = "specgate-operator"
+LABEL_DEPLOYMENT = "specgate.io/deployment"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """Operator-wide settings that are not part of a resource."""
+
+    engine_image: str = "ghcr.io/specgate/worker:0.1.0-sglang0.5.17"
+    router_image: str = "ghcr.io/specgate/specgate:0.1.0"
+    service_monitor: bool = False
+    """Render ServiceMonitors (the operator sets this when monitoring.coreos.com/v1 is served)."""
+    metrics_namespace_labels: dict[str, str] = field(default_factory=dict)
+    """Namespaces whose pods may scrape engine /metrics through the NetworkPolicy (for example
+    {"kubernetes.io/metadata.name": "monitoring"}); empty: only the router reaches engine pods."""
+
+
+def names(sdd_name: str) -> dict[str, str]:
+    """Child object names, one place so the operator, router config and tests agree."""
+    return {
+        "engine": f"{sdd_name}-engine",
+        "router": f"{sdd_name}-router",
+        "secret": f"{sdd_name}-engine-key",
+        "lease": f"{sdd_name}-router-leader",
+    }
+
+
+def labels(sdd: api.SpecDecodeDeployment, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "specgate",
+        "app.kubernetes.io/instance": sdd.name,
+        LABEL_COMPONENT: component,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        LABEL_DEPLOYMENT: sdd.name,
+    }
+
+
+def selector(sdd: api.SpecDecodeDeployment, component: str) -> dict[str, str]:
+    return {LABEL_DEPLOYMENT: sdd.name, LABEL_COMPONENT: component}
+
+
+def selector_string(sdd: api.SpecDecodeDeployment, component: str) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(selector(sdd, component).items()))
+
+
+def _meta(sdd: api.SpecDecodeDeployment, name: str, component: str) -> dict[str, Any]:
+    return {"name": name, "namespace": sdd.namespace, "labels": labels(sdd, component)}
+
+
+def api_key_ref(sdd: api.SpecDecodeDeployment) -> api.SecretKeyRef:
+    return sdd.spec.api_key_secret_ref or api.SecretKeyRef(name=names(sdd.name)["secret"])
+
+
+def served_model_name(sdd: api.SpecDecodeDeployment) -> str:
+    return sdd.spec.model.served_name or sdd.name
+
+
+def initial_threshold(control: api.SpeculationControl) -> int | None:
+    """The threshold an engine starts with: None (flag absent) speculates at every batch size."""
+    if control.mode == "alwaysOn":
+        return None
+    if control.mode == "off":
+        return 0
+    return control.threshold
+
+
+def _model_path(path: str, source: api.WeightsSource) -> str:
+    if source.type == "image" or path.startswith("/"):
+        return path
+    return posixpath.join(source.mount_path, path)
+
+
+def engine_args(sdd: api.SpecDecodeDeployment) -> list[str]:
+    """SGLang 0.5.17 `launch_server` flags (plus the specgate patch's threshold flag)."""
+    spec = sdd.spec
+    model, spec_dec, engine = spec.model, spec.speculative, spec.engine
+    args = [
+        "--model-path", _model_path(model.path, model.source),
+        "--served-model-name", served_model_name(sdd),
+        "--dtype", model.dtype,
+        "--tp-size", str(engine.tensor_parallel_size),
+        "--host", "0.0.0.0",
+        "--port", str(engine.port),
+        "--enable-metrics",
+        # Kubernetes expands $(VAR) from the container's env, which reads the Secret.
+        "--api-key", f"$({ENGINE_KEY_ENV})",
+        "--speculative-algorithm", spec_dec.algorithm,
+        "--speculative-draft-model-path", _model_path(spec_dec.draft_model.path, model.source),
+        "--speculative-num-steps", str(spec_dec.num_steps),
+        "--speculative-eagle-topk", str(spec_dec.eagle_topk),
+        "--speculative-num-draft-tokens", str(spec_dec.num_draft_tokens),
+    ]  # fmt: skip
+    if model.revision:
+        args += ["--revision", model.revision]
+    if spec_dec.draft_model.revision:
+        args += ["--speculative-draft-model-revision", spec_dec.draft_model.revision]
+    if model.context_length is not None:
+        args += ["--context-length", str(model.context_length)]
+    threshold = initial_threshold(spec_dec.control)
+    if threshold is not None:
+        args += ["--speculative-disable-batch-threshold", str(threshold)]
+    if engine.mem_fraction_static is not None:
+        args += ["--mem-fraction-static", f"{engine.mem_fraction_static:g}"]
+    if engine.max_running_requests is not None:
+        args += ["--max-running-requests", str(engine.max_running_requests)]
+    if engine.cuda_graph_max_bs is not None:
+        args += ["--cuda-graph-max-bs", str(engine.cuda_graph_max_bs)]
+    return args + list(engine.extra_args)
+
+
+def _engine_resources(engine: api.EngineSpec) -> dict[str, Any]:
+    resources: dict[str, Any] = {k: dict(v) for k, v in engine.resources.items()}
+    gpus = str(engine.gpus_per_pod)
+    resources.setdefault("limits", {})["nvidia.com/gpu"] = gpus
+    resources.setdefault("requests", {})["nvidia.com/gpu"] = gpus
+    return resources
+
+
+def _weights_volume(source: api.WeightsSource) -> dict[str, Any] | None:
+    if source.type == "pvc" and source.pvc is not None:
+        claim = {"claimName": source.pvc.claim_name, "readOnly": source.pvc.read_only}
+        return {"name": "model", "persistentVolumeClaim": claim}
+    if source.type == "hostPath" and source.host_path is not None:
+        return {"name": "model", "hostPath": {"path": source.host_path.path, "type": "Directory"}}
+    return None
+
+
+def engine_deployment(sdd: api.SpecDecodeDeployment, opts: RenderOptions) -> Manifest:
+    spec, engine, placement = sdd.spec, sdd.spec.engine, sdd.spec.placement
+    n = names(sdd.name)
+    key = api_key_ref(sdd)
+    port = engine.port
+    volumes: list[dict[str, Any]] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": engine.shm_size}}
+    ]
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    weights = _weights_volume(spec.model.source)
+    if weights is not None:
+        volumes.append(weights)
+        mount: dict[str, Any] = {
+            "name": "model",
+            "mountPath": spec.model.source.mount_path,
+            "readOnly": True,
+        }
+        if spec.model.source.pvc is not None and spec.model.source.pvc.sub_path:
+            mount["subPath"] = spec.model.source.pvc.sub_path
+        mounts.append(mount)
+    env: list[dict[str, Any]] = [
+        {
+            "name": ENGINE_KEY_ENV,
+            "valueFrom": {"secretKeyRef": {"name": key.name, "key": key.key}},
+        },
+        *[dict(e) for e in engine.env],
+    ]
+    probe_port = {"port": "http"}
+    container: dict[str, Any] = {
+        "name": "engine",
+        "image": engine.image or opts.engine_image,
+        "imagePullPolicy": engine.image_pull_policy,
+        "command": ["python3", "-m", "sglang.launch_server"],
+        "args": engine_args(sdd),
+        "env": env,
+        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+        "resources": _engine_resources(engine),
+        "volumeMounts": mounts,
+        # /health and /health_generate need no API key in SGLang 0.5.17 (utils/auth.py).
+        "startupProbe": {
+            "httpGet": {"path": "/health", **probe_port},
+            "periodSeconds": 10,
+            "failureThreshold": max(1, engine.startup_timeout_seconds // 10),
+            "timeoutSeconds": 5,
+        },
+        "readinessProbe": {
+            "httpGet": {"path": "/health_generate", **probe_port},
+            "periodSeconds": 10,
+            "timeoutSeconds": 30,
+            "failureThreshold": 3,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/health", **probe_port},
+            "periodSeconds": 15,
+            "timeoutSeconds": 10,
+            "failureThreshold": 4,
+        },
+    }
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "volumes": volumes,
+        "nodeSelector": dict(placement.node_selector),
+        "tolerations": [dict(t) for t in placement.tolerations],
+        "terminationGracePeriodSeconds": 60,
+        "enableServiceLinks": False,
+    }
+    if placement.affinity is not None:
+        pod_spec["affinity"] = dict(placement.affinity)
+    if placement.priority_class_name:
+        pod_spec["priorityClassName"] = placement.priority_class_name
+    if placement.runtime_class_name:
+        pod_spec["runtimeClassName"] = placement.runtime_class_name
+    pod_labels = labels(sdd, "engine")
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(sdd, n["engine"], "engine"),
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": selector(sdd, "engine")},
+            # A GPU node has no room for a surge pod: replace one pod at a time.
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+            },
+            "template": {
+                "metadata": {
+                    "labels": pod_labels,
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(port),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def engine_service(sdd: api.SpecDecodeDeployment) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(sdd, names(sdd.name)["engine"], "engine"),
+        "spec": {
+            # Headless: the router addresses pods one by one through EndpointSlices.
+            "clusterIP": "None",
+            "publishNotReadyAddresses": False,
+            "selector": selector(sdd, "engine"),
+            "ports": [
+                {"name": "http", "port": sdd.spec.engine.port, "targetPort": "http"},
+            ],
+        },
+    }
+
+
+def router_config(sdd: api.SpecDecodeDeployment) -> dict[str, Any]:
+    """The router's policy file (the router's own settings model reads it)."""
+    control = sdd.spec.speculative.control
+    n = names(sdd.name)
+    return {
+        "model": served_model_name(sdd),
+        "defaultClass": sdd.spec.router.default_class,
+        "discovery": {
+            "kubernetes": {
+                "namespace": sdd.namespace,
+                "service": n["engine"],
+                "port": sdd.spec.engine.port,
+            }
+        },
+        "control": {
+            "mode": control.mode,
+            "threshold": control.threshold,
+            "minThreshold": control.min_threshold,
+            "maxThreshold": control.max_threshold,
+            "hysteresis": control.hysteresis,
+            "cooldownSeconds": control.cooldown_seconds,
+        },
+        "pools": {
+            "minLatencyFraction": sdd.spec.router.pools.min_latency_fraction,
+            "maxLatencyFraction": sdd.spec.router.pools.max_latency_fraction,
+        },
+        "leaderElection": {"leaseName": n["lease"], "namespace": sdd.namespace},
+        "statusTarget": {"namespace": sdd.namespace, "name": sdd.name},
+    }
+
+
+def router_configmap(sdd: api.SpecDecodeDeployment) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(sdd, names(sdd.name)["router"], "router"),
+        "data": {ROUTER_CONFIG_FILE: yaml.safe_dump(router_config(sdd), sort_keys=True)},
+    }
+
+
+def router_service_account(sdd: api.SpecDecodeDeployment) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _meta(sdd, names(sdd.name)["router"], "router"),
+        "automountServiceAccountToken": True,
+    }
+
+
+ROUTER_RULES: list[dict[str, Any]] = [
+    {
+        "apiGroups": ["discovery.k8s.io"],
+        "resources": ["endpointslices"],
+        "verbs": ["get", "list", "watch"],
+    },
+    {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "verbs": ["get", "create", "update"],
+    },
+    {"apiGroups": [api.GROUP], "resources": [api.PLURAL], "verbs": ["get"]},
+    {"apiGroups": [api.GROUP], "resources": [f"{api.PLURAL}/status"], "verbs": ["get", "patch"]},
+]
+"""What the router does with the API: watch engine endpoints, hold its Lease, publish pod state."""
+
+
+def router_role(sdd: api.SpecDecodeDeployment) -> Manifest:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _meta(sdd, names(sdd.name)["router"], "router"),
+        "rules": ROUTER_RULES,
+    }
+
+
+def router_role_binding(sdd: api.SpecDecodeDeployment) -> Manifest:
+    name = names(sdd.name)["router"]
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _meta(sdd, name, "router"),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": sdd.namespace}],
+    }
+
+
+def router_deployment(sdd: api.SpecDecodeDeployment, opts: RenderOptions) -> Manifest:
+    router = sdd.spec.router
+    n = names(sdd.name)
+    key = api_key_ref(sdd)
+    container = {
+        "name": "router",
+        "image": router.image or opts.router_image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["specgate", "router"],
+        "args": [
+            "--config", f"{ROUTER_CONFIG_DIR}/{ROUTER_CONFIG_FILE}",
+            "--port", str(router.port),
+        ],  # fmt: skip
+        "env": [
+            {
+                "name": ENGINE_KEY_ENV,
+                "valueFrom": {"secretKeyRef": {"name": key.name, "key": key.key}},
+            },
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        ],
+        "ports": [{"name": "http", "containerPort": router.port, "protocol": "TCP"}],
+        "resources": {k: dict(v) for k, v in router.resources.items()},
+        "readinessProbe": {
+            "httpGet": {"path": "/readyz", "port": "http"},
+            "periodSeconds": 5,
+            "failureThreshold": 2,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", "port": "http"},
+            "periodSeconds": 10,
+            "failureThreshold": 3,
+        },
+        # The config is re-read when the ConfigMap volume changes: no restart, no dropped streams.
+        "volumeMounts": [{"name": "config", "mountPath": ROUTER_CONFIG_DIR, "readOnly": True}],
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 65532,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(sdd, n["router"], "router"),
+        "spec": {
+            "replicas": router.replicas,
+            "selector": {"matchLabels": selector(sdd, "router")},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+            },
+            "template": {
+                "metadata": {
+                    "labels": labels(sdd, "router"),
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(router.port),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": {
+                    "serviceAccountName": n["router"],
+                    "containers": [container],
+                    "volumes": [{"name": "config", "configMap": {"name": n["router"]}}],
+                    # Long enough for in-flight streams to drain on shutdown.
+                    "terminationGracePeriodSeconds": 120,
+                    "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+                },
+            },
+        },
+    }
+
+
+def router_service(sdd: api.SpecDecodeDeployment) -> Manifest:
+    router = sdd.spec.router
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(sdd, names(sdd.name)["router"], "router"),
+        "spec": {
+            "type": router.service_type,
+            "selector": selector(sdd, "router"),
+            "ports": [{"name": "http", "port": router.port, "targetPort": "http"}],
+        },
+    }
+
+
+def engine_api_key_secret(sdd: api.SpecDecodeDeployment, api_key: str) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(sdd, names(sdd.name)["secret"], "engine"),
+        "type": "Opaque",
+        "stringData": {"api-key": api_key},
+    }
+
+
+def engine_pdb(sdd: api.SpecDecodeDeployment) -> Manifest:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(sdd, names(sdd.name)["engine"], "engine"),
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": selector(sdd, "engine")},
+        },
+    }
+
+
+def engine_network_policy(sdd: api.SpecDecodeDeployment, opts: RenderOptions) -> Manifest:
+    port = [{"protocol": "TCP", "port": sdd.spec.engine.port}]
+    ingress: list[dict[str, Any]] = [
+        {"from": [{"podSelector": {"matchLabels": selector(sdd, "router")}}], "ports": port}
+    ]
+    if opts.metrics_namespace_labels:
+        # Scrapers reach the same port; SGLang serves /metrics and /health without the key, and
+        # everything else there still needs it.
+        scraper = {"namespaceSelector": {"matchLabels": dict(opts.metrics_namespace_labels)}}
+        ingress.append({"from": [scraper], "ports": port})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(sdd, names(sdd.name)["engine"], "engine"),
+        "spec": {
+            "podSelector": {"matchLabels": selector(sdd, "engine")},
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
+        },
+    }
+
+
+def service_monitor(sdd: api.SpecDecodeDeployment, component: str) -> Manifest:
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": _meta(sdd, names(sdd.name)[component], component),
+        "spec": {
+            "selector": {"matchLabels": selector(sdd, component)},
+            "endpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}],
+        },
+    }
+
+
+def render(
+    sdd: api.SpecDecodeDeployment,
+    opts: RenderOptions | None = None,
+    *,
+    api_key: str | None = None,
+) -> list[Manifest]:
+    """All child objects of one resource, in apply order.
+
+    `api_key` is the value for the generated engine-key Secret; the Secret is rendered only when
+    the spec names none and a value is given (the operator generates one and creates the Secret
+    only if absent, so a key is never rotated by accident).
+    """
+    opts = opts or RenderOptions()
+    out: list[Manifest] = []
+    if sdd.spec.api_key_secret_ref is None and api_key is not None:
+        out.append(engine_api_key_secret(sdd, api_key))
+    out += [
+        router_service_account(sdd),
+        router_role(sdd),
+        router_role_binding(sdd),
+        router_configmap(sdd),
+        engine_service(sdd),
+        engine_deployment(sdd, opts),
+        engine_pdb(sdd),
+        engine_network_policy(sdd, opts),
+        router_deployment(sdd, opts),
+        router_service(sdd),
+    ]
+    if opts.service_monitor:
+        out += [service_monitor(sdd, "engine"), service_monitor(sdd, "router")]
+    return out
+
+
+def child_refs(sdd_name: str, namespace: str) -> list[tuple[str, str, str, str]]:
+    """(apiVersion, kind, namespace, name) of every child the operator may have created, for
+    deletion; independent of the spec so a resource with a broken spec is still cleaned up."""
+    n = names(sdd_name)
+    return [
+        ("monitoring.coreos.com/v1", "ServiceMonitor", namespace, n["router"]),
+        ("monitoring.coreos.com/v1", "ServiceMonitor", namespace, n["engine"]),
+        ("v1", "Service", namespace, n["router"]),
+        ("apps/v1", "Deployment", namespace, n["router"]),
+        ("networking.k8s.io/v1", "NetworkPolicy", namespace, n["engine"]),
+        ("policy/v1", "PodDisruptionBudget", namespace, n["engine"]),
+        ("apps/v1", "Deployment", namespace, n["engine"]),
+        ("v1", "Service", namespace, n["engine"]),
+        ("v1", "ConfigMap", namespace, n["router"]),
+        ("rbac.authorization.k8s.io/v1", "RoleBinding", namespace, n["router"]),
+        ("rbac.authorization.k8s.io/v1", "Role", namespace, n["router"]),
+        ("v1", "ServiceAccount", namespace, n["router"]),
+        ("v1", "Secret", namespace, n["secret"]),
+    ]

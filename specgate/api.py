@@ -1,0 +1,453 @@
+"""The SpecDecodeDeployment API, v1alpha1: the one typed definition of the resource.
+
+The CRD in `crds/` is generated from these models (`specgate crd`), the operator parses resources
+with them, and the docs' CRD reference is generated from them too. Attribute docstrings become the
+schema's descriptions, so every field documents itself once, here.
+
+Cross-field rules are CEL expressions (`x-kubernetes-validations`) attached to the model that
+owns the fields; the API server enforces them on admission, and `specgate.admission` evaluates
+the same expressions in tests and in `specgate render`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+GROUP = "specgate.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "SpecDecodeDeployment"
+PLURAL = "specdecodedeployments"
+SINGULAR = "specdecodedeployment"
+SHORT_NAMES = ["sdd"]
+
+DEFAULT_GPU_PRODUCT = "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition"
+"""The value GPU feature discovery puts in `nvidia.com/gpu.product` for that card."""
+
+# A Kubernetes resource.Quantity as a string ("16Gi", "500m", "1.5").
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"
+
+# Flags the operator renders itself; letting extraArgs repeat them would silently fight the spec.
+RESERVED_ENGINE_FLAGS = (
+    "model-path|served-model-name|revision|dtype|context-length|tp|tp-size|tensor-parallel-size"
+    "|host|port|api-key|enable-metrics|speculative-[a-z-]+|mem-fraction-static"
+    "|max-running-requests|cuda-graph-max-bs"
+)
+
+KubeObject = Annotated[
+    dict[str, Any],
+    Field(json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}),
+]
+"""A Kubernetes core type passed through as is (the API server validates it in the pod)."""
+
+
+def _cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
+    out = {"rule": rule, "message": message}
+    if field_path:
+        out["fieldPath"] = field_path
+    return out
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        use_attribute_docstrings=True,
+        frozen=True,
+    )
+
+
+class PersistentVolumeClaimSource(_Model):
+    """Model weights on a PersistentVolumeClaim in the resource's namespace."""
+
+    claim_name: str = Field(min_length=1, max_length=253)
+    """Name of the PersistentVolumeClaim that holds the weights."""
+    sub_path: str = Field(default="", max_length=1024)
+    """Path inside the volume to mount instead of its root."""
+    read_only: bool = True
+    """Mount the claim read-only (the engine never writes to it)."""
+
+
+class HostPathSource(_Model):
+    """Model weights in a directory on every GPU node (for example a local NVMe cache)."""
+
+    path: str = Field(min_length=1, max_length=4096, pattern=r"^/")
+    """Absolute directory on the node."""
+
+
+class WeightsSource(_Model):
+    """Where the weights come from, mounted at `mountPath` in the engine container."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "self.type != 'pvc' || has(self.pvc)",
+                    "type 'pvc' needs spec.model.source.pvc.claimName",
+                ),
+                _cel(
+                    "self.type != 'hostPath' || has(self.hostPath)",
+                    "type 'hostPath' needs spec.model.source.hostPath.path",
+                ),
+                _cel(
+                    "self.type == 'pvc' || !has(self.pvc)",
+                    "pvc is set but type is not 'pvc': set type: pvc or remove pvc",
+                ),
+                _cel(
+                    "self.type == 'hostPath' || !has(self.hostPath)",
+                    "hostPath is set but type is not 'hostPath': set type: hostPath or remove it",
+                ),
+            ]
+        }
+    )
+
+    type: Literal["pvc", "hostPath", "image"] = "image"
+    """`pvc`: a PersistentVolumeClaim; `hostPath`: a node directory; `image`: the weights are baked
+    into the engine image (or model paths are hub ids the image can resolve offline)."""
+    pvc: PersistentVolumeClaimSource | None = None
+    """The claim, when type is `pvc`."""
+    host_path: HostPathSource | None = None
+    """The node directory, when type is `hostPath`."""
+    mount_path: str = Field(default="/models", pattern=r"^/", max_length=1024)
+    """Where the weights are mounted in the engine container; relative model paths resolve here."""
+
+
+class ModelSpec(_Model):
+    """The target model."""
+
+    path: str = Field(min_length=1, max_length=1024)
+    """Model path (relative paths resolve under `source.mountPath`) or hub id, as SGLang's
+    `--model-path` takes it."""
+    revision: str | None = Field(default=None, max_length=255)
+    """Hub revision (branch, tag or commit) when `path` is a hub id."""
+    served_name: str | None = Field(default=None, min_length=1, max_length=255)
+    """Model name clients send in OpenAI requests; defaults to the resource name."""
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    """Weight and activation dtype."""
+    context_length: int | None = Field(default=None, ge=128, le=4_194_304)
+    """Maximum context length in tokens; defaults to the model's config."""
+    source: WeightsSource = Field(default_factory=WeightsSource)
+    """Where the weights come from."""
+
+
+class DraftModelSpec(_Model):
+    """The EAGLE draft model."""
+
+    path: str = Field(min_length=1, max_length=1024)
+    """Draft model path (same resolution as `spec.model.path`) or hub id."""
+    revision: str | None = Field(default=None, max_length=255)
+    """Hub revision of the draft."""
+
+
+class SpeculationControl(_Model):
+    """How specgate switches speculation with load."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "self.minThreshold <= self.threshold && self.threshold <= self.maxThreshold",
+                    "threshold must lie within [minThreshold, maxThreshold]: raise maxThreshold,"
+                    " lower minThreshold or move threshold",
+                ),
+            ]
+        }
+    )
+
+    mode: Literal["dynamic", "alwaysOn", "off"] = "dynamic"
+    """`dynamic`: the router moves each pod's speculation-disable batch threshold with load;
+    `alwaysOn`: speculate at every batch size; `off`: never speculate (the draft stays loaded and in
+    sync, so switching back needs no restart)."""
+    threshold: int = Field(default=8, ge=0, le=4096)
+    """Initial speculation-disable batch threshold: a pod speculates while its decode batch holds
+    at most this many requests. 0 never speculates."""
+    min_threshold: int = Field(default=0, ge=0, le=4096)
+    """Lowest threshold the controller may set."""
+    max_threshold: int = Field(default=64, ge=0, le=4096)
+    """Highest threshold the controller may set."""
+    hysteresis: int = Field(default=2, ge=0, le=256)
+    """The controller changes a pod's threshold only when its estimate moves more than this many
+    requests away from the current value."""
+    cooldown_seconds: int = Field(default=30, ge=0, le=3600)
+    """Minimum time between two threshold changes on one pod."""
+
+
+class SpeculativeSpec(_Model):
+    """EAGLE speculative decoding."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "self.control.mode != 'dynamic' || self.eagleTopk == 1",
+                    "control.mode 'dynamic' needs eagleTopk: 1 (the runtime threshold switches"
+                    " chain drafts only); set eagleTopk: 1 or control.mode: alwaysOn",
+                ),
+                _cel(
+                    "self.eagleTopk != 1 || self.numDraftTokens == self.numSteps + 1",
+                    "with eagleTopk: 1, numDraftTokens must equal numSteps + 1",
+                ),
+                _cel(
+                    "self.numDraftTokens <= self.eagleTopk * self.numSteps + 1",
+                    "numDraftTokens cannot exceed eagleTopk * numSteps + 1 (the draft tree size)",
+                ),
+            ]
+        }
+    )
+
+    algorithm: Literal["EAGLE3", "EAGLE"] = "EAGLE3"
+    """Speculative algorithm, as SGLang's `--speculative-algorithm` takes it."""
+    draft_model: DraftModelSpec
+    """The draft model trained for the target."""
+    num_steps: int = Field(default=3, ge=1, le=16)
+    """Draft steps per decode step (`--speculative-num-steps`)."""
+    eagle_topk: int = Field(default=1, ge=1, le=16)
+    """Branching factor of the draft tree (`--speculative-eagle-topk`)."""
+    num_draft_tokens: int = Field(default=4, ge=2, le=257)
+    """Tokens verified per request per step (`--speculative-num-draft-tokens`)."""
+    control: SpeculationControl = Field(default_factory=SpeculationControl)
+    """Runtime control of speculation."""
+
+
+class EngineSpec(_Model):
+    """The SGLang engine pods."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "self.gpusPerPod % self.tensorParallelSize == 0",
+                    "gpusPerPod must be a multiple of tensorParallelSize",
+                ),
+                _cel(
+                    "self.extraArgs.all(a, !a.matches('^--(" + RESERVED_ENGINE_FLAGS + ")(=.*)?$'))",
+                    "extraArgs may not set flags the operator renders from the spec (model,"
+                    " parallelism, host/port, API key, metrics, speculative, memory and batch"
+                    " flags): use the matching spec field instead",
+                ),
+            ]
+        }
+    )
+
+    image: str | None = Field(default=None, min_length=1, max_length=512)
+    """Engine image; defaults to the specgate worker image the operator was configured with."""
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    """Image pull policy of the engine container."""
+    tensor_parallel_size: Literal[1, 2, 4, 8] = 8
+    """Tensor-parallel degree (`--tp`)."""
+    gpus_per_pod: int = Field(default=8, ge=1, le=8)
+    """GPUs each engine pod requests (`nvidia.com/gpu`)."""
+    port: int = Field(default=30000, ge=1024, le=65535)
+    """Port the engine listens on inside the pod."""
+    mem_fraction_static: float | None = Field(default=None, ge=0.05, le=0.98)
+    """Fraction of GPU memory for weights and KV cache (`--mem-fraction-static`); SGLang picks
+    when unset."""
+    max_running_requests: int | None = Field(default=None, ge=1, le=65536)
+    """Cap on concurrently running requests per pod (`--max-running-requests`)."""
+    cuda_graph_max_bs: int | None = Field(default=None, ge=1, le=4096)
+    """Largest batch captured in CUDA graphs (`--cuda-graph-max-bs`)."""
+    extra_args: list[str] = Field(default_factory=list, max_length=64)
+    """Further SGLang flags, appended verbatim."""
+    env: list[KubeObject] = Field(default_factory=list, max_length=128)
+    """Environment variables (core/v1 EnvVar) for the engine container."""
+    resources: KubeObject = Field(default_factory=dict)
+    """Extra container resources (core/v1 ResourceRequirements); the GPU count always comes from
+    `gpusPerPod`."""
+    shm_size: str = Field(default="16Gi", pattern=QUANTITY_PATTERN)
+    """Size of the memory-backed /dev/shm (NCCL needs it for tensor parallelism)."""
+    startup_timeout_seconds: int = Field(default=1800, ge=60, le=7200)
+    """How long the startup probe waits for weights to load and CUDA graphs to capture."""
+
+
+class PlacementSpec(_Model):
+    """Where engine pods may run."""
+
+    node_selector: dict[str, str] = Field(
+        default_factory=lambda: {"nvidia.com/gpu.product": DEFAULT_GPU_PRODUCT}
+    )
+    """Node labels engine pods require; by default nodes whose GPU feature-discovery product label
+    says RTX PRO 6000 Blackwell."""
+    tolerations: list[KubeObject] = Field(
+        default_factory=lambda: [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+        ],
+        max_length=64,
+    )
+    """Tolerations (core/v1 Toleration); by default the `nvidia.com/gpu` taint."""
+    affinity: KubeObject | None = None
+    """Affinity (core/v1 Affinity) for engine pods."""
+    priority_class_name: str | None = Field(default=None, min_length=1, max_length=253)
+    """PriorityClass for engine pods."""
+    runtime_class_name: str | None = Field(default=None, min_length=1, max_length=253)
+    """RuntimeClass for engine pods (for example `nvidia`)."""
+
+
+class PoolSplit(_Model):
+    """Bounds on the share of pods kept in the latency pool (speculating, small batches); the
+    router sizes the split from the observed class mix within them."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "self.minLatencyFraction <= self.maxLatencyFraction",
+                    "minLatencyFraction must not exceed maxLatencyFraction",
+                ),
+            ]
+        }
+    )
+
+    min_latency_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Lowest share of pods in the latency pool."""
+    max_latency_fraction: float = Field(default=1.0, ge=0.0, le=1.0)
+    """Highest share of pods in the latency pool."""
+
+
+class RouterSpec(_Model):
+    """The speculation-aware router in front of the engine pods."""
+
+    replicas: int = Field(default=2, ge=1, le=16)
+    """Router replicas; all route, one (the Lease holder) controls thresholds."""
+    image: str | None = Field(default=None, min_length=1, max_length=512)
+    """Router image; defaults to the image the operator was configured with."""
+    port: int = Field(default=8000, ge=1024, le=65535)
+    """Port of the OpenAI-compatible API."""
+    default_class: Literal["latency", "throughput"] = "latency"
+    """Traffic class of requests without an `x-specgate-class` header."""
+    pools: PoolSplit = Field(default_factory=PoolSplit)
+    """Latency/throughput pool split."""
+    resources: KubeObject = Field(
+        default_factory=lambda: {
+            "requests": {"cpu": "500m", "memory": "256Mi"},
+            "limits": {"memory": "1Gi"},
+        }
+    )
+    """Router container resources (core/v1 ResourceRequirements)."""
+    service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
+    """Type of the router's Service."""
+
+
+class SecretKeyRef(_Model):
+    """A key in a Secret in the resource's namespace."""
+
+    name: str = Field(min_length=1, max_length=253)
+    """Secret name."""
+    key: str = Field(default="api-key", min_length=1, max_length=253)
+    """Key in the Secret."""
+
+
+class SpecDecodeDeploymentSpec(_Model):
+    """Desired state of a speculative-decoding model deployment."""
+
+    model: ModelSpec
+    """The target model."""
+    speculative: SpeculativeSpec
+    """EAGLE speculation and its runtime control."""
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    """SGLang engine pods."""
+    replicas: int = Field(default=1, ge=0, le=256)
+    """Engine pods (each one a full model replica over `gpusPerPod` GPUs)."""
+    placement: PlacementSpec = Field(default_factory=PlacementSpec)
+    """Scheduling of engine pods."""
+    router: RouterSpec = Field(default_factory=RouterSpec)
+    """The router."""
+    api_key_secret_ref: SecretKeyRef | None = None
+    """Secret holding the engine API key; when unset the operator creates `<name>-engine-key`."""
+
+
+# ---- status (written by the operator and, for pods[], by the router) ----
+
+
+class Condition(_Model):
+    """A metav1.Condition."""
+
+    type: str = Field(max_length=316)
+    """`Ready`, `Progressing`, `Degraded` or `SpeculationControlled`."""
+    status: Literal["True", "False", "Unknown"]
+    """Condition status."""
+    reason: str = Field(max_length=1024)
+    """CamelCase reason."""
+    message: str = Field(default="", max_length=32768)
+    """Human-readable detail."""
+    last_transition_time: str
+    """When status last changed (RFC 3339)."""
+    observed_generation: int | None = Field(default=None, ge=0)
+    """Generation the condition was computed from."""
+
+
+class PodSpeculationStatus(_Model):
+    """One engine pod as the router sees it."""
+
+    name: str
+    """Pod name."""
+    ready: bool = False
+    """Pod passes its readiness probe and the router's health checks."""
+    speculating: bool = False
+    """Speculation on at the pod's current batch size."""
+    threshold: int | None = None
+    """Current speculation-disable batch threshold (null: always speculate)."""
+    batch_size: int = 0
+    """Running requests in the decode batch."""
+    accept_length: float | None = None
+    """Mean accepted tokens per speculating step."""
+    last_change: str | None = None
+    """When the threshold last changed (RFC 3339)."""
+    reason: str = ""
+    """Why the threshold has its value."""
+
+
+class RouterStatus(_Model):
+    """The router as the operator sees it."""
+
+    endpoint: str = ""
+    """In-cluster URL of the OpenAI-compatible API."""
+    ready: bool = False
+    """At least one router replica is ready."""
+
+
+class SpecDecodeDeploymentStatus(_Model):
+    """Observed state."""
+
+    observed_generation: int = 0
+    """Last spec generation the operator acted on."""
+    replicas: int = 0
+    """Engine pods that exist."""
+    ready_replicas: int = 0
+    """Engine pods that are ready."""
+    selector: str = ""
+    """Label selector of engine pods (for the scale subresource)."""
+    threshold: str = ""
+    """Summary of the pods' thresholds (one value or a min-max range)."""
+    conditions: list[Condition] = Field(default_factory=list)
+    """Ready, Progressing, Degraded, SpeculationControlled."""
+    pods: list[PodSpeculationStatus] = Field(default_factory=list)
+    """Per-pod speculation state, written by the router."""
+    router: RouterStatus = Field(default_factory=RouterStatus)
+    """The router."""
+
+
+class SpecDecodeDeployment(BaseModel):
+    """A full resource as read from the API server (metadata kept as a plain mapping)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    api_version: Literal["specgate.io/v1alpha1"] = Field(alias="apiVersion")
+    kind: Literal["SpecDecodeDeployment"]
+    metadata: dict[str, Any]
+    spec: SpecDecodeDeploymentSpec
+
+    @property
+    def name(self) -> str:
+        return str(self.metadata["name"])
+
+    @property
+    def namespace(self) -> str:
+        return str(self.metadata.get("namespace") or "default")
+
+    @property
+    def uid(self) -> str:
+        return str(self.metadata.get("uid", ""))

@@ -1,0 +1,118 @@
+"""The `specgate` command line. Each subcommand imports its component lazily, so `specgate crd`
+does not pay for kopf and `specgate operator` does not pay for the router."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def _cmd_crd(args: argparse.Namespace) -> int:
+    from specgate import crd
+
+    text = crd.crd_yaml()
+    if args.check:
+        current = Path(args.check).read_text()
+        if current != text:
+            print(f"{args.check} is stale: regenerate it with `specgate crd > {args.check}`",
+                  file=sys.stderr)
+            return 1
+        return 0
+    sys.stdout.write(text)
+    return 0
+
+
+def load_resources(path: str) -> list[dict[str, Any]]:
+    """SpecDecodeDeployments from a YAML file (several documents allowed; '-' is stdin)."""
+    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    for i, doc in enumerate(docs):
+        if not isinstance(doc, dict) or doc.get("kind") != "SpecDecodeDeployment":
+            kind = doc.get("kind") if isinstance(doc, dict) else type(doc).__name__
+            raise ValueError(f"{path}: document {i + 1} is a {kind}, not a SpecDecodeDeployment")
+    return docs
+
+
+def _cmd_render(args: argparse.Namespace) -> int:
+    from specgate import admission, api, crd
+    from specgate_operator import render
+
+    schema = admission.crd_schema(crd.crd())
+    opts = render.RenderOptions(
+        engine_image=args.engine_image or render.RenderOptions.engine_image,
+        router_image=args.router_image or render.RenderOptions.router_image,
+        service_monitor=args.service_monitor,
+    )
+    out: list[dict[str, Any]] = []
+    try:
+        docs = load_resources(args.filename)
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    failed = False
+    for doc in docs:
+        name = (doc.get("metadata") or {}).get("name", "?")
+        try:
+            admitted = admission.admit(doc, schema)
+        except admission.AdmissionError as exc:
+            failed = True
+            print(f"error: SpecDecodeDeployment {name!r} is invalid:", file=sys.stderr)
+            for err in exc.errors:
+                print(f"  {err}", file=sys.stderr)
+            continue
+        admitted.setdefault("metadata", {}).setdefault("namespace", args.namespace)
+        sdd = api.SpecDecodeDeployment.model_validate(admitted)
+        # The real operator generates a random key once; render shows where it would go.
+        out += render.render(sdd, opts, api_key="<generated-by-operator>")
+    if failed:
+        return 2
+    sys.stdout.write(yaml.safe_dump_all(out, sort_keys=False, width=100))
+    return 0
+
+
+def _cmd_operator(args: argparse.Namespace) -> int:
+    from specgate_operator import main
+
+    return main.run(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="specgate",
+        description="Kubernetes operator and speculation-aware router for SGLang EAGLE-3.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("crd", help="print the SpecDecodeDeployment CRD generated from the model")
+    p.add_argument("--check", metavar="FILE", help="exit 1 if FILE differs from the generated CRD")
+    p.set_defaults(func=_cmd_crd)
+
+    p = sub.add_parser("render", help="print the manifests the operator would apply")
+    p.add_argument("-f", "--filename", required=True, help="SpecDecodeDeployment YAML ('-': stdin)")
+    p.add_argument("-n", "--namespace", default="default", help="namespace when the file has none")
+    p.add_argument("--engine-image")
+    p.add_argument("--router-image")
+    p.add_argument("--service-monitor", action="store_true", help="include ServiceMonitors")
+    p.set_defaults(func=_cmd_render)
+
+    p = sub.add_parser("operator", help="run the kopf operator")
+    from specgate_operator import main as operator_main
+
+    operator_main.add_arguments(p)
+    p.set_defaults(func=_cmd_operator)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

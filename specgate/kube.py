@@ -1,0 +1,292 @@
+"""A small async Kubernetes API client over httpx, for the operator and the router.
+
+Only what specgate does: server-side apply, create-if-absent, get, list, merge-patch (also of the
+status subresource), delete, and API discovery. Credentials come from kopf's own login helpers
+(in-cluster service account or kubeconfig), so the operator's watch stream and its writes use one
+identity. Errors become `KubeError` with the API server's status code, reason and message.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+FIELD_MANAGER = "specgate-operator"
+
+# kind -> (API path prefix, plural) for every kind specgate reads or writes.
+_KINDS: dict[tuple[str, str], str] = {
+    ("v1", "Secret"): "secrets",
+    ("v1", "ServiceAccount"): "serviceaccounts",
+    ("v1", "ConfigMap"): "configmaps",
+    ("v1", "Service"): "services",
+    ("v1", "Pod"): "pods",
+    ("v1", "Event"): "events",
+    ("apps/v1", "Deployment"): "deployments",
+    ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
+    ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
+    ("rbac.authorization.k8s.io/v1", "Role"): "roles",
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitors",
+    ("coordination.k8s.io/v1", "Lease"): "leases",
+    ("discovery.k8s.io/v1", "EndpointSlice"): "endpointslices",
+    ("specgate.io/v1alpha1", "SpecDecodeDeployment"): "specdecodedeployments",
+}
+
+
+class KubeError(Exception):
+    """An API call failed; `status` is the HTTP code (0 when the server was not reached)."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        self.status, self.reason, self.message = status, reason, message
+        super().__init__(f"{status} {reason}: {message}")
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+
+def collection_path(api_version: str, kind: str, namespace: str | None) -> str:
+    plural = _KINDS.get((api_version, kind))
+    if plural is None:
+        raise ValueError(f"specgate does not manage {api_version} {kind}")
+    root = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    return f"{root}/namespaces/{quote(namespace)}/{plural}" if namespace else f"{root}/{plural}"
+
+
+def object_path(api_version: str, kind: str, namespace: str | None, name: str) -> str:
+    return f"{collection_path(api_version, kind, namespace)}/{quote(name)}"
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """Where the API server is and how to authenticate; built from kopf's ConnectionInfo."""
+
+    server: str
+    token: str | None = None
+    ca_path: str | None = None
+    ca_data: bytes | None = None
+    insecure: bool = False
+    certificate_path: str | None = None
+    private_key_path: str | None = None
+    default_namespace: str | None = None
+
+    @classmethod
+    def from_kopf(cls, info: Any) -> Credentials:
+        """From `kopf.ConnectionInfo` (as its login_with_* helpers return it)."""
+        cert_path, key_path = info.certificate_path, info.private_key_path
+        if info.certificate_data and info.private_key_data:
+            cert_path = _to_file(_as_bytes(info.certificate_data), "cert")
+            key_path = _to_file(_as_bytes(info.private_key_data), "key")
+        return cls(
+            server=info.server,
+            token=info.token,
+            ca_path=os.fsdecode(info.ca_path) if info.ca_path else None,
+            ca_data=_as_bytes(info.ca_data) if info.ca_data else None,
+            insecure=bool(info.insecure),
+            certificate_path=os.fsdecode(cert_path) if cert_path else None,
+            private_key_path=os.fsdecode(key_path) if key_path else None,
+            default_namespace=info.default_namespace,
+        )
+
+    def ssl_context(self) -> ssl.SSLContext | bool:
+        if self.insecure:
+            return False
+        if self.ca_path or self.ca_data:
+            ctx = ssl.create_default_context(
+                cafile=self.ca_path,
+                cadata=self.ca_data.decode() if self.ca_data else None,
+            )
+        else:
+            ctx = ssl.create_default_context()
+        if self.certificate_path and self.private_key_path:
+            ctx.load_cert_chain(self.certificate_path, self.private_key_path)
+        return ctx
+
+
+def _as_bytes(data: str | bytes) -> bytes:
+    return data.encode() if isinstance(data, str) else data
+
+
+def _to_file(data: bytes, suffix: str) -> str:
+    fd, path = tempfile.mkstemp(prefix="specgate-", suffix=f".{suffix}")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    return path
+
+
+class KubeClient:
+    """One httpx.AsyncClient bound to one API server; close it with `aclose()`."""
+
+    def __init__(
+        self,
+        credentials: Credentials,
+        *,
+        timeout: float = 15.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        headers = {"Accept": "application/json", "User-Agent": "specgate"}
+        if credentials.token:
+            headers["Authorization"] = f"Bearer {credentials.token}"
+        self.credentials = credentials
+        self._http = httpx.AsyncClient(
+            base_url=credentials.server,
+            headers=headers,
+            timeout=timeout,
+            verify=credentials.ssl_context(),
+            transport=transport,
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        content_type: str = "application/json",
+        params: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
+        headers = {"Content-Type": content_type} if body is not None else {}
+        try:
+            resp = await self._http.request(
+                method, path, json=body, headers=headers, params=params
+            )
+        except httpx.HTTPError as exc:
+            raise KubeError(0, type(exc).__name__, str(exc) or repr(exc)) from exc
+        if resp.status_code >= 400:
+            try:
+                status = resp.json()
+                reason, message = status.get("reason", ""), status.get("message", resp.text)
+            except ValueError:
+                reason, message = resp.reason_phrase, resp.text
+            raise KubeError(resp.status_code, str(reason), str(message))
+        if not resp.content:
+            return {}
+        data: dict[str, Any] = resp.json()
+        return data
+
+    async def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any]:
+        return await self._call("GET", object_path(api_version, kind, namespace, name))
+
+    async def get_or_none(
+        self, api_version: str, kind: str, namespace: str | None, name: str
+    ) -> dict[str, Any] | None:
+        try:
+            return await self.get(api_version, kind, namespace, name)
+        except KubeError as exc:
+            if exc.not_found:
+                return None
+            raise
+
+    async def list(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        *,
+        label_selector: str | None = None,
+    ) -> list[dict[str, Any]]:
+        params = {"labelSelector": label_selector} if label_selector else None
+        data = await self._call("GET", collection_path(api_version, kind, namespace), params=params)
+        items: list[dict[str, Any]] = data.get("items", [])
+        return items
+
+    async def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        meta = manifest["metadata"]
+        path = collection_path(manifest["apiVersion"], manifest["kind"], meta.get("namespace"))
+        return await self._call("POST", path, body=manifest)
+
+    async def create_if_absent(self, manifest: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """Create, or return the existing object untouched. Returns (object, created)."""
+        try:
+            return await self.create(manifest), True
+        except KubeError as exc:
+            if not exc.conflict:
+                raise
+        meta = manifest["metadata"]
+        existing = await self.get(
+            manifest["apiVersion"], manifest["kind"], meta.get("namespace"), meta["name"]
+        )
+        return existing, False
+
+    async def apply(self, manifest: dict[str, Any], *, force: bool = True) -> dict[str, Any]:
+        """Server-side apply: create or converge the fields this manager owns, in one call."""
+        meta = manifest["metadata"]
+        path = object_path(manifest["apiVersion"], manifest["kind"], meta.get("namespace"), meta["name"])
+        params = {"fieldManager": FIELD_MANAGER, "force": "true" if force else "false"}
+        return await self._call(
+            "PATCH", path, body=manifest, content_type="application/apply-patch+yaml", params=params
+        )
+
+    async def merge_patch(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        name: str,
+        patch: dict[str, Any],
+        *,
+        subresource: str | None = None,
+    ) -> dict[str, Any]:
+        path = object_path(api_version, kind, namespace, name)
+        if subresource:
+            path += f"/{subresource}"
+        return await self._call(
+            "PATCH", path, body=patch, content_type="application/merge-patch+json"
+        )
+
+    async def delete(self, api_version: str, kind: str, namespace: str | None, name: str) -> bool:
+        """Delete; False when it was already gone."""
+        try:
+            await self._call(
+                "DELETE",
+                object_path(api_version, kind, namespace, name),
+                body={"propagationPolicy": "Background"},
+            )
+        except KubeError as exc:
+            if exc.not_found:
+                return False
+            raise
+        return True
+
+    async def serves(self, api_version: str, plural: str) -> bool:
+        """Whether the server serves this resource (for optional APIs such as ServiceMonitor)."""
+        root = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+        try:
+            data = await self._call("GET", root)
+        except KubeError as exc:
+            if exc.not_found:
+                return False
+            raise
+        return any(r.get("name") == plural for r in data.get("resources", []))
+
+
+def owner_reference(owner: Mapping[str, Any]) -> dict[str, Any]:
+    meta = owner["metadata"]
+    return {
+        "apiVersion": owner["apiVersion"],
+        "kind": owner["kind"],
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def adopt(manifest: dict[str, Any], owner: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of `manifest` owned by `owner` (garbage-collected with it)."""
+    meta = {**manifest["metadata"], "ownerReferences": [owner_reference(owner)]}
+    return {**manifest, "metadata": meta}
