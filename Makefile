@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck crd check-crd clean
+.PHONY: demo test lint typecheck crd deploy clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,8 +31,8 @@ typecheck: $(STAMP)
 crd: $(STAMP)
 	$(BIN)/specgate crd > crds/specdecodedeployments.specgate.io.yaml
 
-check-crd: $(STAMP)
-	$(BIN)/specgate crd --check crds/specdecodedeployments.specgate.io.yaml
+deploy: $(STAMP)
+	$(BIN)/specgate install-manifests > deploy/operator.yaml
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info out

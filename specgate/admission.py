@@ -144,15 +144,18 @@ def _cel_rules(
 
 
 def _cel_errors(obj: dict[str, Any], schema: dict[str, Any]) -> list[FieldError]:
-    import celpy  # test/dev dependency; imported lazily so the operator image needs no CEL
+    # A dev/test dependency, imported lazily so the operator image carries no CEL library.
+    import celpy
+    from celpy.adapter import json_to_cel
+    from celpy.evaluation import CELEvalError
 
     env = celpy.Environment()
     errors: list[FieldError] = []
     for path, value, rule in _cel_rules(obj, schema, []):
         program = env.program(env.compile(rule["rule"]))
         try:
-            result = program.evaluate({"self": celpy.json_to_cel(value)})
-        except celpy.CELEvalError as exc:  # the API server reports evaluation errors as invalid
+            result = program.evaluate({"self": json_to_cel(value)})
+        except CELEvalError as exc:  # the API server reports evaluation errors as invalid
             errors.append(FieldError(_dotted(path), f"Invalid value: rule {rule['rule']!r}: {exc}"))
             continue
         if not bool(result):
@@ -167,7 +170,7 @@ def admit(obj: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
     Returns the defaulted object, or raises AdmissionError naming every bad field. CEL rules run
     only when the schema checks pass, as in the API server (rules assume well-typed input).
     """
-    defaulted = apply_defaults(obj, schema)
+    defaulted: dict[str, Any] = apply_defaults(obj, schema)
     errors = _schema_errors(defaulted, schema)
     if not errors:
         errors = _cel_errors(defaulted, schema)
@@ -180,6 +183,6 @@ def crd_schema(crd: dict[str, Any], version: str | None = None) -> dict[str, Any
     """The openAPIV3Schema of a CRD's served version (the storage one by default)."""
     for ver in crd["spec"]["versions"]:
         if (version is None and ver.get("storage")) or ver["name"] == version:
-            schema: dict[str, Any] = ver["schema"]["openAPIV3Schema"]
+            schema: dict[str, Any] = dict(ver["schema"]["openAPIV3Schema"])
             return schema
     raise KeyError(f"version {version!r} not in CRD {crd['metadata']['name']}")

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
+from pydantic.config import JsonDict
 
 GROUP = "specgate.io"
 VERSION = "v1alpha1"
@@ -44,8 +45,8 @@ KubeObject = Annotated[
 """A Kubernetes core type passed through as is (the API server validates it in the pod)."""
 
 
-def _cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
-    out = {"rule": rule, "message": message}
+def _cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
+    out: JsonDict = {"rule": rule, "message": message}
     if field_path:
         out["fieldPath"] = field_path
     return out
@@ -224,7 +225,9 @@ class EngineSpec(_Model):
                     "gpusPerPod must be a multiple of tensorParallelSize",
                 ),
                 _cel(
-                    "self.extraArgs.all(a, !a.matches('^--(" + RESERVED_ENGINE_FLAGS + ")(=.*)?$'))",
+                    "self.extraArgs.all(a, !a.matches('^--("
+                    + RESERVED_ENGINE_FLAGS
+                    + ")(=.*)?$'))",
                     "extraArgs may not set flags the operator renders from the spec (model,"
                     " parallelism, host/port, API key, metrics, speculative, memory and batch"
                     " flags): use the matching spec field instead",

@@ -19,8 +19,10 @@ def _cmd_crd(args: argparse.Namespace) -> int:
     if args.check:
         current = Path(args.check).read_text()
         if current != text:
-            print(f"{args.check} is stale: regenerate it with `specgate crd > {args.check}`",
-                  file=sys.stderr)
+            print(
+                f"{args.check} is stale: regenerate it with `specgate crd > {args.check}`",
+                file=sys.stderr,
+            )
             return 1
         return 0
     sys.stdout.write(text)
@@ -75,6 +77,19 @@ def _cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_install_manifests(args: argparse.Namespace) -> int:
+    from specgate_operator import install
+
+    text = install.manifests_yaml()
+    if args.check:
+        if Path(args.check).read_text() != text:
+            print(f"{args.check} is stale: regenerate it with `make deploy`", file=sys.stderr)
+            return 1
+        return 0
+    sys.stdout.write(text)
+    return 0
+
+
 def _cmd_operator(args: argparse.Namespace) -> int:
     from specgate_operator import main
 
@@ -99,6 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--router-image")
     p.add_argument("--service-monitor", action="store_true", help="include ServiceMonitors")
     p.set_defaults(func=_cmd_render)
+
+    p = sub.add_parser(
+        "install-manifests", help="print the operator's namespace, RBAC and Deployment"
+    )
+    p.add_argument("--check", metavar="FILE", help="exit 1 if FILE differs from the output")
+    p.set_defaults(func=_cmd_install_manifests)
 
     p = sub.add_parser("operator", help="run the kopf operator")
     from specgate_operator import main as operator_main

@@ -33,6 +33,7 @@ class _WithFactoryDefaults(GenerateJsonSchema):
         inner["default"] = {} if isinstance(value, BaseModel) else to_jsonable_python(value)
         return inner
 
+
 _KEEP = {
     "type",
     "description",

@@ -161,9 +161,7 @@ class KubeClient:
     ) -> dict[str, Any]:
         headers = {"Content-Type": content_type} if body is not None else {}
         try:
-            resp = await self._http.request(
-                method, path, json=body, headers=headers, params=params
-            )
+            resp = await self._http.request(method, path, json=body, headers=headers, params=params)
         except httpx.HTTPError as exc:
             raise KubeError(0, type(exc).__name__, str(exc) or repr(exc)) from exc
         if resp.status_code >= 400:
@@ -178,7 +176,9 @@ class KubeClient:
         data: dict[str, Any] = resp.json()
         return data
 
-    async def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any]:
+    async def get(
+        self, api_version: str, kind: str, namespace: str | None, name: str
+    ) -> dict[str, Any]:
         return await self._call("GET", object_path(api_version, kind, namespace, name))
 
     async def get_or_none(
@@ -225,7 +225,9 @@ class KubeClient:
     async def apply(self, manifest: dict[str, Any], *, force: bool = True) -> dict[str, Any]:
         """Server-side apply: create or converge the fields this manager owns, in one call."""
         meta = manifest["metadata"]
-        path = object_path(manifest["apiVersion"], manifest["kind"], meta.get("namespace"), meta["name"])
+        path = object_path(
+            manifest["apiVersion"], manifest["kind"], meta.get("namespace"), meta["name"]
+        )
         params = {"fieldManager": FIELD_MANAGER, "force": "true" if force else "false"}
         return await self._call(
             "PATCH", path, body=manifest, content_type="application/apply-patch+yaml", params=params

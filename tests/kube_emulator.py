@@ -30,8 +30,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import datetime
-import json
 import itertools
+import json
 import uuid
 from typing import Any
 
@@ -184,7 +184,9 @@ class SpecgateApiEmulator(kmock.KubernetesEmulator):
             return None
         return copy.deepcopy(self._objects[key].raw)
 
-    async def _store(self, key: tuple[Any, str | None, str], obj: dict[str, Any], event: str) -> None:
+    async def _store(
+        self, key: tuple[Any, str | None, str], obj: dict[str, Any], event: str
+    ) -> None:
         if key in self._objects:
             self._objects[key].create(obj)
         else:
@@ -248,7 +250,9 @@ class SpecgateApiEmulator(kmock.KubernetesEmulator):
                 try:
                     new = jsonpatch.apply_patch(current, body)
                 except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as exc:
-                    raise k8s.KubernetesError(status=422, reason="Invalid", message=str(exc)) from exc
+                    raise k8s.KubernetesError(
+                        status=422, reason="Invalid", message=str(exc)
+                    ) from exc
                 if request.subresource == "status":
                     new = {**current, "status": new.get("status")}
                 elif self._has_status(request.resource):

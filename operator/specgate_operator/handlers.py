@@ -24,6 +24,8 @@ log = logging.getLogger("specgate.operator")
 
 FINALIZER = "specgate.io/cleanup"
 
+Logger = logging.Logger | logging.LoggerAdapter[Any]
+
 
 @dataclass(frozen=True)
 class OperatorConfig:
@@ -104,9 +106,7 @@ def _owner(body: Any) -> dict[str, Any]:
     }
 
 
-async def reconcile(
-    body: Any, patch: Any, memo: Any, logger: logging.Logger | logging.LoggerAdapter[Any]
-) -> None:
+async def reconcile(body: Any, patch: Any, memo: Any, logger: Logger) -> None:
     """Render, apply and write status; raise kopf errors so kopf retries what a retry can fix."""
     kube: KubeClient = memo.kube
     config: OperatorConfig = memo.config
@@ -116,8 +116,12 @@ async def reconcile(
     error: Exception | None = None
     try:
         sdd = api.SpecDecodeDeployment.model_validate(
-            {"apiVersion": body["apiVersion"], "kind": body["kind"], "metadata": dict(meta),
-             "spec": dict(body.get("spec") or {})}
+            {
+                "apiVersion": body["apiVersion"],
+                "kind": body["kind"],
+                "metadata": dict(meta),
+                "spec": dict(body.get("spec") or {}),
+            }
         )
     except ValidationError as exc:
         message = _invalid_spec_message(exc)
@@ -193,7 +197,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
 
     @kopf.on.startup(registry=registry)
     async def configure(
-        settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any
+        settings: kopf.OperatorSettings, memo: Any, logger: Logger, **_: Any
     ) -> None:
         settings.persistence.finalizer = FINALIZER
         # Keep kopf's bookkeeping in annotations: .status belongs to the CRD's schema.
@@ -210,35 +214,40 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
             settings=settings, logger=logger
         ) or kopf.login_with_kubeconfig(settings=settings, logger=logger)
         if info is None:
-            raise kopf.PermanentError("no Kubernetes credentials: no service account, no kubeconfig")
+            raise kopf.PermanentError(
+                "no Kubernetes credentials: no service account, no kubeconfig"
+            )
         memo.config = config
         memo.kube = KubeClient(Credentials.from_kopf(info))
         memo.service_monitor = False
         if config.detect_monitoring:
-            memo.service_monitor = await memo.kube.serves("monitoring.coreos.com/v1", "servicemonitors")
+            memo.service_monitor = await memo.kube.serves(
+                "monitoring.coreos.com/v1", "servicemonitors"
+            )
         logger.info("ServiceMonitor API served: %s", memo.service_monitor)
 
     @kopf.on.cleanup(registry=registry)
-    async def close(memo: kopf.Memo, **_: Any) -> None:
+    async def close(memo: Any, **_: Any) -> None:
         if getattr(memo, "kube", None) is not None:
             await memo.kube.aclose()
 
     @kopf.on.probe(id="api", registry=registry)
-    async def api_reachable(memo: kopf.Memo, **_: Any) -> bool:
-        return await memo.kube.serves(api.API_VERSION, api.PLURAL)
+    async def api_reachable(memo: Any, **_: Any) -> bool:
+        kube: KubeClient = memo.kube
+        return await kube.serves(api.API_VERSION, api.PLURAL)
 
     @kopf.on.resume(*resource, registry=registry)
     @kopf.on.create(*resource, registry=registry)
     @kopf.on.update(*resource, field="spec", registry=registry)
-    async def on_change(body: Any, patch: Any, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+    async def on_change(body: Any, patch: Any, memo: Any, logger: Logger, **_: Any) -> None:
         await reconcile(body, patch, memo, logger)
 
     @kopf.timer(*resource, interval=config.resync_seconds, idle=0, registry=registry)
-    async def resync(body: Any, patch: Any, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+    async def resync(body: Any, patch: Any, memo: Any, logger: Logger, **_: Any) -> None:
         await reconcile(body, patch, memo, logger)
 
     @kopf.on.delete(*resource, registry=registry)
-    async def on_delete(body: Any, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+    async def on_delete(body: Any, memo: Any, logger: Logger, **_: Any) -> None:
         meta = body["metadata"]
         count = await delete_children(
             memo.kube, meta["name"], meta.get("namespace") or "default", meta["uid"]

@@ -31,8 +31,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--liveness", default="http://0.0.0.0:8080/healthz",
         help="liveness endpoint URL (empty to disable)",
     )  # fmt: skip
-    parser.add_argument("--no-service-monitor", action="store_true",
-                        help="never render ServiceMonitors, even when the API is served")
+    parser.add_argument(
+        "--no-service-monitor",
+        action="store_true",
+        help="never render ServiceMonitors, even when the API is served",
+    )
     parser.add_argument("-v", "--verbose", action="store_true")
 
 
@@ -55,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # One line per API call is noise at INFO; kopf logs each handler outcome already.
+    logging.getLogger("httpx").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     config = handlers.OperatorConfig(
         render=render.RenderOptions(
             engine_image=args.engine_image,

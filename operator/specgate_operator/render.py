@@ -361,9 +361,11 @@ def router_deployment(sdd: api.SpecDecodeDeployment, opts: RenderOptions) -> Man
         "imagePullPolicy": "IfNotPresent",
         "command": ["specgate", "router"],
         "args": [
-            "--config", f"{ROUTER_CONFIG_DIR}/{ROUTER_CONFIG_FILE}",
-            "--port", str(router.port),
-        ],  # fmt: skip
+            "--config",
+            f"{ROUTER_CONFIG_DIR}/{ROUTER_CONFIG_FILE}",
+            "--port",
+            str(router.port),
+        ],
         "env": [
             {
                 "name": ENGINE_KEY_ENV,

@@ -64,8 +64,7 @@ def desired_conditions(obs: Observed) -> list[dict[str, str]]:
         ready_c = (
             "False",
             "ReplicasNotReady",
-            f"{ready}/{obs.desired_replicas} engine pods ready, "
-            f"{router_ready} router pods ready",
+            f"{ready}/{obs.desired_replicas} engine pods ready, {router_ready} router pods ready",
         )
     if failure is not None:
         progressing = ("False", failure[0], failure[1])

@@ -1,0 +1,372 @@
+"""The real operator process (`specgate operator`) against a Kubernetes API emulator.
+
+The emulator is kmock, extended in `tests/kube_emulator.py`; its docstring lists what it does
+not emulate. What that means here: nothing runs the Deployment controller, so tests that need
+ready pods write a Deployment's status themselves, as kube-controller-manager would; the garbage
+collector does not run, so "deletion leaves nothing behind" is the operator's own cleanup
+(a real cluster would also collect the children through their ownerReferences); admission
+webhooks, RBAC and server-side apply's field ownership are not checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import kmock
+import pytest
+import yaml
+
+from specgate import crd
+from specgate_operator import install
+
+from .conftest import minimal_resource
+from .kube_emulator import SpecgateApiEmulator
+from .test_install import granted
+
+pytestmark = pytest.mark.integration
+
+SDD_PATH = "/apis/specgate.io/v1alpha1/namespaces/default/specdecodedeployments"
+CHILDREN = [
+    ("/api/v1/namespaces/default/serviceaccounts", "demo-router"),
+    ("/apis/rbac.authorization.k8s.io/v1/namespaces/default/roles", "demo-router"),
+    ("/apis/rbac.authorization.k8s.io/v1/namespaces/default/rolebindings", "demo-router"),
+    ("/api/v1/namespaces/default/configmaps", "demo-router"),
+    ("/api/v1/namespaces/default/services", "demo-engine"),
+    ("/apis/apps/v1/namespaces/default/deployments", "demo-engine"),
+    ("/apis/policy/v1/namespaces/default/poddisruptionbudgets", "demo-engine"),
+    ("/apis/networking.k8s.io/v1/namespaces/default/networkpolicies", "demo-engine"),
+    ("/apis/apps/v1/namespaces/default/deployments", "demo-router"),
+    ("/api/v1/namespaces/default/services", "demo-router"),
+    ("/api/v1/namespaces/default/secrets", "demo-engine-key"),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+async def wait_for(
+    probe: Callable[[], Awaitable[Any]], *, timeout: float = 20.0, what: str = "condition"
+) -> Any:
+    """Poll `probe` until it returns something truthy (the event loop keeps serving the API)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    last: Any = None
+    while asyncio.get_running_loop().time() < deadline:
+        last = await probe()
+        if last:
+            return last
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}; last value: {last!r}")
+
+
+@dataclass
+class Cluster:
+    emulator: SpecgateApiEmulator
+    api: httpx.AsyncClient
+    kubeconfig: Path
+
+    async def get(self, collection: str, name: str) -> dict[str, Any] | None:
+        resp = await self.api.get(f"{collection}/{name}")
+        return resp.json() if resp.status_code == 200 else None
+
+    async def sdd(self) -> dict[str, Any] | None:
+        return await self.get(SDD_PATH, "demo")
+
+    async def condition(self, ctype: str) -> dict[str, Any] | None:
+        obj = await self.sdd()
+        for cond in ((obj or {}).get("status") or {}).get("conditions", []):
+            if cond["type"] == ctype:
+                return dict(cond)
+        return None
+
+    async def set_deployment_status(self, name: str, replicas: int, ready: int) -> None:
+        """Play kube-controller-manager: report a Deployment's pods."""
+        dep = await self.get("/apis/apps/v1/namespaces/default/deployments", name)
+        assert dep is not None
+        status = {
+            "observedGeneration": dep["metadata"]["generation"],
+            "replicas": replicas,
+            "updatedReplicas": replicas,
+            "readyReplicas": ready,
+            "availableReplicas": ready,
+        }
+        resp = await self.api.patch(
+            f"/apis/apps/v1/namespaces/default/deployments/{name}/status",
+            json={"status": status},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        resp.raise_for_status()
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    emulator = SpecgateApiEmulator()
+    emulator.register_crd(crd.crd())
+    emulator.add_namespace("default")
+    async with emulator, kmock.Server(emulator) as server:
+        url = str(server.url).rstrip("/")
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "emulator",
+                    "clusters": [{"name": "emulator", "cluster": {"server": url}}],
+                    "users": [{"name": "test", "user": {}}],
+                    "contexts": [
+                        {
+                            "name": "emulator",
+                            "context": {"cluster": "emulator", "user": "test"},
+                        }
+                    ],
+                }
+            )
+        )
+        async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+            yield Cluster(emulator, client, kubeconfig)
+
+
+class OperatorProcess:
+    """`specgate operator` in a child process, as a cluster would run it."""
+
+    def __init__(self, kubeconfig: Path, log: Path) -> None:
+        self.kubeconfig, self.log = kubeconfig, log
+        self.liveness_port = _free_port()
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> None:
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "specgate.cli", "operator", "-n", "default",
+            "--resync-seconds", "1",
+            "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz",
+            env=env, stdout=self.log.open("a"), stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+
+    async def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.send_signal(sig)
+            try:
+                await asyncio.wait_for(self.proc.wait(), 15)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+        self.proc = None
+
+
+@pytest.fixture
+async def operator(cluster: Cluster, tmp_path: Path) -> AsyncIterator[OperatorProcess]:
+    proc = OperatorProcess(cluster.kubeconfig, tmp_path / "operator.log")
+    await proc.start()
+    try:
+        yield proc
+    finally:
+        await proc.stop()
+        print((tmp_path / "operator.log").read_text()[-5000:])  # shown when a test fails
+
+
+async def _create(cluster: Cluster, resource: dict[str, Any]) -> dict[str, Any]:
+    resp = await cluster.api.post(SDD_PATH, json=resource)
+    assert resp.status_code == 201, resp.text
+    created: dict[str, Any] = resp.json()
+    return created
+
+
+async def _all_children(cluster: Cluster) -> list[dict[str, Any]] | None:
+    found = [await cluster.get(collection, name) for collection, name in CHILDREN]
+    return None if any(f is None for f in found) else [f for f in found if f]
+
+
+async def test_create_makes_every_child_with_owner_references_and_status(
+    cluster: Cluster, operator: OperatorProcess
+) -> None:
+    sdd = await _create(cluster, minimal_resource())
+    children = await wait_for(lambda: _all_children(cluster), what="all children")
+    for child in children:
+        (owner,) = child["metadata"]["ownerReferences"]
+        assert owner["uid"] == sdd["metadata"]["uid"] and owner["controller"] is True
+        assert child["metadata"]["labels"]["specgate.io/deployment"] == "demo"
+
+    async def status_written() -> dict[str, Any] | None:
+        obj = await cluster.sdd()
+        return (obj or {}).get("status", {}).get("conditions") and obj["status"]  # type: ignore[index]
+
+    status = await wait_for(status_written, what="status conditions")
+    types = {c["type"]: c for c in status["conditions"]}
+    assert set(types) == {"Ready", "Progressing", "Degraded", "SpeculationControlled"}
+    assert types["Ready"]["status"] == "False" and types["Degraded"]["status"] == "False"
+    assert status["observedGeneration"] == 1
+    assert status["selector"] == "app.kubernetes.io/component=engine,specgate.io/deployment=demo"
+    assert status["threshold"] == "8"
+    async with httpx.AsyncClient() as client:
+        live = await client.get(f"http://127.0.0.1:{operator.liveness_port}/healthz")
+    assert live.status_code == 200
+
+
+async def test_ready_follows_the_children(cluster: Cluster, operator: OperatorProcess) -> None:
+    await _create(cluster, minimal_resource())
+    await wait_for(lambda: _all_children(cluster), what="all children")
+    await cluster.set_deployment_status("demo-engine", replicas=1, ready=1)
+    await cluster.set_deployment_status("demo-router", replicas=2, ready=2)
+
+    async def ready() -> bool:
+        cond = await cluster.condition("Ready")
+        return bool(cond and cond["status"] == "True")
+
+    await wait_for(ready, what="Ready=True")
+    obj = await cluster.sdd()
+    assert obj is not None
+    assert obj["status"]["readyReplicas"] == 1 and obj["status"]["router"]["ready"] is True
+
+
+async def test_spec_change_reaches_the_children(
+    cluster: Cluster, operator: OperatorProcess
+) -> None:
+    await _create(cluster, minimal_resource())
+    await wait_for(lambda: _all_children(cluster), what="all children")
+    patch = {
+        "spec": {
+            "replicas": 2,
+            "speculative": {"control": {"threshold": 16}},
+            "router": {"defaultClass": "throughput"},
+        }
+    }
+    resp = await cluster.api.patch(
+        f"{SDD_PATH}/demo", json=patch, headers={"Content-Type": "application/merge-patch+json"}
+    )
+    assert resp.status_code == 200, resp.text
+
+    async def engine_rolled() -> bool:
+        dep = await cluster.get("/apis/apps/v1/namespaces/default/deployments", "demo-engine")
+        args = dep["spec"]["template"]["spec"]["containers"][0]["args"] if dep else []
+        i = args.index("--speculative-disable-batch-threshold")
+        return bool(dep and dep["spec"]["replicas"] == 2 and args[i + 1] == "16")
+
+    await wait_for(engine_rolled, what="engine Deployment updated")
+    cm = await cluster.get("/api/v1/namespaces/default/configmaps", "demo-router")
+    assert cm is not None
+    assert yaml.safe_load(cm["data"]["router.yaml"])["defaultClass"] == "throughput"
+
+    async def observed() -> bool:
+        obj = await cluster.sdd()
+        return bool(obj and obj["status"]["observedGeneration"] == 2)
+
+    await wait_for(observed, what="observedGeneration 2")
+
+
+async def test_delete_leaves_nothing_behind(cluster: Cluster, operator: OperatorProcess) -> None:
+    await _create(cluster, minimal_resource())
+    await wait_for(lambda: _all_children(cluster), what="all children")
+    # An unrelated object with a child's name but no owner reference must survive.
+    resp = await cluster.api.post(
+        "/api/v1/namespaces/default/configmaps",
+        json={"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "unrelated"}},
+    )
+    assert resp.status_code == 201
+    resp = await cluster.api.delete(f"{SDD_PATH}/demo")
+    assert resp.status_code == 200
+
+    async def all_gone() -> bool:
+        left = [await cluster.get(c, n) for c, n in CHILDREN]
+        return all(x is None for x in left) and await cluster.sdd() is None
+
+    await wait_for(all_gone, what="children and resource deleted")
+    assert await cluster.get("/api/v1/namespaces/default/configmaps", "unrelated") is not None
+    # Every call the operator made over the whole lifecycle is allowed by its ClusterRole.
+    verbs = {"list": "list", "watch": "watch", "fetch": "get", "create": "create",
+             "update": "patch", "delete": "delete"}  # fmt: skip
+    grants = granted(install.OPERATOR_RULES)
+    made = set()
+    for request in cluster.emulator._requests:  # kmock's request log
+        if (
+            request.resource is None
+            or request.resource.plural is None
+            or request.headers.get("User-Agent", "").startswith("python-httpx")
+        ):
+            continue  # discovery, or the test's own client
+        resource = request.resource.plural + (
+            f"/{request.subresource}" if request.subresource else ""
+        )
+        made.add((request.resource.group, resource, verbs[request.action.value.lower()]))
+    assert ("apps", "deployments", "patch") in made  # the log really holds the operator's calls
+    assert made <= grants, made - grants
+
+
+async def test_restart_mid_reconcile_converges_without_duplicates(
+    cluster: Cluster, operator: OperatorProcess
+) -> None:
+    await _create(cluster, minimal_resource())
+
+    async def secret() -> dict[str, Any] | None:
+        return await cluster.get("/api/v1/namespaces/default/secrets", "demo-engine-key")
+
+    first_secret = await wait_for(secret, what="secret")
+    await operator.stop(signal.SIGKILL)  # no graceful shutdown: as if the node died
+    await operator.start()
+    children = await wait_for(lambda: _all_children(cluster), what="all children")
+    uids = {c["metadata"]["uid"] for c in children}
+    await asyncio.sleep(2.5)  # two more resync periods of the new process
+    again = await _all_children(cluster)
+    assert again is not None and {c["metadata"]["uid"] for c in again} == uids
+    # The generated key was not regenerated by the second operator.
+    latest = await secret()
+    assert latest is not None and latest["stringData"] == first_secret["stringData"]
+    assert latest["metadata"]["uid"] == first_secret["metadata"]["uid"]
+    # Exactly one object per child name in the store.
+    stored = [
+        key
+        for key, obj in cluster.emulator.objects.items()
+        if not obj.deleted and key[1] == "default"
+    ]
+    assert len(stored) == len(set(stored)) == len(CHILDREN) + 1
+
+
+async def test_unrealisable_resource_is_degraded_until_fixed(
+    cluster: Cluster, operator: OperatorProcess
+) -> None:
+    await _create(cluster, minimal_resource(apiKeySecretRef={"name": "missing"}))
+
+    async def degraded() -> dict[str, Any] | None:
+        cond = await cluster.condition("Degraded")
+        return cond if cond and cond["status"] == "True" else None
+
+    cond = await wait_for(degraded, what="Degraded=True")
+    assert cond["reason"] == "SecretNotFound" and "missing" in cond["message"]
+    assert await cluster.get("/apis/apps/v1/namespaces/default/deployments", "demo-engine") is None
+    resp = await cluster.api.post(
+        "/api/v1/namespaces/default/secrets",
+        json={
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "missing"},
+            "data": {"api-key": base64.b64encode(b"s3cret").decode()},
+        },
+    )
+    assert resp.status_code == 201
+
+    async def healed() -> bool:
+        cond = await cluster.condition("Degraded")
+        return bool(cond and cond["status"] == "False")
+
+    await wait_for(healed, timeout=30, what="Degraded=False")
+    assert await cluster.get("/apis/apps/v1/namespaces/default/deployments", "demo-engine")
+
+
+async def test_api_rejects_a_malformed_resource_naming_the_field(cluster: Cluster) -> None:
+    resp = await cluster.api.post(SDD_PATH, json=minimal_resource(replicas=-2))
+    assert resp.status_code == 422
+    assert "spec.replicas" in resp.json()["message"]

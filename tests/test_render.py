@@ -1,0 +1,312 @@
+"""The pure renderer: every spec field reaches the manifests, defaults apply, and every manifest is
+valid Kubernetes (kubernetes-validate --strict against a pinned release)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from specgate import admission, api
+from specgate_operator import render
+
+from .conftest import EXAMPLES, KUBERNETES_VERSION, load_example, minimal_resource
+
+
+def _sdd(resource: dict[str, Any], schema: dict[str, Any]) -> api.SpecDecodeDeployment:
+    return api.SpecDecodeDeployment.model_validate(admission.admit(resource, schema))
+
+
+def _by_kind(manifests: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(m["kind"], m["metadata"]["name"]): m for m in manifests}
+
+
+def _engine_container(manifests: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    dep = _by_kind(manifests)[("Deployment", f"{name}-engine")]
+    container: dict[str, Any] = dep["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+def _flag(args: list[str], flag: str) -> str | None:
+    return args[args.index(flag) + 1] if flag in args else None
+
+
+@pytest.fixture
+def full(schema: dict[str, Any]) -> api.SpecDecodeDeployment:
+    """A resource that sets every field to a non-default value."""
+    resource = minimal_resource(
+        replicas=3,
+        model={
+            "path": "llama-70b",
+            "revision": "v2",
+            "servedName": "llama",
+            "dtype": "bfloat16",
+            "contextLength": 8192,
+            "source": {
+                "type": "pvc",
+                "pvc": {"claimName": "weights", "subPath": "hf", "readOnly": True},
+                "mountPath": "/weights",
+            },
+        },
+        speculative={
+            "algorithm": "EAGLE",
+            "draftModel": {"path": "eagle-70b", "revision": "d1"},
+            "numSteps": 5,
+            "eagleTopk": 1,
+            "numDraftTokens": 6,
+            "control": {
+                "mode": "dynamic",
+                "threshold": 12,
+                "minThreshold": 2,
+                "maxThreshold": 40,
+                "hysteresis": 3,
+                "cooldownSeconds": 45,
+            },
+        },
+        engine={
+            "image": "registry.local/worker:dev",
+            "imagePullPolicy": "Always",
+            "tensorParallelSize": 4,
+            "gpusPerPod": 8,
+            "port": 31000,
+            "memFractionStatic": 0.8,
+            "maxRunningRequests": 128,
+            "cudaGraphMaxBs": 64,
+            "extraArgs": ["--log-level", "debug"],
+            "env": [{"name": "NCCL_DEBUG", "value": "INFO"}],
+            "resources": {"requests": {"cpu": "8", "memory": "64Gi"}},
+            "shmSize": "32Gi",
+            "startupTimeoutSeconds": 600,
+        },
+        placement={
+            "nodeSelector": {"pool": "gpu"},
+            "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "llm"}],
+            "affinity": {"nodeAffinity": {}},
+            "priorityClassName": "high",
+            "runtimeClassName": "nvidia",
+        },
+        router={
+            "replicas": 3,
+            "image": "registry.local/router:dev",
+            "port": 9000,
+            "defaultClass": "throughput",
+            "pools": {"minLatencyFraction": 0.25, "maxLatencyFraction": 0.5},
+            "resources": {"requests": {"cpu": "1"}},
+            "serviceType": "LoadBalancer",
+        },
+        apiKeySecretRef={"name": "my-key", "key": "token"},
+    )
+    return _sdd(resource, schema)
+
+
+def test_every_spec_field_reaches_the_manifests(full: api.SpecDecodeDeployment) -> None:
+    out = render.render(full, api_key="ignored-because-a-secret-is-named")
+    kinds = _by_kind(out)
+    assert ("Secret", "demo-engine-key") not in kinds  # apiKeySecretRef given
+    c = _engine_container(out, "demo")
+    args = c["args"]
+    assert _flag(args, "--model-path") == "/weights/llama-70b"
+    assert _flag(args, "--revision") == "v2"
+    assert _flag(args, "--served-model-name") == "llama"
+    assert _flag(args, "--dtype") == "bfloat16"
+    assert _flag(args, "--context-length") == "8192"
+    assert _flag(args, "--speculative-algorithm") == "EAGLE"
+    assert _flag(args, "--speculative-draft-model-path") == "/weights/eagle-70b"
+    assert _flag(args, "--speculative-draft-model-revision") == "d1"
+    assert _flag(args, "--speculative-num-steps") == "5"
+    assert _flag(args, "--speculative-eagle-topk") == "1"
+    assert _flag(args, "--speculative-num-draft-tokens") == "6"
+    assert _flag(args, "--speculative-disable-batch-threshold") == "12"
+    assert _flag(args, "--tp-size") == "4"
+    assert _flag(args, "--port") == "31000"
+    assert _flag(args, "--mem-fraction-static") == "0.8"
+    assert _flag(args, "--max-running-requests") == "128"
+    assert _flag(args, "--cuda-graph-max-bs") == "64"
+    assert args[-2:] == ["--log-level", "debug"]
+    assert "--enable-metrics" in args
+    assert _flag(args, "--api-key") == "$(SPECGATE_ENGINE_API_KEY)"
+    key_env = next(e for e in c["env"] if e["name"] == "SPECGATE_ENGINE_API_KEY")
+    assert key_env["valueFrom"]["secretKeyRef"] == {"name": "my-key", "key": "token"}
+    assert {"name": "NCCL_DEBUG", "value": "INFO"} in c["env"]
+    assert c["image"] == "registry.local/worker:dev" and c["imagePullPolicy"] == "Always"
+    assert c["resources"]["requests"] == {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "8"}
+    assert c["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+    assert c["startupProbe"]["failureThreshold"] * c["startupProbe"]["periodSeconds"] == 600
+    assert c["readinessProbe"]["httpGet"]["path"] == "/health_generate"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/health"
+    dep = kinds[("Deployment", "demo-engine")]
+    pod = dep["spec"]["template"]["spec"]
+    assert dep["spec"]["replicas"] == 3
+    assert pod["nodeSelector"] == {"pool": "gpu"}
+    assert pod["tolerations"] == [{"key": "dedicated", "operator": "Equal", "value": "llm"}]
+    assert pod["affinity"] == {"nodeAffinity": {}}
+    assert pod["priorityClassName"] == "high" and pod["runtimeClassName"] == "nvidia"
+    shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "32Gi"}
+    model = next(v for v in pod["volumes"] if v["name"] == "model")
+    assert model["persistentVolumeClaim"] == {"claimName": "weights", "readOnly": True}
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "model")
+    assert mount == {"name": "model", "mountPath": "/weights", "readOnly": True, "subPath": "hf"}
+    annotations = dep["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == "31000"
+    # router
+    router = kinds[("Deployment", "demo-router")]
+    rc = router["spec"]["template"]["spec"]["containers"][0]
+    assert router["spec"]["replicas"] == 3
+    assert rc["image"] == "registry.local/router:dev"
+    assert rc["resources"] == {"requests": {"cpu": "1"}}
+    assert _flag(rc["args"], "--port") == "9000"
+    svc = kinds[("Service", "demo-router")]
+    assert svc["spec"]["type"] == "LoadBalancer" and svc["spec"]["ports"][0]["port"] == 9000
+    config = render.router_config(full)
+    assert config["defaultClass"] == "throughput"
+    assert config["pools"] == {"minLatencyFraction": 0.25, "maxLatencyFraction": 0.5}
+    assert config["control"] == {
+        "mode": "dynamic", "threshold": 12, "minThreshold": 2, "maxThreshold": 40,
+        "hysteresis": 3, "cooldownSeconds": 45,
+    }  # fmt: skip
+    assert config["discovery"]["kubernetes"] == {
+        "namespace": "default", "service": "demo-engine", "port": 31000,
+    }  # fmt: skip
+    assert config["model"] == "llama"
+    np = kinds[("NetworkPolicy", "demo-engine")]
+    assert np["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 31000}]
+
+
+def test_defaults_reach_the_manifests(schema: dict[str, Any]) -> None:
+    sdd = _sdd(minimal_resource(), schema)
+    out = render.render(sdd, api_key="k")
+    kinds = _by_kind(out)
+    secret = kinds[("Secret", "demo-engine-key")]
+    assert secret["stringData"] == {"api-key": "k"}
+    c = _engine_container(out, "demo")
+    assert _flag(c["args"], "--tp-size") == "8"
+    assert _flag(c["args"], "--served-model-name") == "demo"
+    assert _flag(c["args"], "--speculative-disable-batch-threshold") == "8"
+    assert _flag(c["args"], "--model-path") == "meta-llama/Llama-3.1-8B-Instruct"  # image source
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    pod = kinds[("Deployment", "demo-engine")]["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": api.DEFAULT_GPU_PRODUCT}
+    assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert all(v["name"] != "model" for v in pod["volumes"])
+    assert kinds[("Deployment", "demo-router")]["spec"]["replicas"] == 2
+    assert ("ServiceMonitor", "demo-engine") not in kinds
+
+
+@pytest.mark.parametrize(("mode", "flag"), [("dynamic", "8"), ("alwaysOn", None), ("off", "0")])
+def test_control_mode_sets_the_initial_threshold(
+    mode: str, flag: str | None, schema: dict[str, Any]
+) -> None:
+    sdd = _sdd(
+        minimal_resource(speculative={"draftModel": {"path": "d"}, "control": {"mode": mode}}),
+        schema,
+    )
+    args = _engine_container(render.render(sdd), "demo")["args"]
+    assert _flag(args, "--speculative-disable-batch-threshold") == flag
+
+
+def test_host_path_source_mounts_the_directory(schema: dict[str, Any]) -> None:
+    sdd = _sdd(
+        minimal_resource(
+            model={"path": "m", "source": {"type": "hostPath", "hostPath": {"path": "/nvme/m"}}}
+        ),
+        schema,
+    )
+    out = render.render(sdd)
+    pod = _by_kind(out)[("Deployment", "demo-engine")]["spec"]["template"]["spec"]
+    model = next(v for v in pod["volumes"] if v["name"] == "model")
+    assert model["hostPath"] == {"path": "/nvme/m", "type": "Directory"}
+
+
+def test_service_monitors_and_scrapers_are_optional(schema: dict[str, Any]) -> None:
+    sdd = _sdd(minimal_resource(), schema)
+    opts = render.RenderOptions(
+        service_monitor=True, metrics_namespace_labels={"kubernetes.io/metadata.name": "monitoring"}
+    )
+    kinds = _by_kind(render.render(sdd, opts))
+    assert ("ServiceMonitor", "demo-engine") in kinds and ("ServiceMonitor", "demo-router") in kinds
+    ingress = kinds[("NetworkPolicy", "demo-engine")]["spec"]["ingress"]
+    assert ingress[1]["from"][0]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "monitoring"
+    }
+
+
+def test_network_policy_admits_only_router_pods(schema: dict[str, Any]) -> None:
+    sdd = _sdd(minimal_resource(), schema)
+    out = _by_kind(render.render(sdd))
+    (rule,) = out[("NetworkPolicy", "demo-engine")]["spec"]["ingress"]
+    router_labels = out[("Deployment", "demo-router")]["spec"]["template"]["metadata"]["labels"]
+    selector = rule["from"][0]["podSelector"]["matchLabels"]
+    assert selector.items() <= router_labels.items()
+    engine_labels = out[("Deployment", "demo-engine")]["spec"]["template"]["metadata"]["labels"]
+    assert not selector.items() <= engine_labels.items()
+
+
+def test_selectors_match_pod_labels(schema: dict[str, Any]) -> None:
+    out = render.render(_sdd(minimal_resource(), schema))
+    pod_labels = {
+        m["metadata"]["labels"]["app.kubernetes.io/component"]: m["spec"]["template"]["metadata"][
+            "labels"
+        ]
+        for m in out
+        if m["kind"] == "Deployment"
+    }
+    for m in out:
+        component = m["metadata"]["labels"]["app.kubernetes.io/component"]
+        if m["kind"] == "Deployment":
+            assert m["spec"]["selector"]["matchLabels"].items() <= pod_labels[component].items()
+        if m["kind"] == "Service":
+            assert m["spec"]["selector"].items() <= pod_labels[component].items()
+        if m["kind"] == "PodDisruptionBudget":
+            assert m["spec"]["selector"]["matchLabels"].items() <= pod_labels["engine"].items()
+    assert pod_labels["engine"] != pod_labels["router"]
+
+
+def test_rendering_is_deterministic(full: api.SpecDecodeDeployment) -> None:
+    assert render.render(full) == render.render(full)
+
+
+def test_router_role_has_no_wildcards() -> None:
+    for rule in render.ROUTER_RULES:
+        for key in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule[key]
+
+
+def test_child_refs_cover_everything_rendered(full: api.SpecDecodeDeployment) -> None:
+    opts = render.RenderOptions(service_monitor=True)
+    refs = {(a, k, n) for a, k, _, n in render.child_refs("demo", "default")}
+    for m in render.render(full, opts, api_key="k"):
+        assert (m["apiVersion"], m["kind"], m["metadata"]["name"]) in refs
+
+
+def _validate_all(manifests: list[dict[str, Any]]) -> None:
+    for m in manifests:
+        if m["apiVersion"].startswith("monitoring.coreos.com"):
+            continue  # a CRD's kind: not in the Kubernetes schemas
+        kubernetes_validate.validate(m, KUBERNETES_VERSION, strict=True)
+
+
+def test_full_manifests_are_valid_kubernetes(full: api.SpecDecodeDeployment) -> None:
+    _validate_all(render.render(full, render.RenderOptions(service_monitor=True), api_key="k"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: Path(p).name)
+def test_example_manifests_are_valid_kubernetes(path: Path, schema: dict[str, Any]) -> None:
+    sdd = _sdd(load_example(path), schema)
+    out = render.render(sdd, api_key="k")
+    assert len(out) >= 10
+    _validate_all(out)
+
+
+def test_strict_validation_catches_a_broken_manifest() -> None:
+    """Guard for the check above: kubernetes-validate --strict really rejects unknown fields."""
+    bad = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "x"},
+        "spec": {"ports": [{"port": 80}], "clusterIp": "None"},
+    }
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, KUBERNETES_VERSION, strict=True)
