@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck crd deploy clean
+.PHONY: demo test lint typecheck crd docs deploy clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,9 @@ typecheck: $(STAMP)
 
 crd: $(STAMP)
 	$(BIN)/specgate crd > crds/specdecodedeployments.specgate.io.yaml
+
+docs: $(STAMP)
+	$(BIN)/specgate crd --markdown > docs/crd-reference.md
 
 deploy: $(STAMP)
 	$(BIN)/specgate install-manifests > deploy/operator.yaml

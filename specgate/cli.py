@@ -13,14 +13,14 @@ import yaml
 
 
 def _cmd_crd(args: argparse.Namespace) -> int:
-    from specgate import crd
+    from specgate import crd, docs
 
-    text = crd.crd_yaml()
+    text = docs.reference() if args.markdown else crd.crd_yaml()
     if args.check:
         current = Path(args.check).read_text()
         if current != text:
             print(
-                f"{args.check} is stale: regenerate it with `specgate crd > {args.check}`",
+                f"{args.check} is stale: regenerate it with `make crd docs`",
                 file=sys.stderr,
             )
             return 1
@@ -105,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("crd", help="print the SpecDecodeDeployment CRD generated from the model")
     p.add_argument("--check", metavar="FILE", help="exit 1 if FILE differs from the generated CRD")
+    p.add_argument("--markdown", action="store_true", help="print the CRD reference instead")
     p.set_defaults(func=_cmd_crd)
 
     p = sub.add_parser("render", help="print the manifests the operator would apply")

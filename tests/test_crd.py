@@ -106,3 +106,20 @@ def test_there_are_two_examples() -> None:
 def test_crd_file_is_one_yaml_document() -> None:
     docs = list(yaml.safe_load_all(CRD_FILE.read_text()))
     assert len(docs) == 1 and docs[0]["kind"] == "CustomResourceDefinition"
+
+
+def test_committed_reference_docs_are_generated() -> None:
+    from specgate import docs
+
+    assert (ROOT / "docs" / "crd-reference.md").read_text() == docs.reference(), (
+        "run `make docs` and commit the result"
+    )
+
+
+def test_reference_docs_list_every_field(schema: dict[str, Any]) -> None:
+    from specgate import docs
+
+    text = docs.reference()
+    for path, _ in _walk(schema["properties"]["spec"], "spec"):
+        if path != "spec" and not path.endswith(("[]", "{}")):
+            assert f"`{path}`" in text, path
