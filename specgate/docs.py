@@ -23,7 +23,7 @@ def _cell(text: str) -> str:
 
 
 def _type(node: dict[str, Any]) -> str:
-    t = node.get("type", "any")
+    t = str(node.get("type", "any"))
     if t == "array":
         t = f"[]{_type(node.get('items', {}))}"
     elif t == "object" and isinstance(node.get("additionalProperties"), dict):
