@@ -96,6 +96,12 @@ def _cmd_operator(args: argparse.Namespace) -> int:
     return main.run(args)
 
 
+def _cmd_sim(args: argparse.Namespace) -> int:
+    from specgate_sim import cli
+
+    return cli.run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specgate",
@@ -121,6 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--check", metavar="FILE", help="exit 1 if FILE differs from the output")
     p.set_defaults(func=_cmd_install_manifests)
+
+    p = sub.add_parser("sim", help="serve simulated SGLang pods (no GPU needed)")
+    from specgate_sim import cli as sim_cli
+
+    sim_cli.add_arguments(p)
+    p.set_defaults(func=_cmd_sim)
 
     p = sub.add_parser("operator", help="run the kopf operator")
     from specgate_operator import main as operator_main

@@ -1,0 +1,82 @@
+"""`specgate sim`: serve simulated SGLang pods until interrupted."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+
+from specgate import contract
+from specgate_sim import profile as profiles
+from specgate_sim.cluster import SimCluster
+from specgate_sim.pod import PodSettings
+
+
+def threshold_arg(text: str) -> int | None:
+    if text.lower() in ("none", "null", "always"):
+        return None
+    try:
+        return contract.parse_threshold(int(text))
+    except (ValueError, contract.ThresholdError) as exc:
+        raise argparse.ArgumentTypeError(
+            f"threshold must be an integer >= 0 or 'none', got {text!r}"
+        ) from exc
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--port", type=int, default=30000, help="port of the first pod")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--pods", type=int, default=1, help="pods on consecutive ports")
+    parser.add_argument("--api-key", help="require this Bearer key (as SGLang's --api-key)")
+    parser.add_argument(
+        "--profile",
+        default="rtx-pro-6000-x8",
+        help=f"calibration profile: {', '.join(profiles.available())} or a .json",
+    )
+    parser.add_argument("--model", default="sim-model", help="served model name")
+    parser.add_argument(
+        "--threshold",
+        type=threshold_arg,
+        default=8,
+        help="initial speculation-disable batch threshold ('none': always)",
+    )
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="simulated seconds per real second (>1: faster than real time)",
+    )
+    parser.add_argument("--max-running-requests", type=int)
+    parser.add_argument("--seed", type=int)  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.pods < 1:
+        raise SystemExit("--pods must be >= 1")
+    if args.time_scale <= 0:
+        raise SystemExit("--time-scale must be > 0")
+    try:
+        prof = profiles.load(args.profile)
+    except (ValueError, OSError) as exc:
+        raise SystemExit(f"--profile: {exc}") from exc
+    settings = PodSettings(
+        name="sim-0", model=args.model, api_key=args.api_key, threshold=args.threshold,
+        time_scale=args.time_scale, seed=args.seed,
+        max_running_requests=args.max_running_requests,
+    )  # fmt: skip
+    asyncio.run(_serve(prof, args, settings))
+    return 0
+
+
+async def _serve(prof: profiles.Profile, args: argparse.Namespace, settings: PodSettings) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    async with SimCluster(prof, args.pods, base_port=args.port, host=args.host,
+                          settings=settings) as cluster:  # fmt: skip
+        for url in cluster.urls:
+            print(f"simulated pod ({prof.name}) at {url}", flush=True)
+        await stop.wait()

@@ -1,0 +1,244 @@
+"""The simulated engine: continuous batching as a discrete-event state machine.
+
+`EngineCore` holds no clock: `plan(now)` decides the next step (a prefill of newly admitted
+requests, or one decode step of the running batch) and its duration from the profile;
+`finish(step, end)` applies it. A real-time driver sleeps the duration between the two (the HTTP
+pods); a virtual-time driver just adds it to a number (tests, benchmarks). Both run the same
+code, so what the tests measure is what the pods serve.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from specgate import contract
+from specgate_sim.profile import Profile
+
+TokenSink = Callable[[int, bool], None]
+"""Called with (new tokens, finished) when a step ends for a request."""
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, math.inf)
+
+
+@dataclass(eq=False)
+class SimRequest:
+    rid: str
+    prompt_tokens: int
+    max_new_tokens: int
+    arrival: float
+    sink: TokenSink | None = None
+    generated: int = 0
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    accepted_steps: list[int] = field(default_factory=list)
+
+    @property
+    def remaining(self) -> int:
+        return self.max_new_tokens - self.generated
+
+
+@dataclass
+class Histogram:
+    buckets: tuple[float, ...] = LATENCY_BUCKETS
+    counts: list[int] = field(default_factory=lambda: [0] * len(LATENCY_BUCKETS))
+    total: float = 0.0
+    n: int = 0
+
+    def observe(self, value: float) -> None:
+        self.total += value
+        self.n += 1
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[i] += 1
+                break
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        out, running = [], 0
+        for bound, count in zip(self.buckets, self.counts, strict=True):
+            running += count
+            out.append((bound, running))
+        return out
+
+
+@dataclass
+class EngineStats:
+    """Cumulative counters, as SGLang's metrics collector keeps them."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    decode_steps_on: int = 0
+    decode_steps_off: int = 0
+    prefill_steps: int = 0
+    spec_request_steps: int = 0  # (request, speculating step) pairs
+    spec_accepted_tokens: int = 0  # accepted drafts over those pairs
+    busy_seconds: float = 0.0
+    ttft: Histogram = field(default_factory=Histogram)
+    e2e: Histogram = field(default_factory=Histogram)
+    itl: Histogram = field(default_factory=Histogram)
+
+    def accept_length(self) -> float:
+        """Mean tokens per request per speculating step; steps with speculation off are not
+        counted, so a pod that stopped speculating keeps its real figure."""
+        if self.spec_request_steps == 0:
+            return 0.0
+        return 1.0 + self.spec_accepted_tokens / self.spec_request_steps
+
+
+@dataclass(frozen=True)
+class Step:
+    kind: Literal["prefill", "decode"]
+    duration: float
+    batch: int
+    speculating: bool
+    tokens: tuple[tuple[SimRequest, int], ...]
+
+
+class EngineCore:
+    def __init__(
+        self,
+        profile: Profile,
+        *,
+        threshold: int | None = None,
+        seed: int | None = None,
+        max_running_requests: int | None = None,
+    ) -> None:
+        self.profile = profile
+        self.threshold = threshold
+        self.max_running = max_running_requests or profile.max_running_requests
+        self.rng = random.Random(seed)
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.stats = EngineStats()
+        self.last_step: Step | None = None
+
+    # ---- inputs ----
+
+    def add(self, request: SimRequest) -> None:
+        self.waiting.append(request)
+        self.stats.requests += 1
+        self.stats.prompt_tokens += request.prompt_tokens
+
+    def abort(self, request: SimRequest) -> None:
+        """Drop a request whose client went away."""
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+
+    def set_threshold(self, threshold: int | None) -> None:
+        self.threshold = threshold
+
+    # ---- the step machine ----
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def speculating(self) -> bool:
+        return contract.speculates(len(self.running), self.threshold)
+
+    def _draw_accepted(self) -> int:
+        rate, accepted = self.profile.acceptance.per_token_rate, 0
+        while accepted < self.profile.num_steps and self.rng.random() < rate:
+            accepted += 1
+        return accepted
+
+    def plan(self) -> Step | None:
+        """The next step, or None when idle."""
+        admitted: list[SimRequest] = []
+        while self.waiting and len(self.running) + len(admitted) < self.max_running:
+            admitted.append(self.waiting.popleft())
+        if admitted:
+            self.running.extend(admitted)
+            duration = self.profile.prefill_time(sum(r.prompt_tokens for r in admitted))
+            return Step("prefill", duration, len(admitted), False, tuple((r, 1) for r in admitted))
+        if not self.running:
+            return None
+        batch = len(self.running)
+        on = contract.speculates(batch, self.threshold)
+        tokens = []
+        for req in self.running:
+            accepted = self._draw_accepted() if on else 0
+            if on:
+                req.accepted_steps.append(accepted)
+            tokens.append((req, min(1 + accepted, req.remaining)))
+        return Step("decode", self.profile.step_time(batch, on), batch, on, tuple(tokens))
+
+    def finish(self, step: Step, end: float) -> None:
+        """Apply a planned step that ended at time `end`."""
+        stats = self.stats
+        stats.busy_seconds += step.duration
+        if step.kind == "prefill":
+            stats.prefill_steps += 1
+        elif step.speculating:
+            stats.decode_steps_on += 1
+            live = [r for r, _ in step.tokens if r in self.running]
+            stats.spec_request_steps += len(live)
+            stats.spec_accepted_tokens += sum(r.accepted_steps[-1] for r in live)
+        else:
+            stats.decode_steps_off += 1
+        for req, n in step.tokens:
+            if req not in self.running or n <= 0:
+                continue  # aborted while the step ran
+            if req.first_token_at is None:
+                req.first_token_at = end
+                stats.ttft.observe(end - req.arrival)
+            else:
+                stats.itl.observe(step.duration / n)
+            req.generated += n
+            stats.generation_tokens += n
+            done = req.remaining <= 0
+            if done:
+                req.finished_at = end
+                self.running.remove(req)
+                stats.e2e.observe(end - req.arrival)
+            if req.sink is not None:
+                req.sink(n, done)
+        self.last_step = step
+
+    def token_usage(self) -> float:
+        used = sum(r.prompt_tokens + r.generated for r in self.running)
+        return used / self.profile.max_total_tokens
+
+
+def closed_loop_throughput(
+    profile: Profile,
+    concurrency: int,
+    *,
+    threshold: int | None,
+    output_tokens: int = 256,
+    prompt_tokens: int = 128,
+    requests_per_client: int = 8,
+    seed: int = 0,
+) -> float:
+    """Output tok/s of `concurrency` clients that each send a new request when the last ends,
+    in virtual time (no sleeping): the benchmark a GPU sweep runs, run on the simulator."""
+    core = EngineCore(profile, threshold=threshold, seed=seed)
+    now, produced, issued = 0.0, 0, 0
+    total = concurrency * requests_per_client
+
+    def submit() -> None:
+        nonlocal issued
+        issued += 1
+        req = SimRequest(f"r{issued}", prompt_tokens, output_tokens, now)
+        req.sink = on_tokens
+        core.add(req)
+
+    def on_tokens(n: int, done: bool) -> None:
+        nonlocal produced
+        produced += n
+        if done and issued < total:
+            submit()
+
+    for _ in range(concurrency):
+        submit()
+    while (step := core.plan()) is not None:
+        now += step.duration
+        core.finish(step, now)
+    return produced / now

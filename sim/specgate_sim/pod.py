@@ -1,0 +1,120 @@
+"""A simulated engine pod: an `EngineCore` driven in (scaled) real time.
+
+The pod owns one background task, started by `start()` and cancelled by `stop()`; it sleeps on
+an event while idle, so hundreds of idle pods cost no CPU. Time inside the pod is simulated
+seconds: `time_scale` > 1 runs the engine faster than real time (tests, large simulations).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from specgate_sim.engine import EngineCore, SimRequest
+from specgate_sim.profile import Profile
+
+THROUGHPUT_WINDOW_S = 5.0
+
+
+@dataclass(frozen=True)
+class PodSettings:
+    name: str = "sim-0"
+    model: str = "sim-model"
+    api_key: str | None = None
+    threshold: int | None = 8
+    time_scale: float = 1.0
+    seed: int | None = None
+    max_running_requests: int | None = None
+    tp_size: int = 8
+
+
+class SimPod:
+    def __init__(self, profile: Profile, settings: PodSettings) -> None:
+        self.profile = profile
+        self.settings = settings
+        self.core = EngineCore(
+            profile,
+            threshold=settings.threshold,
+            seed=settings.seed,
+            max_running_requests=settings.max_running_requests,
+        )
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._t0 = time.monotonic()
+        self._ids = itertools.count(1)
+        self._recent: deque[tuple[float, int]] = deque()
+        self.started_at = time.time()
+
+    # ---- lifecycle ----
+
+    def now(self) -> float:
+        """Simulated seconds since the pod started."""
+        return (time.monotonic() - self._t0) * self.settings.time_scale
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._drive(), name=f"engine:{self.settings.name}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    @property
+    def alive(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def _drive(self) -> None:
+        while True:
+            step = self.core.plan()
+            if step is None:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            await asyncio.sleep(step.duration / self.settings.time_scale)
+            end = self.now()
+            self.core.finish(step, end)
+            produced = sum(n for _, n in step.tokens)
+            self._recent.append((end, produced))
+            while self._recent and self._recent[0][0] < end - THROUGHPUT_WINDOW_S:
+                self._recent.popleft()
+
+    # ---- requests ----
+
+    async def generate(self, prompt_tokens: int, max_new_tokens: int) -> AsyncIterator[int]:
+        """Yield the number of new tokens at the end of every step that produced some; the
+        request is aborted in the engine if the consumer stops early (client went away)."""
+        queue: asyncio.Queue[tuple[int, bool]] = asyncio.Queue()
+        req = SimRequest(
+            rid=f"{self.settings.name}-{next(self._ids)}",
+            prompt_tokens=max(1, prompt_tokens),
+            max_new_tokens=max(1, max_new_tokens),
+            arrival=self.now(),
+            sink=lambda n, done: queue.put_nowait((n, done)),
+        )
+        self.core.add(req)
+        self._wake.set()
+        try:
+            while True:
+                n, done = await queue.get()
+                yield n
+                if done:
+                    return
+        finally:
+            if req.finished_at is None:
+                self.core.abort(req)
+
+    def gen_throughput(self) -> float:
+        """Output tokens per simulated second over the last few seconds."""
+        if not self._recent:
+            return 0.0
+        now = self.now()
+        recent = [n for t, n in self._recent if t >= now - THROUGHPUT_WINDOW_S]
+        return sum(recent) / THROUGHPUT_WINDOW_S

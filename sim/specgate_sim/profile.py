@@ -1,0 +1,124 @@
+"""Calibration profiles: how long an engine step takes and how many drafted tokens are accepted.
+
+A profile is a data file (`profiles/*.json`) naming its source figures; `targets` are those
+figures, and a test checks that the simulator reproduces each within 10%.
+
+Step-time model (a roofline: a step costs its fixed overhead plus the larger of reading the
+weights and KV cache, or computing every verified token):
+
+    verify(b, n) = overhead + max(weights + b * kv, n * b * compute)
+    on(b)        = verify(b, numSteps + 1) + numSteps * (draftOverhead + b * draftPerRequest)
+    off(b)       = verify(b, 1) + b * syncPerRequest     (the patched engine's plain step, which
+                                                           also extends the draft KV cache)
+
+A speculating step gives each request 1 + accepted tokens, accepted drawn from a chain of
+`numSteps` Bernoulli trials at `perTokenRate` (the first rejection ends the chain).
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid",
+                              frozen=True)  # fmt: skip
+
+
+class StepCosts(_Model):
+    overhead_s: float = Field(ge=0)
+    weights_s: float = Field(ge=0)
+    kv_s_per_request: float = Field(ge=0)
+    compute_s_per_token: float = Field(gt=0)
+    draft_overhead_s: float = Field(ge=0)
+    draft_s_per_request: float = Field(ge=0)
+    sync_s_per_request: float = Field(default=0.0, ge=0)
+
+
+class PrefillCosts(_Model):
+    overhead_s: float = Field(ge=0)
+    s_per_token: float = Field(ge=0)
+
+
+class Acceptance(_Model):
+    per_token_rate: float = Field(ge=0, le=1)
+
+
+class Target(_Model):
+    what: str
+    speculating: bool
+    concurrency: int = Field(ge=1)
+    tok_s: float = Field(gt=0)
+
+
+class Profile(_Model):
+    name: str
+    description: str
+    source: str
+    max_running_requests: int = Field(ge=1)
+    max_total_tokens: int = Field(ge=1)
+    context_length: int = Field(ge=1)
+    num_steps: int = Field(ge=1, le=16)
+    step: StepCosts
+    prefill: PrefillCosts
+    acceptance: Acceptance
+    targets: list[Target] = Field(default_factory=list)
+
+    def verify_time(self, batch: int, tokens_per_request: int) -> float:
+        s = self.step
+        memory = s.weights_s + batch * s.kv_s_per_request
+        compute = tokens_per_request * batch * s.compute_s_per_token
+        return s.overhead_s + max(memory, compute)
+
+    def step_time(self, batch: int, speculating: bool) -> float:
+        """Seconds one decode step of `batch` running requests takes."""
+        s = self.step
+        if speculating:
+            draft = self.num_steps * (s.draft_overhead_s + batch * s.draft_s_per_request)
+            return self.verify_time(batch, self.num_steps + 1) + draft
+        return self.verify_time(batch, 1) + batch * s.sync_s_per_request
+
+    def prefill_time(self, prompt_tokens: int) -> float:
+        return self.prefill.overhead_s + prompt_tokens * self.prefill.s_per_token
+
+    def mean_accept_length(self) -> float:
+        """Expected tokens per request per speculating step (accepted drafts + the bonus token)."""
+        a = self.acceptance.per_token_rate
+        return 1.0 + sum(a**j for j in range(1, self.num_steps + 1))
+
+    def steady_throughput(self, batch: int, speculating: bool) -> float:
+        """Analytic output tok/s with `batch` requests always running (no prefill)."""
+        per_step = batch * (self.mean_accept_length() if speculating else 1.0)
+        return per_step / self.step_time(batch, speculating)
+
+    def crossover_batch(self) -> int:
+        """Largest batch at which speculating delivers more tokens/s than not."""
+        best = 0
+        for b in range(1, self.max_running_requests + 1):
+            if self.steady_throughput(b, True) > self.steady_throughput(b, False):
+                best = b
+        return best
+
+
+def available() -> list[str]:
+    folder = resources.files("specgate_sim") / "profiles"
+    return sorted(
+        p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json")
+    )
+
+
+def load(name: str) -> Profile:
+    """A packaged profile by name, or a path to a profile JSON file."""
+    if name.endswith(".json"):
+        with open(name) as f:
+            data: dict[str, Any] = json.load(f)
+        return Profile.model_validate(data)
+    path = resources.files("specgate_sim") / "profiles" / f"{name}.json"
+    if not path.is_file():
+        raise ValueError(f"unknown profile {name!r}; available: {', '.join(available())}")
+    return Profile.model_validate(json.loads(path.read_text()))

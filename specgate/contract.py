@@ -1,0 +1,79 @@
+"""The engine control contract: how specgate drives a (patched) SGLang engine.
+
+One module that the simulator implements, the router uses, and the worker-image patch mirrors
+(its pure functions have the same semantics and are tested against the same cases):
+
+- set:  POST /set_internal_state {"server_args": {"speculative_disable_batch_threshold": N}}
+        N: integer >= 0 (0 = never speculate) or null (= always speculate); a bad value gets
+        HTTP 400 with a message and changes nothing (the accept-length counters included).
+- read: GET /server_info -> "speculative_disable_batch_threshold";
+        GET /metrics -> the gauges and counters named below;
+        GET /v1/loads?include=core,spec -> live batch, queue and the `speculative` section.
+- auth: every call but /health*, /metrics carries `Authorization: Bearer <engine API key>`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+THRESHOLD_KEY = "speculative_disable_batch_threshold"
+MAX_THRESHOLD = 1 << 20
+
+# Metric names (Prometheus text exposition; prometheus_client adds `_total` to counters).
+METRIC_THRESHOLD = "sglang:spec_disable_batch_threshold"  # gauge; -1 means "always speculate"
+METRIC_DECODE_STEPS = "sglang:spec_decode_steps_total"  # counter, label mode="on"|"off"
+METRIC_ACCEPT_LENGTH = "sglang:spec_accept_length"  # gauge, over speculating steps only
+METRIC_RUNNING = "sglang:num_running_reqs"
+METRIC_QUEUED = "sglang:num_queue_reqs"
+METRIC_GEN_TOKENS = "sglang:generation_tokens_total"
+
+
+class ThresholdError(ValueError):
+    """A threshold value the contract does not accept; the message says what would be."""
+
+
+def parse_threshold(value: Any) -> int | None:
+    """Validate a requested threshold: an int >= 0, or None for "always speculate".
+
+    Booleans, floats (even 4.0), strings and negative numbers are refused: a silently coerced
+    control value is worse than a clear 400.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ThresholdError(
+            f"{THRESHOLD_KEY} must be an integer >= 0 or null, got {type(value).__name__} {value!r}"
+        )
+    if value < 0:
+        raise ThresholdError(
+            f"{THRESHOLD_KEY} must be >= 0 (0 never speculates; null always does), got {value}"
+        )
+    if value > MAX_THRESHOLD:
+        raise ThresholdError(f"{THRESHOLD_KEY} must be <= {MAX_THRESHOLD}, got {value}")
+    return value
+
+
+def parse_set_request(body: Any) -> int | None:
+    """The threshold from a /set_internal_state body, or ThresholdError naming the problem."""
+    if not isinstance(body, dict) or not isinstance(body.get("server_args"), dict):
+        raise ThresholdError('body must be {"server_args": {"' + THRESHOLD_KEY + '": N}}')
+    args = body["server_args"]
+    unknown = sorted(set(args) - {THRESHOLD_KEY})
+    if unknown:
+        raise ThresholdError(f"unsupported server_args keys: {', '.join(unknown)}")
+    if THRESHOLD_KEY not in args:
+        raise ThresholdError(f"server_args must contain {THRESHOLD_KEY}")
+    return parse_threshold(args[THRESHOLD_KEY])
+
+
+def speculates(batch_size: int, threshold: int | None) -> bool:
+    """The mode decision: speculate while the real decode batch is at or below the threshold."""
+    return threshold is None or batch_size <= threshold
+
+
+def threshold_gauge(threshold: int | None) -> float:
+    return -1.0 if threshold is None else float(threshold)
+
+
+def set_request(threshold: int | None) -> dict[str, Any]:
+    return {"server_args": {THRESHOLD_KEY: threshold}}

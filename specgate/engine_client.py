@@ -1,0 +1,146 @@
+"""A client for one engine pod (patched SGLang or the simulator), over the control contract.
+
+The router's scraper and pusher use it, and so do the simulator's tests, so the simulator is
+checked with the very code that will talk to real pods. All I/O goes through an injected
+`httpx.AsyncClient` (tests swap in a MockTransport or real sockets).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import BaseModel, ConfigDict
+
+from specgate import contract
+
+
+class EngineError(Exception):
+    """The engine answered with an error, or could not be reached (status 0)."""
+
+    def __init__(self, url: str, status: int, message: str) -> None:
+        self.url, self.status, self.message = url, status, message
+        super().__init__(f"{url}: {status or 'unreachable'}: {message}")
+
+
+class EngineLoad(BaseModel):
+    """One `/v1/loads?include=core,spec` snapshot (dp rank 0)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    running: int
+    waiting: int
+    max_running: int
+    token_usage: float = 0.0
+    gen_throughput: float = 0.0
+    accept_length: float | None = None
+    # Present only on patched engines:
+    threshold: int | None = None
+    threshold_known: bool = False
+    speculating: bool | None = None
+    decode_steps_on: int | None = None
+    decode_steps_off: int | None = None
+
+    @classmethod
+    def from_response(cls, data: dict[str, Any]) -> EngineLoad:
+        loads = data.get("loads") or []
+        if not loads:
+            raise ValueError("no loads in /v1/loads response")
+        load = loads[0]
+        spec = load.get("speculative") or {}
+        return cls(
+            running=int(load.get("num_running_reqs", 0)),
+            waiting=int(load.get("num_waiting_reqs", 0)),
+            max_running=int(load.get("max_running_requests", 0)),
+            token_usage=float(load.get("token_usage", 0.0)),
+            gen_throughput=float(load.get("gen_throughput", 0.0)),
+            accept_length=spec.get("accept_length"),
+            threshold=spec.get("disable_batch_threshold"),
+            threshold_known="disable_batch_threshold" in spec,
+            speculating=spec.get("speculating"),
+            decode_steps_on=spec.get("decode_steps_on"),
+            decode_steps_off=spec.get("decode_steps_off"),
+        )
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text -> {sample name[{mode}]: value}, summed over other labels."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = sample.name
+            if "mode" in sample.labels:
+                key = f"{key}{{mode={sample.labels['mode']}}}"
+            out[key] = out.get(key, 0.0) + float(sample.value)
+    return out
+
+
+class EngineClient:
+    def __init__(
+        self, base_url: str, http: httpx.AsyncClient, *, api_key: str | None = None
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._http = http
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    async def _get(self, path: str, timeout: float | None = None) -> httpx.Response:
+        try:
+            resp = await self._http.get(
+                self.base_url + path,
+                headers=self._headers,
+                timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+            )
+        except httpx.HTTPError as exc:
+            raise EngineError(self.base_url, 0, str(exc) or type(exc).__name__) from exc
+        if resp.status_code >= 400:
+            raise EngineError(self.base_url, resp.status_code, resp.text[:500])
+        return resp
+
+    async def loads(self, timeout: float | None = None) -> EngineLoad:
+        resp = await self._get("/v1/loads?include=core,spec", timeout)
+        try:
+            return EngineLoad.from_response(resp.json())
+        except (ValueError, TypeError) as exc:
+            raise EngineError(self.base_url, resp.status_code, f"bad /v1/loads: {exc}") from exc
+
+    async def metrics(self, timeout: float | None = None) -> dict[str, float]:
+        resp = await self._get("/metrics", timeout)
+        try:
+            return parse_metrics(resp.text)
+        except ValueError as exc:
+            raise EngineError(self.base_url, resp.status_code, f"bad /metrics: {exc}") from exc
+
+    async def server_info(self, timeout: float | None = None) -> dict[str, Any]:
+        data: dict[str, Any] = (await self._get("/server_info", timeout)).json()
+        return data
+
+    async def threshold(self) -> int | None:
+        info = await self.server_info()
+        if contract.THRESHOLD_KEY not in info:
+            raise EngineError(self.base_url, 200, "engine does not report a threshold: unpatched?")
+        value: int | None = info[contract.THRESHOLD_KEY]
+        return value
+
+    async def set_threshold(self, threshold: int | None, timeout: float | None = None) -> None:
+        try:
+            resp = await self._http.post(
+                self.base_url + "/set_internal_state",
+                json=contract.set_request(threshold),
+                headers=self._headers,
+                timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+            )
+        except httpx.HTTPError as exc:
+            raise EngineError(self.base_url, 0, str(exc) or type(exc).__name__) from exc
+        if resp.status_code >= 400:
+            raise EngineError(self.base_url, resp.status_code, resp.text[:500])
+        body = resp.json()
+        if not (isinstance(body, list) and body and all(body)):
+            raise EngineError(self.base_url, resp.status_code, f"engine refused: {body!r}")
+
+    async def healthy(self, timeout: float = 2.0) -> bool:
+        try:
+            await self._get("/health", timeout)
+        except EngineError:
+            return False
+        return True

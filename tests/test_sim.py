@@ -1,0 +1,303 @@
+"""The simulator: calibration against its source figures, the engine's mode switching, and the
+HTTP API exercised with the same client code the router uses (`specgate.engine_client`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import resource
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from specgate import contract
+from specgate.engine_client import EngineClient, EngineError
+from specgate_sim import profile as profiles
+from specgate_sim.cluster import SimCluster
+from specgate_sim.engine import EngineCore, SimRequest, closed_loop_throughput
+from specgate_sim.pod import PodSettings
+
+PROFILE = profiles.load("rtx-pro-6000-x8")
+
+
+@pytest.mark.parametrize("name", profiles.available())
+def test_profile_reproduces_its_source_figures_within_10_percent(name: str) -> None:
+    prof = profiles.load(name)
+    assert prof.targets, f"profile {name} names no source figures"
+    for target in prof.targets:
+        measured = closed_loop_throughput(
+            prof, target.concurrency, threshold=None if target.speculating else 0
+        )
+        error = abs(measured - target.tok_s) / target.tok_s
+        assert error <= 0.10, f"{name}: {target.what}: {measured:.1f} vs {target.tok_s}"
+
+
+def test_throughput_curves_cross() -> None:
+    """Speculation wins at low concurrency and loses at high: the reason specgate exists."""
+    on = {c: closed_loop_throughput(PROFILE, c, threshold=None) for c in (1, 2, 64)}
+    off = {c: closed_loop_throughput(PROFILE, c, threshold=0) for c in (1, 2, 64)}
+    assert on[1] > 1.5 * off[1] and on[2] > off[2]
+    assert off[64] > 1.8 * on[64]
+    assert 2 <= PROFILE.crossover_batch() < 16
+
+
+def test_a_threshold_at_the_crossover_gives_the_better_of_both() -> None:
+    best = PROFILE.crossover_batch()
+    for c in (1, 4, 16, 64):
+        on = closed_loop_throughput(PROFILE, c, threshold=None)
+        off = closed_loop_throughput(PROFILE, c, threshold=0)
+        switched = closed_loop_throughput(PROFILE, c, threshold=best)
+        assert switched >= 0.95 * max(on, off), (c, switched, on, off)
+
+
+def _run(core: EngineCore, *, until: float) -> float:
+    now = 0.0
+    while (step := core.plan()) is not None and now < until:
+        now += step.duration
+        core.finish(step, now)
+    return now
+
+
+def test_engine_speculates_only_at_or_below_the_threshold() -> None:
+    core = EngineCore(PROFILE, threshold=2, seed=1)
+    for i in range(8):
+        core.add(SimRequest(f"r{i}", 16, 400, 0.0))
+    _run(core, until=2.0)
+    assert core.stats.decode_steps_off > 10 * max(1, core.stats.decode_steps_on)
+    core.set_threshold(64)
+    before = core.stats.decode_steps_off
+    _run(core, until=2.0)
+    assert core.stats.decode_steps_off == before and core.stats.decode_steps_on > 10
+
+
+def test_accept_length_is_not_diluted_by_steps_without_speculation() -> None:
+    core = EngineCore(PROFILE, threshold=None, seed=2)
+    for i in range(4):
+        core.add(SimRequest(f"r{i}", 16, 100_000, 0.0))
+    _run(core, until=5.0)
+    speculating = core.stats.accept_length()
+    assert abs(speculating - PROFILE.mean_accept_length()) < 0.15
+    core.set_threshold(0)
+    _run(core, until=5.0)
+    assert core.stats.decode_steps_off > 100
+    assert core.stats.accept_length() == speculating
+
+
+def test_waiting_queue_and_running_cap() -> None:
+    core = EngineCore(PROFILE, threshold=0, seed=3, max_running_requests=4)
+    for i in range(10):
+        core.add(SimRequest(f"r{i}", 16, 50, 0.0))
+    step = core.plan()
+    assert step is not None and step.kind == "prefill" and step.batch == 4
+    assert len(core.waiting) == 6 and len(core.running) == 4
+
+
+# ---- over HTTP ----
+
+KEY = "test-key"
+
+
+@pytest.fixture
+async def pods() -> AsyncIterator[SimCluster]:
+    settings = PodSettings(api_key=KEY, threshold=8, time_scale=20.0, seed=7, model="sim-llama")
+    async with SimCluster(PROFILE, 2, settings=settings) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(timeout=10) as client:
+        yield client
+
+
+async def test_control_contract_set_and_read_back(
+    pods: SimCluster, http: httpx.AsyncClient
+) -> None:
+    engine = EngineClient(pods.urls[0], http, api_key=KEY)
+    assert await engine.threshold() == 8
+    await engine.set_threshold(3)
+    assert await engine.threshold() == 3
+    metrics = await engine.metrics()
+    assert metrics[contract.METRIC_THRESHOLD] == 3.0
+    load = await engine.loads()
+    assert load.threshold == 3 and load.threshold_known
+    await engine.set_threshold(None)
+    assert await engine.threshold() is None
+    assert (await engine.metrics())[contract.METRIC_THRESHOLD] == -1.0
+    # The other pod was not touched.
+    assert await EngineClient(pods.urls[1], http, api_key=KEY).threshold() == 8
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [-1, 2.5, "4", True, [3]],
+    ids=["negative", "float", "string", "bool", "list"],
+)
+async def test_control_contract_rejects_bad_values_with_400(
+    bad: object, pods: SimCluster, http: httpx.AsyncClient
+) -> None:
+    resp = await http.post(
+        pods.urls[0] + "/set_internal_state",
+        json={"server_args": {contract.THRESHOLD_KEY: bad}},
+        headers={"Authorization": f"Bearer {KEY}"},
+    )
+    assert resp.status_code == 400
+    assert contract.THRESHOLD_KEY in resp.json()["message"]
+    assert await EngineClient(pods.urls[0], http, api_key=KEY).threshold() == 8
+
+
+async def test_control_contract_rejects_unknown_keys(
+    pods: SimCluster, http: httpx.AsyncClient
+) -> None:
+    resp = await http.post(
+        pods.urls[0] + "/set_internal_state",
+        json={"server_args": {"pp_max_micro_batch_size": 4}},
+        headers={"Authorization": f"Bearer {KEY}"},
+    )
+    assert resp.status_code == 400 and "pp_max_micro_batch_size" in resp.json()["message"]
+
+
+async def test_api_key_is_enforced_except_health_and_metrics(
+    pods: SimCluster, http: httpx.AsyncClient
+) -> None:
+    url = pods.urls[0]
+    assert (await http.get(url + "/server_info")).status_code == 401
+    wrong = {"Authorization": "Bearer nope"}
+    assert (await http.post(url + "/set_internal_state", json={}, headers=wrong)).status_code == 401
+    assert (await http.get(url + "/health")).status_code == 200
+    assert (await http.get(url + "/health_generate")).status_code == 200
+    assert (await http.get(url + "/metrics")).status_code == 200
+    with pytest.raises(EngineError) as info:
+        await EngineClient(url, http, api_key="wrong").set_threshold(1)
+    assert info.value.status == 401
+
+
+async def test_metrics_parse_with_prometheus_parser(
+    pods: SimCluster, http: httpx.AsyncClient
+) -> None:
+    engine = EngineClient(pods.urls[0], http, api_key=KEY)
+    await engine.set_threshold(0)
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 20}}
+    resp = await http.post(pods.urls[0] + "/generate", json=body, headers=headers)
+    assert resp.status_code == 200
+    metrics = await engine.metrics()
+    assert metrics["sglang:generation_tokens_total"] == 20
+    assert metrics["sglang:num_requests_total"] == 1
+    assert metrics["sglang:prompt_tokens_total"] == 3
+    assert metrics["sglang:spec_decode_steps_total{mode=off}"] == 19
+    assert metrics["sglang:spec_decode_steps_total{mode=on}"] == 0
+    assert metrics["sglang:time_to_first_token_seconds_count"] == 1
+    for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:gen_throughput",
+                 "sglang:token_usage", "sglang:spec_accept_length"):  # fmt: skip
+        assert name in metrics
+
+
+async def test_loads_shape(pods: SimCluster, http: httpx.AsyncClient) -> None:
+    resp = await http.get(
+        pods.urls[0] + "/v1/loads?include=core,spec", headers={"Authorization": f"Bearer {KEY}"}
+    )
+    data = resp.json()
+    assert set(data) >= {"timestamp", "version", "accelerator", "num_accelerators", "loads"}
+    load = data["loads"][0]
+    assert {"num_running_reqs", "num_waiting_reqs", "max_running_requests"} <= set(load)
+    assert {"accept_length", "accept_rate"} <= set(load["speculative"])
+    core_only = await http.get(
+        pods.urls[0] + "/v1/loads?include=core", headers={"Authorization": f"Bearer {KEY}"}
+    )
+    assert "speculative" not in core_only.json()["loads"][0]
+    bad = await http.get(
+        pods.urls[0] + "/v1/loads?include=bogus", headers={"Authorization": f"Bearer {KEY}"}
+    )
+    assert bad.status_code == 400
+
+
+async def test_generate_stream_and_openai_shapes(pods: SimCluster, http: httpx.AsyncClient) -> None:
+    headers = {"Authorization": f"Bearer {KEY}"}
+    url = pods.urls[0]
+    async with http.stream(
+        "POST", url + "/generate",
+        json={"text": "hello there", "sampling_params": {"max_new_tokens": 12}, "stream": True},
+        headers=headers,
+    ) as resp:  # fmt: skip
+        events = [line async for line in resp.aiter_lines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    last = json.loads(events[-2][6:])
+    assert last["meta_info"]["completion_tokens"] == 12
+    assert last["meta_info"]["finish_reason"] == {"type": "length", "length": 12}
+
+    resp = await http.post(
+        url + "/v1/chat/completions",
+        json={"model": "sim-llama", "messages": [{"role": "user", "content": "hi"}],
+              "max_tokens": 5},
+        headers=headers,
+    )  # fmt: skip
+    chat = resp.json()
+    assert chat["object"] == "chat.completion"
+    assert chat["choices"][0]["message"]["role"] == "assistant"
+    assert chat["usage"]["completion_tokens"] == 5
+
+    async with http.stream(
+        "POST", url + "/v1/completions",
+        json={"model": "sim-llama", "prompt": "x", "max_tokens": 7, "stream": True,
+              "stream_options": {"include_usage": True}},
+        headers=headers,
+    ) as resp:  # fmt: skip
+        chunks = [line[6:] async for line in resp.aiter_lines() if line.startswith("data: ")]
+    assert chunks[-1] == "[DONE]"
+    usage = json.loads(chunks[-2])["usage"]
+    assert usage["completion_tokens"] == 7
+    text = "".join(json.loads(c)["choices"][0]["text"] for c in chunks[:-2])
+    assert len(text.split()) == 7
+
+    models = (await http.get(url + "/v1/models", headers=headers)).json()
+    assert models["data"][0]["id"] == "sim-llama"
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/generate", {"sampling_params": {"max_new_tokens": 3}}),
+        ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 0}}),
+        ("/v1/chat/completions", {"messages": []}),
+        ("/v1/completions", {"prompt": {"not": "text"}}),
+        ("/v1/completions", {"prompt": "x", "max_tokens": -5}),
+    ],
+)
+async def test_malformed_requests_get_400_with_a_message(
+    path: str, body: dict[str, object], pods: SimCluster, http: httpx.AsyncClient
+) -> None:
+    resp = await http.post(
+        pods.urls[0] + path, json=body, headers={"Authorization": f"Bearer {KEY}"}
+    )
+    assert resp.status_code == 400 and resp.json()["message"]
+
+
+async def test_threshold_switches_mode_under_load(
+    pods: SimCluster, http: httpx.AsyncClient
+) -> None:
+    engine = EngineClient(pods.urls[0], http, api_key=KEY)
+    await engine.set_threshold(2)
+    headers = {"Authorization": f"Bearer {KEY}"}
+
+    async def one() -> None:
+        body = {"input_ids": [1] * 8, "sampling_params": {"max_new_tokens": 200}}
+        (await http.post(pods.urls[0] + "/generate", json=body, headers=headers)).raise_for_status()
+
+    await asyncio.gather(*(one() for _ in range(8)))
+    load = await engine.loads()
+    assert load.decode_steps_off is not None and load.decode_steps_on is not None
+    # 8 running > threshold 2: nearly all steps without speculation (only the drain speculates).
+    assert load.decode_steps_off > 5 * load.decode_steps_on
+
+
+async def test_idle_pods_do_not_burn_cpu() -> None:
+    settings = PodSettings(threshold=8, time_scale=1.0)
+    async with SimCluster(PROFILE, 40, settings=settings):
+        await asyncio.sleep(0.3)
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        await asyncio.sleep(2.0)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+    used = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    assert used < 0.5, f"40 idle pods used {used:.2f} CPU-seconds in 2 s"
