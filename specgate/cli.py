@@ -102,6 +102,12 @@ def _cmd_sim(args: argparse.Namespace) -> int:
     return cli.run(args)
 
 
+def _cmd_router(args: argparse.Namespace) -> int:
+    from specgate_router import main
+
+    return main.run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specgate",
@@ -127,6 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--check", metavar="FILE", help="exit 1 if FILE differs from the output")
     p.set_defaults(func=_cmd_install_manifests)
+
+    p = sub.add_parser("router", help="run the speculation-aware router")
+    from specgate_router import main as router_main
+
+    router_main.add_arguments(p)
+    p.set_defaults(func=_cmd_router)
 
     p = sub.add_parser("sim", help="serve simulated SGLang pods (no GPU needed)")
     from specgate_sim import cli as sim_cli

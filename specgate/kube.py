@@ -8,10 +8,11 @@ identity. Errors become `KubeError` with the API server's status code, reason an
 
 from __future__ import annotations
 
+import json
 import os
 import ssl
 import tempfile
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -203,6 +204,22 @@ class KubeClient:
         data = await self._call("GET", collection_path(api_version, kind, namespace), params=params)
         items: list[dict[str, Any]] = data.get("items", [])
         return items
+
+    async def watch(self, path: str, params: Mapping[str, str]) -> AsyncIterator[dict[str, Any]]:
+        """Watch events (one JSON object per line) until the server ends the stream."""
+        try:
+            async with self._http.stream(
+                "GET", path, params=params, timeout=httpx.Timeout(None, connect=10.0)
+            ) as resp:
+                if resp.status_code >= 400:
+                    await resp.aread()
+                    raise KubeError(resp.status_code, resp.reason_phrase, resp.text[:500])
+                async for line in resp.aiter_lines():
+                    if line.strip():
+                        event: dict[str, Any] = json.loads(line)
+                        yield event
+        except httpx.HTTPError as exc:
+            raise KubeError(0, type(exc).__name__, str(exc)) from exc
 
     async def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
         meta = manifest["metadata"]

@@ -145,6 +145,15 @@ def create_app(pod: SimPod) -> FastAPI:
                 return JSONResponse({"error": "Unauthorized"}, status_code=401)
         return await call_next(request)
 
+    def _too_long(prompt: int, new: int) -> str | None:
+        limit = pod.profile.context_length
+        if prompt + new > limit:
+            return (
+                f"Requested token count exceeds the model's maximum context length of {limit}"
+                f" tokens: {prompt} in the prompt + {new} to generate"
+            )
+        return None
+
     def server_args() -> dict[str, Any]:
         return {
             "model_path": settings.model,
@@ -280,6 +289,8 @@ def create_app(pod: SimPod) -> FastAPI:
             prompt = _prompt_tokens_of_text(body["text"])
         else:
             return _error(400, "either text or input_ids is required")
+        if (problem := _too_long(prompt, max_new)) is not None:
+            return _error(400, problem)
         rid = body.get("rid") or secrets.token_hex(8)
 
         def meta(completion: int, done: bool) -> dict[str, Any]:
@@ -351,6 +362,8 @@ def create_app(pod: SimPod) -> FastAPI:
             max_tokens = default_max
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             return _error(400, "max_tokens must be a positive integer")
+        if (problem := _too_long(prompt, max_tokens)) is not None:
+            return _error(400, problem)
         model = body.get("model") or settings.model
         created = int(time.time())
         rid = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)

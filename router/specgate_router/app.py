@@ -1,0 +1,156 @@
+"""The router's HTTP app: `create_app(settings, transport=None)`, no module-level state."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import generate_latest
+
+from specgate_router import proxy, requests
+from specgate_router.errors import BadRequest, PayloadTooLarge, RouterError
+from specgate_router.settings import RouterSettings
+from specgate_router.state import RouterState
+
+log = logging.getLogger("specgate.router")
+
+
+def _schema(model: type[Any]) -> dict[str, Any]:
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": model.model_json_schema()}},
+        }
+    }
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise BadRequest("Content-Length is not a number")
+        if int(declared) > limit:
+            raise PayloadTooLarge(f"request body exceeds {limit} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise PayloadTooLarge(f"request body exceeds {limit} bytes")
+    return bytes(body)
+
+
+def create_app(
+    settings: RouterSettings,
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+    config_path: str | None = None,
+    identity: str | None = None,
+) -> FastAPI:
+    state_box: dict[str, RouterState] = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state = RouterState(
+            settings, transport=transport, config_path=config_path,
+            identity=identity or socket.gethostname(),
+        )  # fmt: skip
+        state_box["state"] = state
+        app.state.router = state
+        await state.start()
+        try:
+            yield
+        finally:
+            await state.drain(state.settings.resilience.drain_seconds)
+            await state.stop()
+
+    app = FastAPI(
+        title="specgate router",
+        version="0.1.0",
+        description="OpenAI-compatible, speculation-aware router for SGLang EAGLE pods.",
+        lifespan=lifespan,
+    )
+
+    def current() -> RouterState:
+        return state_box["state"]
+
+    @app.exception_handler(RouterError)
+    async def router_error(request: Request, exc: RouterError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
+
+    @app.middleware("http")
+    async def request_id(request: Request, call_next: Any) -> Response:
+        rid = request.headers.get("x-request-id") or uuid.uuid4().hex
+        request.state.request_id = rid
+        response: Response = await call_next(request)
+        response.headers.setdefault("x-request-id", rid)
+        return response
+
+    async def handle(request: Request) -> Response:
+        state = current()
+        if state.draining:
+            raise RouterError("router is shutting down") from None
+        raw = await read_body(request, state.settings.resilience.max_body_bytes)
+        routed = requests.parse(request.url.path, raw, request.headers, state.settings)
+        rid = request.state.request_id
+        response = await proxy.forward(state, routed, rid)
+        log.info(
+            "request done",
+            extra={"request_id": rid, "path": routed.path, "traffic_class": routed.traffic_class,
+                   "pod": response.headers.get("x-specgate-pod"), "status": response.status_code},
+        )  # fmt: skip
+        return response
+
+    app.add_api_route("/v1/chat/completions", handle, methods=["POST"],
+                      openapi_extra=_schema(requests.ChatCompletionRequest),
+                      summary="OpenAI chat completions")  # fmt: skip
+    app.add_api_route("/v1/completions", handle, methods=["POST"],
+                      openapi_extra=_schema(requests.CompletionRequest),
+                      summary="OpenAI completions")  # fmt: skip
+    app.add_api_route("/generate", handle, methods=["POST"],
+                      openapi_extra=_schema(requests.GenerateRequest),
+                      summary="SGLang native generate")  # fmt: skip
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [{"id": current().settings.model, "object": "model", "owned_by": "specgate"}],
+        }
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        state = current()
+        now = state.clock()
+        usable = [
+            p for p in state.live_pods() if p.healthy and p.fresh(now, state.settings.control)
+        ]
+        ready = bool(usable) and not state.draining
+        return JSONResponse(
+            {"ready": ready, "pods": len(state.pods), "usable": len(usable),
+             "draining": state.draining},
+            status_code=200 if ready else 503,
+        )  # fmt: skip
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(current().metrics.registry),
+                        media_type="text/plain; version=0.0.4")  # fmt: skip
+
+    @app.get("/specgate/pods")
+    async def pods() -> dict[str, Any]:
+        state = current()
+        return {"leader": state.is_leader, "latencyPool": sorted(state.latency_pool),
+                "pods": state.views()}  # fmt: skip
+
+    return app

@@ -1,0 +1,223 @@
+"""The router's Kubernetes side: EndpointSlice discovery, Lease leader election, and publishing
+pod state to the SpecDecodeDeployment's status. Each is a loop owned by `RouterState`."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import logging
+import math
+from typing import Any
+
+import httpx
+
+from specgate.kube import Credentials, KubeClient, KubeError
+from specgate_router.settings import KubernetesDiscovery, LeaderElection, StatusTarget
+from specgate_router.state import RouterState
+
+log = logging.getLogger("specgate.router.cluster")
+
+
+async def connect() -> KubeClient:
+    """In-cluster service account, else kubeconfig (kopf's login helpers, as the operator)."""
+    import kopf
+
+    settings = kopf.OperatorSettings()
+    info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
+        settings=settings
+    )
+    if info is None:
+        raise RuntimeError("Kubernetes discovery needs in-cluster credentials or a kubeconfig")
+    return KubeClient(Credentials.from_kopf(info))
+
+
+# ---- discovery ----
+
+
+def ready_endpoints(slices: list[dict[str, Any]], port: int) -> dict[str, str]:
+    """name -> URL of every ready endpoint in the slices (pure)."""
+    out: dict[str, str] = {}
+    for sl in slices:
+        for ep in sl.get("endpoints") or []:
+            if not (ep.get("conditions") or {}).get("ready", False):
+                continue
+            if (ep.get("conditions") or {}).get("terminating", False):
+                continue
+            for address in ep.get("addresses") or []:
+                name = (ep.get("targetRef") or {}).get("name") or address
+                host = f"[{address}]" if ":" in address else address
+                out[name] = f"http://{host}:{port}"
+    return out
+
+
+async def watch_endpoints(state: RouterState, k8s: KubernetesDiscovery) -> None:
+    path = f"/apis/discovery.k8s.io/v1/namespaces/{k8s.namespace}/endpointslices"
+    selector = f"kubernetes.io/service-name={k8s.service}"
+    slices: dict[str, dict[str, Any]] = {}
+    while True:
+        try:
+            listed = await state.kube.list(
+                "discovery.k8s.io/v1", "EndpointSlice", k8s.namespace, label_selector=selector
+            )
+            slices = {s["metadata"]["name"]: s for s in listed}
+            state.sync_backends(ready_endpoints(list(slices.values()), k8s.port))
+            params = {"watch": "true", "labelSelector": selector, "timeoutSeconds": "300"}
+            async for event in state.kube.watch(path, params):
+                obj = event.get("object") or {}
+                name = (obj.get("metadata") or {}).get("name")
+                if not name:
+                    continue
+                if event.get("type") == "DELETED":
+                    slices.pop(name, None)
+                else:
+                    slices[name] = obj
+                state.sync_backends(ready_endpoints(list(slices.values()), k8s.port))
+        except (KubeError, httpx.HTTPError, json.JSONDecodeError) as exc:
+            log.warning("EndpointSlice watch failed (%s); relisting in 2s", exc)
+            await asyncio.sleep(2.0)
+
+
+# ---- leader election ----
+
+
+def _now_rfc3339() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse_time(value: str | None) -> float:
+    if not value:
+        return -math.inf
+    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def lease_expired(lease: dict[str, Any], now: float) -> bool:
+    spec = lease.get("spec") or {}
+    duration = float(spec.get("leaseDurationSeconds") or 0)
+    return _parse_time(spec.get("renewTime")) + duration < now
+
+
+async def try_acquire(kube: KubeClient, cfg: LeaderElection, identity: str) -> bool:
+    """One round of Lease-based election; True when `identity` holds the lease afterwards."""
+    now = datetime.datetime.now(datetime.UTC).timestamp()
+    stamp = _now_rfc3339()
+    lease = await kube.get_or_none("coordination.k8s.io/v1", "Lease", cfg.namespace, cfg.lease_name)
+    spec = {
+        "holderIdentity": identity,
+        "leaseDurationSeconds": math.ceil(cfg.lease_seconds),
+        "renewTime": stamp,
+    }
+    if lease is None:
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": cfg.lease_name, "namespace": cfg.namespace},
+            "spec": {**spec, "acquireTime": stamp, "leaseTransitions": 0},
+        }
+        try:
+            await kube.create(body)
+        except KubeError as exc:
+            if exc.conflict:
+                return False  # somebody else created it first
+            raise
+        return True
+    holder = (lease.get("spec") or {}).get("holderIdentity")
+    if holder != identity and not lease_expired(lease, now):
+        return False
+    if holder != identity:
+        transitions = int((lease.get("spec") or {}).get("leaseTransitions") or 0) + 1
+        spec = {**spec, "acquireTime": stamp, "leaseTransitions": transitions}
+    # resourceVersion makes the update conditional: two candidates cannot both win.
+    patch = {"metadata": {"resourceVersion": lease["metadata"].get("resourceVersion")},
+             "spec": spec}  # fmt: skip
+    try:
+        await kube.merge_patch(
+            "coordination.k8s.io/v1", "Lease", cfg.namespace, cfg.lease_name, patch
+        )
+    except KubeError as exc:
+        if exc.conflict:
+            return False
+        raise
+    return True
+
+
+async def lead(state: RouterState, cfg: LeaderElection) -> None:
+    while True:
+        try:
+            leader = await try_acquire(state.kube, cfg, state.identity)
+        except (KubeError, httpx.HTTPError) as exc:
+            log.warning("leader election round failed: %s", exc)
+            leader = False
+        if leader != state.is_leader:
+            log.info("leadership %s", "acquired" if leader else "lost")
+        state.is_leader = leader
+        state.metrics.leader.set(1 if leader else 0)
+        await asyncio.sleep(cfg.renew_seconds)
+
+
+# ---- status ----
+
+
+def threshold_summary(values: list[int | None]) -> str:
+    if not values:
+        return ""
+    if any(v is None for v in values):
+        return "always" if all(v is None for v in values) else "mixed"
+    ints = [v for v in values if v is not None]
+    lo, hi = min(ints), max(ints)
+    return str(lo) if lo == hi else f"{lo}-{hi}"
+
+
+def status_patch(state: RouterState, current: dict[str, Any]) -> dict[str, Any]:
+    views = state.views()
+    stamp = _now_rfc3339()
+    pods = [
+        {
+            "name": v["name"],
+            "ready": bool(v["healthy"] and v["fresh"]),
+            "speculating": bool(v["speculating"]),
+            "threshold": v["threshold"],
+            "batchSize": v["batch"] or 0,
+            "acceptLength": v["acceptLength"],
+            "reason": v["reason"][:200],
+        }
+        for v in views
+    ]
+    controlled = bool(views) and all(v["fresh"] for v in views)
+    condition = {
+        "type": "SpeculationControlled",
+        "status": "True" if controlled else "False",
+        "reason": "ThresholdsControlled" if controlled else "PodsNotObserved",
+        "message": f"{sum(v['fresh'] for v in views)}/{len(views)} pods observed by "
+        f"{state.identity}",
+        "lastTransitionTime": stamp,
+    }
+    conditions = [c for c in current.get("conditions") or [] if c.get("type") != condition["type"]]
+    old = next(
+        (c for c in current.get("conditions") or [] if c.get("type") == condition["type"]), None
+    )
+    if old is not None and old.get("status") == condition["status"]:
+        condition["lastTransitionTime"] = old.get("lastTransitionTime", stamp)
+    return {
+        "status": {
+            "pods": pods,
+            "threshold": threshold_summary([v["threshold"] for v in views]),
+            "conditions": [*conditions, condition],
+        }
+    }
+
+
+async def publish_status(state: RouterState, target: StatusTarget) -> None:
+    while True:
+        await asyncio.sleep(target.interval_seconds)
+        if not state.is_leader:
+            continue
+        try:
+            current = await state.kube.get("specgate.io/v1alpha1", "SpecDecodeDeployment",
+                                           target.namespace, target.name)  # fmt: skip
+            patch = status_patch(state, current.get("status") or {})
+            await state.kube.merge_patch("specgate.io/v1alpha1", "SpecDecodeDeployment",
+                                         target.namespace, target.name, patch,
+                                         subresource="status")  # fmt: skip
+        except (KubeError, httpx.HTTPError) as exc:
+            log.warning("status publish failed: %s", exc)

@@ -1,0 +1,228 @@
+"""The threshold controller: pure functions of (observations, previous decision, now).
+
+Where does speculation stop paying on a pod? Each scrape interval in which the pod ran mostly
+in one mode with a steady batch gives a sample: batch size b, mode, delivered output tok/s. A pod
+with threshold T speculates at b <= T and not above, so it shows the speculating curve just
+below T and the plain curve just above. Per mode the controller fits the per-request cost
+y(b) = b / (tok/s), seconds per generated token per request, as a line y = alpha + beta * b
+(weighted least squares, recent samples weigh more) over a window around T only: the costs
+follow a roofline with a kink where steps turn compute-bound, so one global line would
+mislead, while near T a line is accurate. Speculation pays while y_on(b) < y_off(b); the
+estimate is the largest such b. Each move is bounded to [T/2, 2T+1], so a far estimate is
+approached in steps and re-measured on the way: a fixed-point iteration towards the crossover.
+
+Until both modes have enough samples near T at two or more batch sizes, the pod keeps its
+threshold. A new value is pushed only when it moves more than `hysteresis` from the current one
+and the pod's last change is `cooldownSeconds` old; stale metrics never produce a decision. In
+dynamic mode the threshold stays >= 1: at 0 a pod would never speculate and the controller
+could never measure speculation again (use mode `off` for that).
+
+The same functions drive the router's control loop and the simulations in `bench/`, and tests
+feed them time instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from specgate_router.settings import ControlSettings
+
+STEADY_MODE_FRACTION = 0.9
+"""A sample counts for a mode when at least this share of its decode steps ran in that mode."""
+HALF_LIFE_SECONDS = 300.0
+
+
+@dataclass(frozen=True)
+class Sample:
+    """What one pod did between two scrapes."""
+
+    at: float
+    batch: float  # mean running requests over the interval
+    tokens_per_second: float  # output tokens delivered
+    speculating_fraction: float  # share of decode steps with speculation on
+
+
+@dataclass(frozen=True)
+class Line:
+    alpha: float
+    beta: float
+    samples: int
+    distinct_batches: int
+
+    def at(self, batch: float) -> float:
+        return self.alpha + self.beta * batch
+
+
+@dataclass(frozen=True)
+class Decision:
+    threshold: int | None  # None: always speculate
+    reason: str
+    changed_at: float  # when the threshold last changed (-inf: never)
+
+
+def sample_between(
+    *,
+    t0: float,
+    t1: float,
+    batch0: int,
+    batch1: int,
+    tokens0: float,
+    tokens1: float,
+    steps_on0: float,
+    steps_on1: float,
+    steps_off0: float,
+    steps_off1: float,
+) -> Sample | None:
+    """A sample from two consecutive scrapes, or None when the interval says nothing about one
+    mode at one batch size (idle, mixed modes, batch moving, counters reset)."""
+    dt = t1 - t0
+    d_tokens = tokens1 - tokens0
+    d_on, d_off = steps_on1 - steps_on0, steps_off1 - steps_off0
+    if dt <= 0 or d_tokens <= 0 or d_on < 0 or d_off < 0 or d_on + d_off < 2:
+        return None
+    if batch0 <= 0 or batch1 <= 0 or abs(batch1 - batch0) > max(1.0, 0.25 * max(batch0, batch1)):
+        return None
+    fraction = d_on / (d_on + d_off)
+    if STEADY_MODE_FRACTION > fraction > 1 - STEADY_MODE_FRACTION:
+        return None
+    return Sample(t1, (batch0 + batch1) / 2, d_tokens / dt, fraction)
+
+
+def window(threshold: int) -> tuple[float, float, float]:
+    """(lowest speculating batch, boundary, highest plain batch) of the samples that count."""
+    width = max(2.0, threshold / 2)
+    return max(1.0, threshold - width), threshold + 0.5, threshold + 1 + width
+
+
+def fit(
+    samples: Sequence[Sample],
+    *,
+    speculating: bool,
+    now: float,
+    batch_range: tuple[float, float] = (0.0, math.inf),
+) -> Line | None:
+    """Weighted least-squares line through y = batch / tok/s for one mode."""
+    lo, hi = batch_range
+    pts = [
+        (s.batch, s.batch / s.tokens_per_second, 0.5 ** ((now - s.at) / HALF_LIFE_SECONDS))
+        for s in samples
+        if (s.speculating_fraction >= STEADY_MODE_FRACTION) == speculating
+        and s.tokens_per_second > 0
+        and lo <= s.batch <= hi
+    ]
+    if not pts:
+        return None
+    distinct = len({round(b) for b, _, _ in pts})
+    w = sum(p[2] for p in pts)
+    mx = sum(b * wt for b, _, wt in pts) / w
+    my = sum(y * wt for _, y, wt in pts) / w
+    var = sum(wt * (b - mx) ** 2 for b, _, wt in pts)
+    if distinct < 2 or var <= 1e-12:
+        return Line(my, 0.0, len(pts), distinct)
+    beta = sum(wt * (b - mx) * (y - my) for b, y, wt in pts) / var
+    return Line(my - beta * mx, beta, len(pts), distinct)
+
+
+def estimate_threshold(
+    samples: Sequence[Sample], *, current: int, now: float, params: ControlSettings
+) -> tuple[int | None, str]:
+    """(estimated threshold, why), or (None, why not) when the data near `current` cannot say."""
+    low, boundary, high = window(current)
+    on = fit(samples, speculating=True, now=now, batch_range=(low, boundary))
+    off = fit(samples, speculating=False, now=now, batch_range=(boundary, high))
+    need = params.min_samples
+    if on is None or off is None or on.samples < need or off.samples < need:
+        have_on = on.samples if on else 0
+        have_off = off.samples if off else 0
+        return None, (
+            f"learning: {have_on} speculating samples at batch {low:.0f}-{current} and "
+            f"{have_off} plain at {current + 1}-{high:.0f}, need {need} of each"
+        )
+    if on.distinct_batches + off.distinct_batches < 3:
+        return None, "learning: batch sizes too uniform to fit both modes"
+    # y_on(b) < y_off(b)  <=>  b * (beta_on - beta_off) < alpha_off - alpha_on
+    gain, slope = off.alpha - on.alpha, on.beta - off.beta
+    if slope <= 0:
+        if gain > 0:
+            return params.max_threshold, "speculation pays at every batch size near the threshold"
+        return 1, "speculation pays at no batch size near the threshold"
+    crossover = gain / slope
+    if crossover < 1:
+        return 1, f"speculation stops paying below batch 1 ({crossover:.1f})"
+    return math.floor(crossover), f"speculation stops paying above batch {crossover:.1f}"
+
+
+def clamp(value: int, current: int, params: ControlSettings) -> int:
+    """Within the resource's bounds, at least 1, and at most a halving or doubling step."""
+    stepped = max(current // 2, min(2 * current + 1, value))
+    return max(params.min_threshold, 1, min(params.max_threshold, stepped))
+
+
+def decide(
+    *,
+    samples: Sequence[Sample],
+    previous: Decision,
+    now: float,
+    fresh: bool,
+    params: ControlSettings,
+) -> Decision:
+    """The next threshold for one pod."""
+    if params.mode == "alwaysOn":
+        return _keep_or(previous, None, "control.mode alwaysOn", now)
+    if params.mode == "off":
+        return _keep_or(previous, 0, "control.mode off", now)
+    if not fresh:
+        return Decision(previous.threshold, "metrics stale: no decision", previous.changed_at)
+    current = previous.threshold if previous.threshold is not None else params.max_threshold
+    estimate, why = estimate_threshold(samples, current=current, now=now, params=params)
+    if estimate is None:
+        return Decision(previous.threshold, why, previous.changed_at)
+    target = clamp(estimate, current, params)
+    if abs(target - current) <= params.hysteresis:
+        return Decision(current, f"{why}; within hysteresis of {current}", previous.changed_at)
+    if now - previous.changed_at < params.cooldown_seconds:
+        wait = params.cooldown_seconds - (now - previous.changed_at)
+        return Decision(current, f"{why}; cooling down {wait:.0f}s", previous.changed_at)
+    return Decision(target, why, now)
+
+
+def _keep_or(previous: Decision, value: int | None, reason: str, now: float) -> Decision:
+    if previous.threshold == value:
+        return Decision(value, reason, previous.changed_at)
+    return Decision(value, reason, now)
+
+
+def initial_decision(params: ControlSettings) -> Decision:
+    value: int | None = {"alwaysOn": None, "off": 0}.get(params.mode, params.threshold)
+    return Decision(value, "initial threshold from the resource", -math.inf)
+
+
+# ---- pools ----
+
+
+def latency_pool_size(
+    pods: int, latency_share: float, *, min_fraction: float, max_fraction: float
+) -> int:
+    """How many pods serve latency traffic first, from the share of latency requests."""
+    if pods <= 1:
+        return pods
+    lo = math.ceil(min_fraction * pods - 1e-9)
+    hi = math.floor(max_fraction * pods + 1e-9)
+    size = max(lo, min(hi, round(latency_share * pods)))
+    # Any latency traffic gets at least one pod, any throughput traffic keeps one, when the
+    # bounds allow it.
+    if latency_share > 0 and size == 0 and hi >= 1:
+        size = 1
+    if latency_share < 1 and size == pods and lo <= pods - 1:
+        size = pods - 1
+    return size
+
+
+def assign_pools(pods: Sequence[str], previous: set[str], size: int) -> set[str]:
+    """The latency pool: keeps earlier members (no churn), fills or trims by name order."""
+    ordered = sorted(pods)
+    keep = [p for p in ordered if p in previous][:size]
+    fill = [p for p in ordered if p not in keep][: size - len(keep)]
+    return set(keep + fill)

@@ -1,0 +1,79 @@
+"""`specgate router`: serve the router with uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+
+import uvicorn
+
+from specgate_router import settings as settings_mod
+from specgate_router.app import create_app
+
+_STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line; extra fields (request_id, pod, ...) become keys. Request
+    headers are never logged: they carry API keys."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        out.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD})
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="YAML settings file (re-read when it changes)")
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--backend",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="engine pod URL (repeatable); or discovery in --config",
+    )
+    parser.add_argument(
+        "--engine-api-key", help=f"engine API key (default: ${settings_mod.API_KEY_ENV})"
+    )
+    parser.add_argument("--model", help="served model name")
+    parser.add_argument("--default-class", choices=settings_mod.CLASSES)
+    parser.add_argument("--log-level", default="info")  # fmt: skip
+
+
+def overrides(args: argparse.Namespace) -> dict[str, object]:
+    return {
+        "backends": args.backend,
+        "engineApiKey": args.engine_api_key,
+        "model": args.model,
+        "defaultClass": args.default_class,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler], force=True)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        settings = settings_mod.load(args.config, overrides=overrides(args))
+    except settings_mod.SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    app = create_app(settings, config_path=args.config)
+    uvicorn.run(
+        app, host=args.host, port=args.port, log_level=args.log_level.lower(),
+        access_log=False, timeout_graceful_shutdown=int(settings.resilience.drain_seconds),
+    )  # fmt: skip
+    return 0

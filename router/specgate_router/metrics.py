@@ -1,0 +1,137 @@
+"""The router's Prometheus metrics, in a registry owned by one app (no global registry)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from specgate import contract
+from specgate_router.pods import PodState
+from specgate_router.settings import RouterSettings
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+TPOT_BUCKETS = (0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)
+
+
+class PodCollector(Collector):
+    """Per-pod gauges read from the router's live pod table at scrape time."""
+
+    def __init__(
+        self,
+        pods: Callable[[], Iterable[PodState]],
+        settings: Callable[[], RouterSettings],
+        clock: Callable[[], float],
+    ) -> None:
+        self._pods, self._settings, self._clock = pods, settings, clock
+
+    def collect(self) -> Any:
+        now = self._clock()
+        settings = self._settings()
+        families = {
+            "batch": GaugeMetricFamily("specgate_pod_batch", "Running requests.", labels=["pod"]),
+            "queue": GaugeMetricFamily("specgate_pod_queue", "Queued requests.", labels=["pod"]),
+            "threshold": GaugeMetricFamily(
+                "specgate_pod_threshold",
+                "Speculation-disable batch threshold (-1: always speculate).",
+                labels=["pod"],
+            ),
+            "speculating": GaugeMetricFamily(
+                "specgate_pod_speculating", "1 while the pod speculates.", labels=["pod"]
+            ),
+            "accept": GaugeMetricFamily(
+                "specgate_pod_accept_length",
+                "Accepted tokens per speculating step.",
+                labels=["pod"],
+            ),
+            "age": GaugeMetricFamily(
+                "specgate_pod_scrape_age_seconds", "Age of the pod's metrics.", labels=["pod"]
+            ),
+            "healthy": GaugeMetricFamily("specgate_pod_healthy", "1 when healthy.", labels=["pod"]),
+            "pool": GaugeMetricFamily(
+                "specgate_pod_pool", "1 for the pod's current pool.", labels=["pod", "pool"]
+            ),
+            "circuit": GaugeMetricFamily(
+                "specgate_pod_circuit_open", "1 while the pod's circuit is open.", labels=["pod"]
+            ),
+            "in_flight": GaugeMetricFamily(
+                "specgate_pod_in_flight", "Requests this router has in flight.", labels=["pod"]
+            ),
+        }
+        for pod in self._pods():
+            load = pod.last.load if pod.last else None
+            name = [pod.name]
+            families["batch"].add_metric(name, load.running if load else 0)
+            families["queue"].add_metric(name, load.waiting if load else 0)
+            families["threshold"].add_metric(name, contract.threshold_gauge(pod.threshold))
+            families["speculating"].add_metric(name, 1.0 if load and pod.speculating() else 0.0)
+            families["accept"].add_metric(name, (load.accept_length or 0.0) if load else 0.0)
+            age = pod.scrape_age(now)
+            families["age"].add_metric(name, age if math.isfinite(age) else -1)
+            families["healthy"].add_metric(name, 1.0 if pod.healthy else 0.0)
+            families["pool"].add_metric([pod.name, pod.pool], 1.0)
+            state = pod.breaker.state(now, settings.resilience)
+            families["circuit"].add_metric(name, 0.0 if state == "closed" else 1.0)
+            families["in_flight"].add_metric(name, pod.in_flight)
+        yield from families.values()
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "specgate_router_requests", "Requests by class, pod and HTTP status.",
+            ["traffic_class", "pod", "code"], registry=r,
+        )  # fmt: skip
+        self.ttft = Histogram(
+            "specgate_router_ttft_seconds", "Time to first token, as clients see it.",
+            ["traffic_class"], buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.tpot = Histogram(
+            "specgate_router_tpot_seconds", "Time per output token after the first.",
+            ["traffic_class"], buckets=TPOT_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.output_tokens = Counter(
+            "specgate_router_output_tokens", "Output tokens delivered.", ["traffic_class"],
+            registry=r,
+        )  # fmt: skip
+        self.retries = Counter(
+            "specgate_router_retries", "Requests retried on another pod, by reason.", ["reason"],
+            registry=r,
+        )  # fmt: skip
+        self.saturated = Counter(
+            "specgate_router_saturated", "Requests refused with 503: no pod could take them.",
+            ["traffic_class"], registry=r,
+        )  # fmt: skip
+        self.stream_errors = Counter(
+            "specgate_router_stream_errors", "Streams ended by an error after the first byte.",
+            ["pod"], registry=r,
+        )  # fmt: skip
+        self.threshold_changes = Counter(
+            "specgate_threshold_changes", "Thresholds pushed to pods, by direction.",
+            ["pod", "direction"], registry=r,
+        )  # fmt: skip
+        self.push_failures = Counter(
+            "specgate_threshold_push_failures", "Failed threshold pushes.", ["pod"], registry=r
+        )
+        self.leader = Gauge(
+            "specgate_router_leader", "1 while this replica controls thresholds.", registry=r
+        )
+        self.in_flight = Gauge("specgate_router_in_flight", "Requests in flight.", registry=r)
+        self.latency_pool_size = Gauge(
+            "specgate_latency_pool_pods", "Pods in the latency pool.", registry=r
+        )
+
+    def attach_pods(
+        self,
+        pods: Callable[[], Iterable[PodState]],
+        settings: Callable[[], RouterSettings],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.registry.register(PodCollector(pods, settings, clock))

@@ -1,0 +1,167 @@
+"""What the router knows about each engine pod: last scrapes, learning samples, the controller's
+decision, its pool, the router's own in-flight count and a circuit breaker."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from specgate import contract
+from specgate.engine_client import EngineClient, EngineLoad
+from specgate_router import control
+from specgate_router.settings import ControlSettings, ResilienceSettings
+
+Pool = Literal["latency", "throughput", "mixed"]
+MAX_SAMPLES = 1200
+
+
+@dataclass
+class CircuitBreaker:
+    """Closed -> open after `breaker_failures` consecutive failures -> half-open after
+    `breaker_open_seconds` (one trial request) -> closed on success, open again on failure."""
+
+    failures: int = 0
+    opened_at: float | None = None
+    trial_in_flight: bool = False
+
+    def state(self, now: float, params: ResilienceSettings) -> str:
+        if self.opened_at is None:
+            return "closed"
+        if now - self.opened_at >= params.breaker_open_seconds:
+            return "half_open"
+        return "open"
+
+    def allows(self, now: float, params: ResilienceSettings) -> bool:
+        state = self.state(now, params)
+        return state == "closed" or (state == "half_open" and not self.trial_in_flight)
+
+    def on_dispatch(self, now: float, params: ResilienceSettings) -> None:
+        if self.state(now, params) == "half_open":
+            self.trial_in_flight = True
+
+    def on_success(self) -> None:
+        self.failures, self.opened_at, self.trial_in_flight = 0, None, False
+
+    def on_failure(self, now: float, params: ResilienceSettings) -> None:
+        self.failures += 1
+        self.trial_in_flight = False
+        if self.opened_at is not None or self.failures >= params.breaker_failures:
+            self.opened_at = now
+
+
+@dataclass(frozen=True)
+class Scrape:
+    at: float
+    load: EngineLoad
+    generation_tokens: float
+
+
+@dataclass
+class PodState:
+    name: str
+    url: str
+    client: EngineClient
+    decision: control.Decision
+    healthy: bool = False
+    draining: bool = False
+    last: Scrape | None = None
+    scrape_error: str | None = None
+    samples: deque[control.Sample] = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))
+    pool: Pool = "mixed"
+    in_flight: int = 0
+    dispatched_since_scrape: int = 0
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
+    confirmed_threshold: int | None = None
+    threshold_known: bool = False
+    push_failures: int = 0
+    next_push_at: float = 0.0
+    adopted: bool = False
+
+    # ---- reading ----
+
+    def fresh(self, now: float, params: ControlSettings) -> bool:
+        return self.last is not None and now - self.last.at <= params.stale_after_seconds
+
+    def scrape_age(self, now: float) -> float:
+        return math.inf if self.last is None else now - self.last.at
+
+    @property
+    def threshold(self) -> int | None:
+        """The threshold the pod runs with, as last confirmed (else the decision)."""
+        return self.confirmed_threshold if self.threshold_known else self.decision.threshold
+
+    def expected_batch(self) -> int:
+        """Running + queued at the engine, plus what this router sent since the last scrape."""
+        if self.last is None:
+            return self.in_flight
+        return self.last.load.running + self.last.load.waiting + self.dispatched_since_scrape
+
+    def capacity(self) -> int:
+        return max(1, self.last.load.max_running) if self.last else 1
+
+    def speculating(self) -> bool:
+        if self.last is not None and self.last.load.speculating is not None:
+            return bool(self.last.load.speculating)
+        batch = self.last.load.running if self.last else 0
+        return contract.speculates(batch, self.threshold)
+
+    # ---- writing ----
+
+    def record(self, scrape: Scrape) -> None:
+        """Take a new scrape; derive a learning sample from the previous one."""
+        prev, self.last = self.last, scrape
+        self.scrape_error = None
+        self.healthy = True
+        self.dispatched_since_scrape = 0
+        load = scrape.load
+        self.threshold_known = load.threshold_known
+        if load.threshold_known:
+            self.confirmed_threshold = load.threshold
+        if prev is None or load.decode_steps_on is None or load.decode_steps_off is None:
+            return
+        if prev.load.decode_steps_on is None or prev.load.decode_steps_off is None:
+            return
+        sample = control.sample_between(
+            t0=prev.at, t1=scrape.at,
+            batch0=prev.load.running, batch1=load.running,
+            tokens0=prev.generation_tokens, tokens1=scrape.generation_tokens,
+            steps_on0=prev.load.decode_steps_on, steps_on1=load.decode_steps_on,
+            steps_off0=prev.load.decode_steps_off, steps_off1=load.decode_steps_off,
+        )  # fmt: skip
+        if sample is not None:
+            self.samples.append(sample)
+
+    def scrape_failed(self, error: str) -> None:
+        self.scrape_error = error
+        self.healthy = False
+
+    def view(
+        self, now: float, params: ControlSettings, resilience: ResilienceSettings
+    ) -> dict[str, Any]:
+        load = self.last.load if self.last else None
+        return {
+            "name": self.name,
+            "url": self.url,
+            "healthy": self.healthy,
+            "draining": self.draining,
+            "fresh": self.fresh(now, params),
+            "scrapeAgeSeconds": None if self.last is None else round(now - self.last.at, 3),
+            "scrapeError": self.scrape_error,
+            "pool": self.pool,
+            "batch": load.running if load else None,
+            "queued": load.waiting if load else None,
+            "maxRunning": load.max_running if load else None,
+            "speculating": self.speculating() if load else None,
+            "threshold": self.threshold,
+            "decidedThreshold": self.decision.threshold,
+            "reason": self.decision.reason,
+            "lastChange": None
+            if math.isinf(self.decision.changed_at)
+            else self.decision.changed_at,
+            "acceptLength": load.accept_length if load else None,
+            "inFlight": self.in_flight,
+            "circuit": self.breaker.state(now, resilience),
+            "samples": len(self.samples),
+        }

@@ -1,0 +1,269 @@
+"""Forwarding: pick a pod, send, retry failures that happen before the first byte on another
+pod, then relay the answer unbuffered.
+
+Failure handling, from the list of mistakes not to repeat:
+- every engine call has connect and read timeouts (`resilience`);
+- a connection error, a timeout or a 5xx before the first byte is retried on a different pod,
+  at most `maxAttempts` times, with jittered exponential backoff, and counts against that pod's
+  circuit breaker;
+- after the first byte reached the client, a failure ends the stream with an SSE error event
+  (and `data: [DONE]`), never a hang;
+- no pod available is a 503 with Retry-After; a request is never dropped without an answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import httpx
+from starlette.responses import Response, StreamingResponse
+
+from specgate_router import placement
+from specgate_router.errors import NoCapacity, UpstreamFailed, UpstreamRejectedKey
+from specgate_router.pods import PodState
+from specgate_router.requests import RoutedRequest
+from specgate_router.state import RouterState
+
+log = logging.getLogger("specgate.router.proxy")
+
+_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+_RETRYABLE = (httpx.TransportError, httpx.StreamError)
+
+
+class _Retry(Exception):
+    """This attempt failed before anything reached the client."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+@dataclass
+class Timing:
+    started: float
+    first: float | None = None
+    last: float | None = None
+    tokens: int = 0
+
+
+@dataclass
+class SseTap:
+    """Sees a stream event by event: notes the completion-token count, and drops the usage-only
+    chunk the router asked for on the client's behalf."""
+
+    drop_usage: bool
+    tokens: int = 0
+    _buffer: bytes = field(default=b"", repr=False)
+
+    def feed(self, chunk: bytes) -> bytes:
+        self._buffer += chunk
+        out = []
+        while b"\n\n" in self._buffer:
+            event, self._buffer = self._buffer.split(b"\n\n", 1)
+            if self._keep(event):
+                out.append(event + b"\n\n")
+        return b"".join(out)
+
+    def flush(self) -> bytes:
+        rest, self._buffer = self._buffer, b""
+        return rest
+
+    def _keep(self, event: bytes) -> bool:
+        found = _TOKENS.findall(event)
+        if found:
+            self.tokens = max(self.tokens, int(found[-1]))
+        usage_only = b'"usage"' in event and b'"choices":[]' in event.replace(b" ", b"")
+        return not (self.drop_usage and usage_only)
+
+
+def _headers(state: RouterState, request_id: str) -> dict[str, str]:
+    headers = {"Content-Type": "application/json", "x-request-id": request_id}
+    if state.settings.engine_api_key:
+        headers["Authorization"] = f"Bearer {state.settings.engine_api_key}"
+    return headers
+
+
+async def _open(
+    state: RouterState, pod: PodState, req: RoutedRequest, request_id: str
+) -> tuple[httpx.Response, AsyncIterator[bytes], bytes]:
+    """Send and wait for the first byte of the answer; anything failing so far is retryable."""
+    upstream = state.http.build_request(
+        "POST", pod.url + req.path, content=req.body, headers=_headers(state, request_id)
+    )
+    try:
+        resp = await state.http.send(upstream, stream=True)
+    except _RETRYABLE as exc:
+        raise _Retry("connect", f"{type(exc).__name__}: {exc}") from exc
+    if resp.status_code >= 500:
+        detail = (await resp.aread())[:300].decode(errors="replace")
+        await resp.aclose()
+        raise _Retry("upstream_5xx", f"HTTP {resp.status_code}: {detail}")
+    if resp.status_code in (401, 403):
+        await resp.aclose()
+        raise UpstreamRejectedKey(
+            f"engine pod {pod.name} refused the router's API key (HTTP {resp.status_code}):"
+            " check the engine key Secret"
+        )
+    chunks = resp.aiter_raw()
+    try:
+        first = await chunks.__anext__()
+    except StopAsyncIteration:
+        first = b""
+    except _RETRYABLE as exc:
+        await resp.aclose()
+        raise _Retry("first_byte", f"{type(exc).__name__}: {exc}") from exc
+    return resp, chunks, first
+
+
+async def forward(state: RouterState, req: RoutedRequest, request_id: str) -> Response:
+    settings = state.settings  # this request keeps the settings it started with
+    res = settings.resilience
+    tried: set[str] = set()
+    last_error = "no attempt made"
+    timing = Timing(started=time.monotonic())
+    state.record_class(req.traffic_class)
+    for attempt in range(res.max_attempts):
+        now = state.clock()
+        ctx = placement.Context(req.traffic_class, now, settings, frozenset(tried))
+        choice = placement.choose(state.live_pods(), ctx, rng=state.rng)
+        if isinstance(choice, placement.Saturated):
+            if attempt == 0:
+                state.metrics.saturated.labels(req.traffic_class).inc()
+                state.metrics.requests.labels(req.traffic_class, "", "503").inc()
+                why = ", ".join(f"{n} {k}" for k, n in sorted(choice.reasons.items())) or "no pods"
+                raise NoCapacity(f"no engine pod can take the request now ({why})",
+                                 retry_after=res.retry_after_seconds)  # fmt: skip
+            break
+        pod = choice
+        tried.add(pod.name)
+        pod.breaker.on_dispatch(now, res)
+        pod.in_flight += 1
+        pod.dispatched_since_scrape += 1
+        state.in_flight += 1
+        state.metrics.in_flight.inc()
+        released = False
+
+        def release(pod: PodState = pod) -> None:
+            nonlocal released
+            if not released:
+                released = True
+                pod.in_flight -= 1
+                state.in_flight -= 1
+                state.metrics.in_flight.dec()
+
+        try:
+            resp, chunks, first = await _open(state, pod, req, request_id)
+        except _Retry as exc:
+            release()
+            pod.breaker.on_failure(state.clock(), res)
+            last_error = f"{pod.name}: {exc}"
+            log.warning("attempt %d on %s failed: %s", attempt + 1, pod.name, exc,
+                        extra={"request_id": request_id})  # fmt: skip
+            if attempt + 1 < res.max_attempts:
+                state.metrics.retries.labels(exc.reason).inc()
+                backoff = min(res.backoff_max_seconds, res.backoff_base_seconds * 2**attempt)
+                await asyncio.sleep(backoff * (0.5 + state.rng.random()))
+            continue
+        except BaseException:
+            release()
+            raise
+        timing.first = time.monotonic()
+        if req.stream and resp.status_code == 200:
+            return StreamingResponse(
+                _relay(state, pod, req, resp, chunks, first, timing, release),
+                status_code=resp.status_code,
+                media_type=resp.headers.get("content-type", "text/event-stream"),
+                headers={"x-request-id": request_id, "x-specgate-pod": pod.name},
+            )
+        try:
+            body = first + b"".join([c async for c in chunks])
+        except _RETRYABLE as exc:
+            pod.breaker.on_failure(state.clock(), res)
+            last_error = f"{pod.name}: body cut: {exc}"
+            if attempt + 1 < res.max_attempts:
+                state.metrics.retries.labels("body").inc()
+            continue
+        finally:
+            await resp.aclose()
+            release()
+        pod.breaker.on_success()
+        _account(state, req, pod, resp.status_code, timing, _tokens_of(body), streamed=False)
+        return Response(
+            body,
+            status_code=resp.status_code,
+            media_type=resp.headers.get("content-type", "application/json"),
+            headers={"x-request-id": request_id, "x-specgate-pod": pod.name},
+        )
+    state.metrics.requests.labels(req.traffic_class, "", "502").inc()
+    raise UpstreamFailed(f"all {len(tried)} attempts failed; last: {last_error}")
+
+
+async def _relay(
+    state: RouterState,
+    pod: PodState,
+    req: RoutedRequest,
+    resp: httpx.Response,
+    chunks: AsyncIterator[bytes],
+    first: bytes,
+    timing: Timing,
+    release: object,
+) -> AsyncIterator[bytes]:
+    tap = SseTap(drop_usage=not req.client_wants_usage)
+    status = "200"
+    try:
+        out = tap.feed(first)
+        if out:
+            yield out
+        async for chunk in chunks:
+            timing.last = time.monotonic()
+            out = tap.feed(chunk)
+            if out:
+                yield out
+        rest = tap.flush()
+        if rest:
+            yield rest
+        pod.breaker.on_success()
+    except _RETRYABLE as exc:
+        status = "stream_error"
+        pod.breaker.on_failure(state.clock(), state.settings.resilience)
+        state.metrics.stream_errors.labels(pod.name).inc()
+        log.warning("stream from %s broke after the first byte: %s", pod.name, exc)
+        message = f"engine pod {pod.name} failed mid-stream: {type(exc).__name__}"
+        error = {"error": {"message": message, "type": "upstream_error", "code": 502}}
+        yield b"data: " + json.dumps(error).encode() + b"\n\n"
+        yield b"data: [DONE]\n\n"
+    finally:
+        await resp.aclose()
+        release()  # type: ignore[operator]
+        _account(state, req, pod, status, timing, tap.tokens, streamed=True)
+
+
+def _tokens_of(body: bytes) -> int:
+    found = _TOKENS.findall(body)
+    return int(found[-1]) if found else 0
+
+
+def _account(
+    state: RouterState,
+    req: RoutedRequest,
+    pod: PodState,
+    status: int | str,
+    timing: Timing,
+    tokens: int,
+    *,
+    streamed: bool,
+) -> None:
+    m, cls = state.metrics, req.traffic_class
+    m.requests.labels(cls, pod.name, str(status)).inc()
+    if tokens:
+        m.output_tokens.labels(cls).inc(tokens)
+    if streamed and timing.first is not None:
+        m.ttft.labels(cls).observe(timing.first - timing.started)
+        if timing.last is not None and tokens > 1:
+            m.tpot.labels(cls).observe((timing.last - timing.first) / (tokens - 1))

@@ -1,0 +1,155 @@
+"""Parsing and classifying requests: pure functions on bytes and headers, no I/O.
+
+The router validates only what routing needs (the model, `stream`, the output-token bound and
+that the body is a JSON object with the fields the endpoint requires); everything else passes
+to the engine untouched, which answers for its own fields.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from specgate_router.errors import BadRequest, ModelNotFound
+from specgate_router.settings import CLASSES, RouterSettings, TrafficClass
+
+CLASS_HEADER = "x-specgate-class"
+Kind = Literal["chat", "completion", "generate"]
+PATHS: dict[str, Kind] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completion",
+    "/generate": "generate",
+}
+
+
+@dataclass(frozen=True)
+class RoutedRequest:
+    kind: Kind
+    path: str
+    body: bytes  # what goes upstream (may differ from what came in, see `parse`)
+    stream: bool
+    max_tokens: int | None
+    traffic_class: TrafficClass
+    client_wants_usage: bool
+
+
+def _positive_int(value: Any, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise BadRequest(f"{field} must be a positive integer, got {value!r}", param=field)
+    return value
+
+
+def classify(
+    headers: Mapping[str, str], max_tokens: int | None, settings: RouterSettings
+) -> TrafficClass:
+    """Header first, then the configured rules (client API key, output length), then default."""
+    given = headers.get(CLASS_HEADER)
+    if given is not None:
+        value = given.strip().lower()
+        if value not in CLASSES:
+            raise BadRequest(
+                f"header {CLASS_HEADER} must be one of {', '.join(CLASSES)}, got {given!r}",
+                param=CLASS_HEADER,
+            )
+        return value
+    rules = settings.class_rules
+    auth = headers.get("authorization", "")
+    scheme, _, token = auth.partition(" ")
+    if scheme.lower() == "bearer" and token in rules.api_keys:
+        return rules.api_keys[token]
+    bound = rules.throughput_above_max_tokens
+    if bound is not None and max_tokens is not None and max_tokens > bound:
+        return "throughput"
+    return settings.default_class
+
+
+def parse(
+    path: str, raw: bytes, headers: Mapping[str, str], settings: RouterSettings
+) -> RoutedRequest:
+    kind = PATHS[path]
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest(f"stream must be true or false, got {stream!r}", param="stream")
+    max_tokens: int | None = None
+    rewritten = False
+    if kind == "generate":
+        if "text" not in body and "input_ids" not in body:
+            raise BadRequest("either text or input_ids is required", param="text")
+        params = body.get("sampling_params", {})
+        if not isinstance(params, dict):
+            raise BadRequest("sampling_params must be an object", param="sampling_params")
+        if "max_new_tokens" in params:
+            max_tokens = _positive_int(params["max_new_tokens"], "sampling_params.max_new_tokens")
+    else:
+        model = body.get("model")
+        if model is not None and not isinstance(model, str):
+            raise BadRequest(f"model must be a string, got {model!r}", param="model")
+        if model and model != settings.model:
+            raise ModelNotFound(
+                f"The model {model!r} does not exist; this router serves {settings.model!r}",
+                param="model",
+            )
+        if kind == "chat":
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise BadRequest("messages must be a non-empty list", param="messages")
+        elif "prompt" not in body:
+            raise BadRequest("prompt is required", param="prompt")
+        for field in ("max_completion_tokens", "max_tokens"):
+            if body.get(field) is not None:
+                max_tokens = _positive_int(body[field], field)
+                break
+    wants_usage = True
+    if stream and kind != "generate":
+        options = body.get("stream_options") or {}
+        if not isinstance(options, dict):
+            raise BadRequest("stream_options must be an object", param="stream_options")
+        wants_usage = bool(options.get("include_usage"))
+        if not wants_usage:
+            # Ask the engine for the usage chunk so TPOT counts tokens, not chunks (a
+            # speculating step sends several tokens in one chunk); the router drops that chunk
+            # again before it reaches a client that did not ask for it.
+            body["stream_options"] = {**options, "include_usage": True}
+            rewritten = True
+    traffic_class = classify(headers, max_tokens, settings)
+    upstream = json.dumps(body).encode() if rewritten else raw
+    return RoutedRequest(kind, path, upstream, stream, max_tokens, traffic_class, wants_usage)
+
+
+# ---- documented request shapes (for the OpenAPI schema; validation is `parse`'s) ----
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ChatCompletionRequest(_Open):
+    model: str | None = None
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    stream: bool = False
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+
+class CompletionRequest(_Open):
+    model: str | None = None
+    prompt: str | list[int] | list[str]
+    stream: bool = False
+    max_tokens: int | None = Field(default=None, ge=1)
+
+
+class GenerateRequest(_Open):
+    text: str | None = None
+    input_ids: list[int] | None = None
+    sampling_params: dict[str, Any] = Field(default_factory=dict)
+    stream: bool = False

@@ -1,0 +1,182 @@
+"""Router configuration: one pydantic model, read from YAML (the operator's ConfigMap) and
+command-line flags. Unknown keys are errors that name the key."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+TrafficClass = Literal["latency", "throughput"]
+CLASSES: tuple[TrafficClass, ...] = ("latency", "throughput")
+API_KEY_ENV = "SPECGATE_ENGINE_API_KEY"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class KubernetesDiscovery(_Model):
+    namespace: str
+    service: str
+    """The engine's headless Service; its EndpointSlices list the pods."""
+    port: int = Field(default=30000, ge=1, le=65535)
+
+
+class Discovery(_Model):
+    kubernetes: KubernetesDiscovery | None = None
+
+
+class ControlSettings(_Model):
+    """The threshold controller (mirrors spec.speculative.control of the resource)."""
+
+    mode: Literal["dynamic", "alwaysOn", "off"] = "dynamic"
+    threshold: int = Field(default=8, ge=0)
+    min_threshold: int = Field(default=0, ge=0)
+    max_threshold: int = Field(default=64, ge=0)
+    hysteresis: int = Field(default=2, ge=0)
+    cooldown_seconds: float = Field(default=30.0, ge=0)
+    scrape_interval_seconds: float = Field(default=0.5, gt=0, le=10)
+    scrape_timeout_seconds: float = Field(default=1.0, gt=0)
+    stale_after_seconds: float = Field(default=2.0, gt=0)
+    """Metrics older than this count as stale: the pod is treated as saturated and no
+    threshold decision is made for it."""
+    stagger_seconds: float = Field(default=1.0, ge=0)
+    """Minimum time between two threshold pushes to different pods."""
+    push_retries: int = Field(default=3, ge=0, le=10)
+    min_samples: int = Field(default=4, ge=2)
+    """Observations per mode needed before the estimate replaces the initial threshold."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ControlSettings:
+        if not self.min_threshold <= self.threshold <= self.max_threshold:
+            raise ValueError("control: need minThreshold <= threshold <= maxThreshold")
+        return self
+
+
+class PoolSettings(_Model):
+    min_latency_fraction: float = Field(default=0.0, ge=0, le=1)
+    max_latency_fraction: float = Field(default=1.0, ge=0, le=1)
+    class_mix_window_seconds: float = Field(default=60.0, gt=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> PoolSettings:
+        if self.min_latency_fraction > self.max_latency_fraction:
+            raise ValueError("pools: minLatencyFraction must not exceed maxLatencyFraction")
+        return self
+
+
+class PlacementSettings(_Model):
+    load_weight: float = Field(default=1.0, ge=0)
+    class_fit_weight: float = Field(default=2.0, ge=0)
+
+
+class ClassRules(_Model):
+    """How a request without an `x-specgate-class` header gets its class."""
+
+    api_keys: dict[str, TrafficClass] = Field(default_factory=dict)
+    """Client API key (the Bearer token sent to the router) -> class."""
+    throughput_above_max_tokens: int | None = Field(default=None, ge=1)
+    """Requests asking for more output tokens than this are throughput traffic."""
+
+
+class ResilienceSettings(_Model):
+    connect_timeout_seconds: float = Field(default=2.0, gt=0)
+    read_timeout_seconds: float = Field(default=120.0, gt=0)
+    """Longest silence allowed between two chunks of an engine's answer."""
+    max_attempts: int = Field(default=3, ge=1, le=10)
+    """Attempts per request on different pods, for failures before the first byte."""
+    backoff_base_seconds: float = Field(default=0.05, ge=0)
+    backoff_max_seconds: float = Field(default=1.0, ge=0)
+    breaker_failures: int = Field(default=3, ge=1)
+    """Consecutive failures that open a pod's circuit."""
+    breaker_open_seconds: float = Field(default=5.0, gt=0)
+    retry_after_seconds: int = Field(default=1, ge=1)
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    drain_seconds: float = Field(default=60.0, ge=0)
+
+
+class LeaderElection(_Model):
+    lease_name: str
+    namespace: str
+    lease_seconds: float = Field(default=10.0, gt=1)
+    renew_seconds: float = Field(default=2.0, gt=0)
+
+
+class StatusTarget(_Model):
+    namespace: str
+    name: str
+    interval_seconds: float = Field(default=5.0, gt=0)
+
+
+class RouterSettings(_Model):
+    model: str = "default"
+    """Served model name; requests naming another model get 404."""
+    default_class: TrafficClass = "latency"
+    backends: list[str] = Field(default_factory=list)
+    discovery: Discovery = Field(default_factory=Discovery)
+    engine_api_key: str | None = Field(default=None, repr=False)
+    control: ControlSettings = Field(default_factory=ControlSettings)
+    pools: PoolSettings = Field(default_factory=PoolSettings)
+    placement: PlacementSettings = Field(default_factory=PlacementSettings)
+    class_rules: ClassRules = Field(default_factory=ClassRules)
+    resilience: ResilienceSettings = Field(default_factory=ResilienceSettings)
+    leader_election: LeaderElection | None = None
+    status_target: StatusTarget | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> RouterSettings:
+        if not self.backends and self.discovery.kubernetes is None:
+            raise ValueError(
+                "no engine pods: give backends (--backend URL) or discovery.kubernetes"
+            )
+        return self
+
+
+class SettingsError(ValueError):
+    """A config file or flag the router cannot use; the message names the field."""
+
+
+def _explain(exc: ValidationError, source: str) -> SettingsError:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "<root>"
+        parts.append(f"{where}: {err['msg']}")
+    return SettingsError(f"{source}: " + "; ".join(parts))
+
+
+def load(
+    path: str | Path | None = None,
+    *,
+    overrides: dict[str, Any] | None = None,
+    environ: dict[str, str] | None = None,
+) -> RouterSettings:
+    """Settings from an optional YAML file, then flag overrides, then the API key from the
+    environment when neither gave one."""
+    environ = dict(os.environ) if environ is None else environ
+    data: dict[str, Any] = {}
+    source = "flags"
+    if path is not None:
+        source = str(path)
+        try:
+            loaded = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise SettingsError(f"{path}: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise SettingsError(f"{path}: expected a mapping at the top level")
+        data.update(loaded)
+    for key, value in (overrides or {}).items():
+        if value is not None and value != []:
+            data[key] = value
+    if not data.get("engineApiKey") and not data.get("engine_api_key") and environ.get(API_KEY_ENV):
+        data["engineApiKey"] = environ[API_KEY_ENV]
+    try:
+        return RouterSettings.model_validate(data)
+    except ValidationError as exc:
+        raise _explain(exc, source) from exc

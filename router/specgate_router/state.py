@@ -1,0 +1,306 @@
+"""The router's live state and its background loops.
+
+`RouterState` owns the pod table, the engine HTTP client, the metrics and every background
+task (scraper, controller, config watcher, discovery, leader election, status publisher);
+`start()` launches them and `stop()` cancels and awaits every one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import random
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from specgate.engine_client import EngineClient, EngineError
+from specgate_router import control
+from specgate_router import settings as settings_mod
+from specgate_router.metrics import RouterMetrics
+from specgate_router.pods import PodState, Scrape
+from specgate_router.settings import RouterSettings, TrafficClass
+
+log = logging.getLogger("specgate.router")
+
+Clock = Callable[[], float]
+
+
+class RouterState:
+    def __init__(
+        self,
+        settings: RouterSettings,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        config_path: str | None = None,
+        clock: Clock = time.monotonic,
+        rng: random.Random | None = None,
+        identity: str = "router",
+    ) -> None:
+        self.settings = settings
+        self.config_path = config_path
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.identity = identity
+        res = settings.resilience
+        self.http = httpx.AsyncClient(
+            transport=transport,
+            timeout=httpx.Timeout(res.read_timeout_seconds, connect=res.connect_timeout_seconds),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
+        )
+        self.pods: dict[str, PodState] = {}
+        self.metrics = RouterMetrics()
+        self.metrics.attach_pods(lambda: list(self.pods.values()), lambda: self.settings, clock)
+        self.is_leader = not settings.leader_election
+        self.metrics.leader.set(1 if self.is_leader else 0)
+        self.class_log: deque[tuple[float, TrafficClass]] = deque(maxlen=100_000)
+        self.latency_pool: set[str] = set()
+        self.draining = False
+        self.in_flight = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._last_push_at = -math.inf
+        self.kube: Any = None  # specgate.kube.KubeClient when running in a cluster
+        if settings.backends:
+            self.sync_backends({_pod_name(i, url): url for i, url in enumerate(settings.backends)})
+
+    # ---- pod table ----
+
+    def engine(self, url: str) -> EngineClient:
+        return EngineClient(url, self.http, api_key=self.settings.engine_api_key)
+
+    def sync_backends(self, endpoints: dict[str, str]) -> None:
+        """Make the pod table match `endpoints` (name -> URL): add new pods, drop removed ones
+        (a pod with requests in flight is drained first)."""
+        for name, url in endpoints.items():
+            pod = self.pods.get(name)
+            if pod is None or pod.url != url:
+                self.pods[name] = PodState(
+                    name=name,
+                    url=url,
+                    client=self.engine(url),
+                    decision=control.initial_decision(self.settings.control),
+                )
+            else:
+                pod.draining = False
+        for name in list(self.pods):
+            if name not in endpoints:
+                if self.pods[name].in_flight == 0:
+                    del self.pods[name]
+                else:
+                    self.pods[name].draining = True
+
+    def live_pods(self) -> list[PodState]:
+        return list(self.pods.values())
+
+    # ---- lifecycle ----
+
+    def spawn(self, coro: Awaitable[None], name: str) -> None:
+        self._tasks.append(asyncio.create_task(coro, name=name))  # type: ignore[arg-type]
+
+    async def start(self) -> None:
+        self.spawn(self._every(lambda: self.settings.control.scrape_interval_seconds,
+                               self.scrape_all), "scraper")  # fmt: skip
+        self.spawn(self._every(lambda: self.settings.control.scrape_interval_seconds,
+                               self.control_step), "controller")  # fmt: skip
+        if self.config_path:
+            self.spawn(self._watch_config(), "config-watcher")
+        k8s = self.settings.discovery.kubernetes
+        if k8s is not None or self.settings.leader_election or self.settings.status_target:
+            from specgate_router import cluster
+
+            self.kube = await cluster.connect()
+            if k8s is not None:
+                self.spawn(cluster.watch_endpoints(self, k8s), "discovery")
+            if self.settings.leader_election:
+                self.spawn(cluster.lead(self, self.settings.leader_election), "leader-election")
+            if self.settings.status_target:
+                self.spawn(cluster.publish_status(self, self.settings.status_target), "status")
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        await self.http.aclose()
+        if self.kube is not None:
+            await self.kube.aclose()
+
+    async def drain(self, timeout: float) -> None:
+        """Refuse new work (readiness fails) and wait for in-flight requests."""
+        self.draining = True
+        deadline = time.monotonic() + timeout
+        while self.in_flight > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
+    async def _every(
+        self, interval: Callable[[], float], step: Callable[[], Awaitable[None]]
+    ) -> None:
+        while True:
+            started = time.monotonic()
+            try:
+                await step()
+            except Exception:  # a loop that dies silently is worse than one that logs and goes on
+                log.exception("background step %s failed", getattr(step, "__name__", step))
+            await asyncio.sleep(max(0.0, interval() - (time.monotonic() - started)))
+
+    # ---- scraping ----
+
+    async def scrape_all(self) -> None:
+        await asyncio.gather(*(self.scrape(pod) for pod in self.live_pods()))
+
+    async def scrape(self, pod: PodState) -> None:
+        timeout = self.settings.control.scrape_timeout_seconds
+        try:
+            load, metrics = await asyncio.wait_for(
+                asyncio.gather(pod.client.loads(timeout), pod.client.metrics(timeout)), timeout
+            )
+        except (EngineError, TimeoutError) as exc:
+            pod.scrape_failed(str(exc) or "timeout")
+            return
+        first = pod.last is None
+        pod.record(Scrape(self.clock(), load, metrics.get("sglang:generation_tokens_total", 0.0)))
+        if first and load.threshold_known and self.settings.control.mode == "dynamic":
+            # A new leader or a restarted router continues from what the pod runs with.
+            pod.decision = control.Decision(load.threshold, "adopted from the pod", -math.inf)
+
+    # ---- control ----
+
+    def class_mix(self, now: float) -> tuple[float, int]:
+        window = self.settings.pools.class_mix_window_seconds
+        while self.class_log and self.class_log[0][0] < now - window:
+            self.class_log.popleft()
+        total = len(self.class_log)
+        latency = sum(1 for _, c in self.class_log if c == "latency")
+        return (latency / total if total else 0.5), total
+
+    def update_pools(self, now: float) -> None:
+        pods = [p.name for p in self.live_pods() if not p.draining]
+        share, seen = self.class_mix(now)
+        if len(pods) <= 1 or seen == 0:
+            for pod in self.live_pods():
+                pod.pool = "mixed"
+            self.latency_pool = set()
+            self.metrics.latency_pool_size.set(len(pods) if len(pods) <= 1 else 0)
+            return
+        pools = self.settings.pools
+        size = control.latency_pool_size(
+            len(pods), share, min_fraction=pools.min_latency_fraction,
+            max_fraction=pools.max_latency_fraction,
+        )  # fmt: skip
+        self.latency_pool = control.assign_pools(pods, self.latency_pool, size)
+        for pod in self.live_pods():
+            pod.pool = "latency" if pod.name in self.latency_pool else "throughput"
+        self.metrics.latency_pool_size.set(size)
+
+    async def control_step(self) -> None:
+        now = self.clock()
+        self.update_pools(now)
+        params = self.settings.control
+        for pod in self.live_pods():
+            pod.decision = control.decide(
+                samples=pod.samples, previous=pod.decision, now=now,
+                fresh=pod.fresh(now, params), params=params,
+            )  # fmt: skip
+        if not self.is_leader:
+            return
+        for pod in self.live_pods():
+            if not pod.fresh(now, params) or not pod.threshold_known:
+                continue  # never act on stale data; unpatched engines cannot be driven
+            if pod.confirmed_threshold == pod.decision.threshold or now < pod.next_push_at:
+                continue
+            if now - self._last_push_at < params.stagger_seconds:
+                break  # one change at a time across pods
+            self._last_push_at = now
+            await self.push(pod, now)
+
+    async def push(self, pod: PodState, now: float) -> None:
+        target = pod.decision.threshold
+        previous = pod.confirmed_threshold
+        try:
+            await pod.client.set_threshold(
+                target, timeout=self.settings.control.scrape_timeout_seconds
+            )
+            confirmed = await pod.client.threshold()
+        except EngineError as exc:
+            pod.push_failures += 1
+            self.metrics.push_failures.labels(pod.name).inc()
+            backoff = min(30.0, 0.5 * 2 ** min(pod.push_failures, 6))
+            pod.next_push_at = now + backoff * (0.5 + self.rng.random())
+            log.warning("threshold push to %s failed (%s); retry in %.1fs", pod.name, exc, backoff)
+            return
+        if confirmed != target:
+            pod.push_failures += 1
+            pod.next_push_at = now + 1.0
+            log.warning("pod %s reports threshold %s after push of %s", pod.name, confirmed, target)
+            return
+        pod.push_failures = 0
+        pod.confirmed_threshold, pod.threshold_known = confirmed, True
+        direction = _direction(previous, target)
+        self.metrics.threshold_changes.labels(pod.name, direction).inc()
+        log.info("threshold of %s: %s -> %s (%s)", pod.name, previous, target, pod.decision.reason)
+
+    # ---- configuration ----
+
+    async def _watch_config(self) -> None:
+        assert self.config_path is not None
+        path = Path(self.config_path)
+        seen = _mtime(path)
+        while True:
+            await asyncio.sleep(1.0)
+            current = _mtime(path)
+            if current == seen:
+                continue
+            seen = current
+            try:
+                new = settings_mod.load(path)
+            except settings_mod.SettingsError as exc:
+                log.error("configuration not reloaded, keeping the previous one: %s", exc)
+                continue
+            self.reload(new)
+
+    def reload(self, new: RouterSettings) -> None:
+        """Swap in new settings; requests in flight keep the settings they started with."""
+        old, self.settings = self.settings, new
+        if new.backends != old.backends and new.backends:
+            self.sync_backends({_pod_name(i, url): url for i, url in enumerate(new.backends)})
+        if new.engine_api_key != old.engine_api_key:
+            for pod in self.pods.values():
+                pod.client = self.engine(pod.url)
+        log.info("configuration reloaded")
+
+    def record_class(self, traffic_class: TrafficClass) -> None:
+        self.class_log.append((self.clock(), traffic_class))
+
+    def views(self) -> list[dict[str, Any]]:
+        now = self.clock()
+        return [
+            pod.view(now, self.settings.control, self.settings.resilience)
+            for pod in sorted(self.pods.values(), key=lambda p: p.name)
+        ]
+
+
+def _pod_name(index: int, url: str) -> str:
+    return url.split("://", 1)[-1].rstrip("/")
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime_ns / 1e9
+    except OSError:
+        return -1.0
+
+
+def _direction(previous: int | None, target: int | None) -> str:
+    if previous == target:
+        return "same"
+    if target is None or (previous is not None and target > previous):
+        return "raise"
+    return "lower"

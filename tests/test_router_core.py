@@ -1,0 +1,381 @@
+"""The router's pure core: the threshold controller, pools, placement, request parsing and
+classification, the circuit breaker and settings. No I/O; time is passed in."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import pytest
+
+from specgate.engine_client import EngineClient, EngineLoad
+from specgate_router import control, placement, requests
+from specgate_router.errors import BadRequest, ModelNotFound
+from specgate_router.pods import CircuitBreaker, PodState, Scrape
+from specgate_router.settings import (
+    ControlSettings,
+    ResilienceSettings,
+    RouterSettings,
+    SettingsError,
+    load,
+)
+from specgate_sim import profile as profiles
+from specgate_sim.engine import EngineCore, SimRequest
+
+PROFILE = profiles.load("rtx-pro-6000-x8")
+PARAMS = ControlSettings(hysteresis=0, cooldown_seconds=0)
+
+
+def analytic_samples(threshold: int, repeats: int = 3) -> list[control.Sample]:
+    """What a pod at `threshold` would show: speculating just below it, plain just above."""
+    low, _, high = control.window(threshold)
+    out, t = [], 0.0
+    for b in range(math.ceil(low), threshold + 1):
+        for _ in range(repeats):
+            t += 1
+            out.append(control.Sample(t, b, PROFILE.steady_throughput(b, True), 1.0))
+    for b in range(threshold + 1, math.floor(high) + 1):
+        for _ in range(repeats):
+            t += 1
+            out.append(control.Sample(t, b, PROFILE.steady_throughput(b, False), 0.0))
+    return out
+
+
+@pytest.mark.parametrize("start", [2, 3, 8, 16, 32, 64])
+def test_controller_converges_to_the_true_crossover(start: int) -> None:
+    decision = control.Decision(start, "initial", -math.inf)
+    for step in range(10):
+        samples = analytic_samples(decision.threshold or 1)
+        decision = control.decide(samples=samples, previous=decision, now=1000.0 * (step + 1),
+                                  fresh=True, params=PARAMS)  # fmt: skip
+    assert decision.threshold == PROFILE.crossover_batch()
+
+
+def test_each_move_is_at_most_a_halving_or_doubling() -> None:
+    decision = control.Decision(64, "initial", -math.inf)
+    decision = control.decide(samples=analytic_samples(64), previous=decision, now=1.0,
+                              fresh=True, params=PARAMS)  # fmt: skip
+    assert decision.threshold == 32
+
+
+def test_not_enough_samples_keeps_the_initial_threshold() -> None:
+    initial = control.initial_decision(ControlSettings(threshold=12, max_threshold=64))
+    decision = control.decide(samples=[], previous=initial, now=5.0, fresh=True, params=PARAMS)
+    assert decision.threshold == 12 and decision.reason.startswith("learning")
+
+
+def test_stale_metrics_produce_no_decision() -> None:
+    previous = control.Decision(16, "x", -math.inf)
+    decision = control.decide(samples=analytic_samples(16), previous=previous, now=5.0,
+                              fresh=False, params=PARAMS)  # fmt: skip
+    assert decision.threshold == 16 and "stale" in decision.reason
+
+
+def test_hysteresis_holds_a_near_estimate() -> None:
+    params = ControlSettings(hysteresis=2, cooldown_seconds=0)
+    previous = control.Decision(8, "x", -math.inf)  # estimate from samples near 8 is 6
+    decision = control.decide(samples=analytic_samples(8), previous=previous, now=1.0,
+                              fresh=True, params=params)  # fmt: skip
+    assert decision.threshold == 8 and "hysteresis" in decision.reason
+
+
+def test_cooldown_delays_a_change() -> None:
+    params = ControlSettings(hysteresis=0, cooldown_seconds=30)
+    previous = control.Decision(16, "x", 100.0)
+    held = control.decide(samples=analytic_samples(16), previous=previous, now=110.0,
+                          fresh=True, params=params)  # fmt: skip
+    assert held.threshold == 16 and "cooling down" in held.reason
+    moved = control.decide(samples=analytic_samples(16), previous=previous, now=131.0,
+                           fresh=True, params=params)  # fmt: skip
+    assert moved.threshold == 8 and moved.changed_at == 131.0
+
+
+def test_bounds_from_the_resource_are_respected() -> None:
+    params = ControlSettings(threshold=12, min_threshold=10, max_threshold=20, hysteresis=0,
+                             cooldown_seconds=0)  # fmt: skip
+    decision = control.decide(samples=analytic_samples(12), previous=control.initial_decision(params),
+                              now=1.0, fresh=True, params=params)  # fmt: skip
+    assert decision.threshold == 10  # the estimate (6) is below minThreshold
+
+
+@pytest.mark.parametrize(("mode", "value"), [("alwaysOn", None), ("off", 0)])
+def test_fixed_modes_ignore_the_estimate(mode: str, value: int | None) -> None:
+    params = ControlSettings(mode=mode)  # type: ignore[arg-type]
+    decision = control.decide(samples=analytic_samples(8), previous=control.Decision(8, "", 0),
+                              now=1.0, fresh=True, params=params)  # fmt: skip
+    assert decision.threshold == value
+
+
+def test_samples_are_taken_only_from_steady_single_mode_intervals() -> None:
+    base = dict(t0=0.0, t1=0.5, tokens0=0.0, tokens1=100.0, steps_on0=0, steps_off0=0)
+    good = control.sample_between(batch0=8, batch1=8, steps_on1=20, steps_off1=0, **base)
+    assert good is not None and good.speculating_fraction == 1.0 and good.tokens_per_second == 200
+    assert control.sample_between(batch0=8, batch1=8, steps_on1=10, steps_off1=10, **base) is None
+    assert control.sample_between(batch0=2, batch1=12, steps_on1=0, steps_off1=20, **base) is None
+    assert control.sample_between(batch0=0, batch1=0, steps_on1=0, steps_off1=20, **base) is None
+    assert control.sample_between(batch0=8, batch1=8, steps_on1=-5, steps_off1=20, **base) is None
+
+
+def _closed_loop_with_controller(
+    clients_schedule: list[tuple[float, int]], params: ControlSettings, *, seconds: float
+) -> tuple[list[tuple[float, int | None]], EngineCore]:
+    """The simulated engine and the real controller in virtual time: clients follow the
+    schedule, the controller scrapes every 0.5 s, decides and 'pushes' (sets the threshold)."""
+    core = EngineCore(PROFILE, threshold=params.threshold, seed=11)
+    decision = control.initial_decision(params)
+    samples: list[control.Sample] = []
+    now, next_scrape, issued = 0.0, 0.5, 0
+    prev: tuple[float, int, float, int, int] | None = None
+    changes: list[tuple[float, int | None]] = []
+    active = 0
+
+    def target_clients(t: float) -> int:
+        value = clients_schedule[0][1]
+        for start, n in clients_schedule:
+            if t >= start:
+                value = n
+        return value
+
+    def submit() -> None:
+        nonlocal issued, active
+        issued += 1
+        active += 1
+        req = SimRequest(f"r{issued}", 64, 200, now)
+
+        def sink(n: int, done: bool) -> None:
+            nonlocal active
+            if done:
+                active -= 1
+
+        req.sink = sink
+        core.add(req)
+
+    while now < seconds:
+        while active < target_clients(now):
+            submit()
+        step = core.plan()
+        now += step.duration if step else 0.01
+        if step:
+            core.finish(step, now)
+        if now >= next_scrape:
+            next_scrape += 0.5
+            st = core.stats
+            cur = (now, len(core.running), float(st.generation_tokens), st.decode_steps_on,
+                   st.decode_steps_off)  # fmt: skip
+            if prev is not None:
+                s = control.sample_between(t0=prev[0], t1=cur[0], batch0=prev[1], batch1=cur[1],
+                                           tokens0=prev[2], tokens1=cur[2], steps_on0=prev[3],
+                                           steps_on1=cur[3], steps_off0=prev[4],
+                                           steps_off1=cur[4])  # fmt: skip
+                if s:
+                    samples.append(s)
+            prev = cur
+            new = control.decide(samples=samples, previous=decision, now=now, fresh=True,
+                                 params=params)  # fmt: skip
+            if new.threshold != decision.threshold:
+                changes.append((now, new.threshold))
+                core.set_threshold(new.threshold)
+            decision = new
+    return changes, core
+
+
+def test_controller_on_the_simulated_engine_finds_the_crossover() -> None:
+    params = ControlSettings(threshold=16, hysteresis=1, cooldown_seconds=10)
+    # Load sweeps across the crossover so both modes are seen at several batch sizes.
+    schedule = [(t * 20.0, c) for t, c in enumerate([3, 5, 7, 9, 12, 16, 20, 12, 8, 6] * 3)]
+    changes, core = _closed_loop_with_controller(schedule, params, seconds=600)
+    assert changes, "the controller never moved"
+    final = changes[-1][1]
+    assert final is not None and abs(final - PROFILE.crossover_batch()) <= 2, changes
+
+
+def test_no_flapping_while_load_oscillates_around_the_threshold() -> None:
+    params = ControlSettings(threshold=6, hysteresis=2, cooldown_seconds=30)
+    schedule = [(t * 5.0, c) for t, c in enumerate([5, 8] * 60)]  # every 5 s, for 10 min
+    changes, _ = _closed_loop_with_controller(schedule, params, seconds=600)
+    assert len(changes) <= 2, changes  # at most 2 switches per 10 minutes
+
+
+# ---- pools ----
+
+
+@pytest.mark.parametrize(
+    ("pods", "share", "lo", "hi", "expected"),
+    [(4, 0.5, 0, 1, 2), (4, 0.0, 0, 1, 0), (4, 1.0, 0, 1, 4), (4, 0.95, 0, 1, 3),
+     (4, 0.1, 0, 1, 1),
+     (10, 0.9, 0.0, 0.5, 5), (10, 0.05, 0.3, 1.0, 3), (1, 0.5, 0, 1, 1)],
+)  # fmt: skip
+def test_latency_pool_size(pods: int, share: float, lo: float, hi: float, expected: int) -> None:
+    assert control.latency_pool_size(pods, share, min_fraction=lo, max_fraction=hi) == expected
+
+
+def test_pool_assignment_is_sticky() -> None:
+    first = control.assign_pools(["a", "b", "c", "d"], set(), 2)
+    assert first == {"a", "b"}
+    assert control.assign_pools(["a", "b", "c", "d"], {"c", "d"}, 2) == {"c", "d"}
+    assert control.assign_pools(["a", "b", "c", "d"], {"c", "d"}, 1) == {"c"}
+    assert control.assign_pools(["a", "b", "d"], {"c", "d"}, 2) == {"a", "d"}
+
+
+# ---- placement ----
+
+
+def settings(**kw: Any) -> RouterSettings:
+    return RouterSettings.model_validate({"backends": ["http://x"], **kw})
+
+
+def pod(name: str, *, running: int = 0, threshold: int | None = 8, pool: str = "mixed",
+        at: float = 100.0, healthy: bool = True, max_running: int = 64) -> PodState:  # fmt: skip
+    load = EngineLoad(running=running, waiting=0, max_running=max_running, threshold=threshold,
+                      threshold_known=True)  # fmt: skip
+    p = PodState(name, f"http://{name}", EngineClient(f"http://{name}", None),  # type: ignore[arg-type]
+                 control.Decision(threshold, "", -math.inf))  # fmt: skip
+    p.record(Scrape(at, load, 0.0))
+    p.healthy, p.pool = healthy, pool  # type: ignore[assignment]
+    return p
+
+
+def ctx(cls: str = "latency", now: float = 100.5, **kw: Any) -> placement.Context:
+    return placement.Context(cls, now, settings(**kw))  # type: ignore[arg-type]
+
+
+def test_filters_drop_unhealthy_draining_stale_and_open_circuits() -> None:
+    sick = pod("sick", healthy=False)
+    draining = pod("draining")
+    draining.draining = True
+    stale = pod("stale", at=90.0)
+    broken = pod("broken")
+    for _ in range(3):
+        broken.breaker.on_failure(100.0, ResilienceSettings())
+    good = pod("good")
+    choice = placement.choose([sick, draining, stale, broken, good], ctx(), rng=random.Random(0))
+    assert choice is good
+    none = placement.choose([sick, draining, stale, broken], ctx(), rng=random.Random(0))
+    assert isinstance(none, placement.Saturated)
+    assert none.reasons == {"healthy": 1, "not-draining": 1, "fresh-metrics": 1,
+                            "circuit-closed": 1}  # fmt: skip
+
+
+def test_latency_traffic_prefers_a_speculating_latency_pod() -> None:
+    busy = pod("busy", running=8, pool="latency")  # one more request would stop speculation
+    calm = pod("calm", running=2, pool="latency")
+    bulk = pod("bulk", running=0, pool="throughput")
+    assert placement.choose([busy, calm, bulk], ctx("latency"), rng=random.Random(0)) is calm
+
+
+def test_throughput_traffic_prefers_the_throughput_pool_even_when_fuller() -> None:
+    calm = pod("calm", running=1, pool="latency")
+    bulk = pod("bulk", running=40, pool="throughput")
+    assert placement.choose([calm, bulk], ctx("throughput"), rng=random.Random(0)) is bulk
+
+
+def test_load_breaks_class_ties_and_equal_scores_are_random() -> None:
+    a, b = pod("a", running=1), pod("b", running=1)
+    picks = {placement.choose([a, b], ctx(), rng=random.Random(seed)).name  # type: ignore[union-attr]
+             for seed in range(20)}  # fmt: skip
+    assert picks == {"a", "b"}
+    c = pod("c", running=0)
+    assert placement.choose([a, c], ctx(), rng=random.Random(0)) is c
+
+
+def test_breaker_opens_then_half_opens_for_one_trial() -> None:
+    params = ResilienceSettings(breaker_failures=2, breaker_open_seconds=5)
+    b = CircuitBreaker()
+    b.on_failure(0.0, params)
+    assert b.allows(0.1, params)
+    b.on_failure(0.2, params)
+    assert not b.allows(1.0, params) and b.state(1.0, params) == "open"
+    assert b.allows(5.3, params) and b.state(5.3, params) == "half_open"
+    b.on_dispatch(5.3, params)
+    assert not b.allows(5.4, params)  # one trial at a time
+    b.on_failure(5.5, params)
+    assert b.state(6.0, params) == "open"
+    b.on_success()
+    assert b.state(6.0, params) == "closed"
+
+
+# ---- requests ----
+
+
+def test_classification_order() -> None:
+    s = settings(classRules={"apiKeys": {"batch-key": "throughput"},
+                             "throughputAboveMaxTokens": 1000}, defaultClass="latency")  # fmt: skip
+    assert requests.classify({"x-specgate-class": "Throughput"}, 10, s) == "throughput"
+    assert requests.classify({"authorization": "Bearer batch-key"}, 10, s) == "throughput"
+    assert requests.classify({}, 5000, s) == "throughput"
+    assert requests.classify({}, 10, s) == "latency"
+    with pytest.raises(BadRequest, match="x-specgate-class"):
+        requests.classify({"x-specgate-class": "bulk"}, 10, s)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "fragment"),
+    [
+        ("/v1/chat/completions", b"{not json", "not valid JSON"),
+        ("/v1/chat/completions", b"[1, 2]", "JSON object"),
+        ("/v1/chat/completions", b'{"messages": []}', "messages"),
+        ("/v1/chat/completions", b'{"messages": [{}], "stream": "yes"}', "stream"),
+        ("/v1/chat/completions", b'{"messages": [{}], "max_tokens": 0}', "max_tokens"),
+        ("/v1/chat/completions", b'{"messages": [{}], "max_tokens": true}', "max_tokens"),
+        ("/v1/completions", b'{"model": "m"}', "prompt"),
+        ("/v1/completions", b'{"prompt": "x", "model": 7}', "model"),
+        ("/generate", b'{"sampling_params": {}}', "text or input_ids"),
+        (
+            "/generate",
+            b'{"text": "x", "sampling_params": {"max_new_tokens": -1}}',
+            "max_new_tokens",
+        ),
+    ],
+)
+def test_malformed_requests_are_rejected(path: str, body: bytes, fragment: str) -> None:
+    with pytest.raises(BadRequest, match=fragment):
+        requests.parse(path, body, {}, settings(model="m"))
+
+
+def test_unknown_model_is_404() -> None:
+    with pytest.raises(ModelNotFound):
+        requests.parse("/v1/completions", b'{"model": "other", "prompt": "x"}', {},
+                       settings(model="m"))  # fmt: skip
+
+
+def test_streams_ask_the_engine_for_usage_and_remember_the_client_did_not() -> None:
+    routed = requests.parse("/v1/chat/completions",
+                            b'{"messages": [{"role": "user", "content": "x"}], "stream": true}',
+                            {}, settings(model="m"))  # fmt: skip
+    assert b'"include_usage": true' in routed.body and not routed.client_wants_usage
+    asked = requests.parse("/v1/completions",
+                           b'{"prompt": "x", "stream": true, "stream_options": {"include_usage": true}}',
+                           {}, settings(model="m"))  # fmt: skip
+    assert asked.client_wants_usage
+
+
+# ---- settings ----
+
+
+def test_the_operators_router_config_is_valid_router_settings() -> None:
+    from specgate import api
+    from specgate_operator import render
+
+    from .conftest import minimal_resource
+
+    sdd = api.SpecDecodeDeployment.model_validate(minimal_resource())
+    parsed = RouterSettings.model_validate(render.router_config(sdd))
+    assert parsed.discovery.kubernetes is not None
+    assert parsed.discovery.kubernetes.service == "demo-engine"
+    assert parsed.leader_election is not None and parsed.status_target is not None
+
+
+def test_settings_errors_name_the_field(tmp_path: Any) -> None:
+    cfg = tmp_path / "router.yaml"
+    cfg.write_text("backends: [http://a]\ncontrol:\n  treshold: 3\n")
+    with pytest.raises(SettingsError, match="control.treshold"):
+        load(cfg, environ={})
+    with pytest.raises(SettingsError, match="no engine pods"):
+        load(None, environ={})
+
+
+def test_engine_key_comes_from_the_environment() -> None:
+    s = load(None, overrides={"backends": ["http://a"]},
+             environ={"SPECGATE_ENGINE_API_KEY": "sekret"})  # fmt: skip
+    assert s.engine_api_key == "sekret" and "sekret" not in repr(s)
