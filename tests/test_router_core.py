@@ -94,8 +94,9 @@ def test_cooldown_delays_a_change() -> None:
 def test_bounds_from_the_resource_are_respected() -> None:
     params = ControlSettings(threshold=12, min_threshold=10, max_threshold=20, hysteresis=0,
                              cooldown_seconds=0)  # fmt: skip
-    decision = control.decide(samples=analytic_samples(12), previous=control.initial_decision(params),
-                              now=1.0, fresh=True, params=params)  # fmt: skip
+    initial = control.initial_decision(params)
+    decision = control.decide(samples=analytic_samples(12), previous=initial, now=1.0,
+                              fresh=True, params=params)  # fmt: skip
     assert decision.threshold == 10  # the estimate (6) is below minThreshold
 
 
@@ -184,7 +185,7 @@ def test_controller_on_the_simulated_engine_finds_the_crossover() -> None:
     params = ControlSettings(threshold=16, hysteresis=1, cooldown_seconds=10)
     # Load sweeps across the crossover so both modes are seen at several batch sizes.
     schedule = [(t * 20.0, c) for t, c in enumerate([3, 5, 7, 9, 12, 16, 20, 12, 8, 6] * 3)]
-    changes, core = _closed_loop_with_controller(schedule, params, seconds=600)
+    changes, _ = _closed_loop_with_controller(schedule, params, seconds=600)
     assert changes, "the controller never moved"
     final = changes[-1][1]
     assert final is not None and abs(final - PROFILE.crossover_batch()) <= 2, changes
@@ -344,9 +345,8 @@ def test_streams_ask_the_engine_for_usage_and_remember_the_client_did_not() -> N
                             b'{"messages": [{"role": "user", "content": "x"}], "stream": true}',
                             {}, settings(model="m"))  # fmt: skip
     assert b'"include_usage": true' in routed.body and not routed.client_wants_usage
-    asked = requests.parse("/v1/completions",
-                           b'{"prompt": "x", "stream": true, "stream_options": {"include_usage": true}}',
-                           {}, settings(model="m"))  # fmt: skip
+    body = b'{"prompt": "x", "stream": true, "stream_options": {"include_usage": true}}'
+    asked = requests.parse("/v1/completions", body, {}, settings(model="m"))
     assert asked.client_wants_usage
 
 
@@ -369,7 +369,7 @@ def test_the_operators_router_config_is_valid_router_settings() -> None:
 def test_settings_errors_name_the_field(tmp_path: Any) -> None:
     cfg = tmp_path / "router.yaml"
     cfg.write_text("backends: [http://a]\ncontrol:\n  treshold: 3\n")
-    with pytest.raises(SettingsError, match="control.treshold"):
+    with pytest.raises(SettingsError, match=r"control\.treshold"):
         load(cfg, environ={})
     with pytest.raises(SettingsError, match="no engine pods"):
         load(None, environ={})
