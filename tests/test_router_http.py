@@ -1,0 +1,278 @@
+"""The router over real HTTP in front of simulated pods."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from specgate.engine_client import EngineClient
+from specgate_sim import profile as profiles
+from specgate_sim.cluster import SimCluster
+from specgate_sim.pod import PodSettings
+
+from .router_harness import FaultyTransport, is_error_event, run_router, stream_events
+
+pytestmark = pytest.mark.integration
+PROFILE = profiles.load("rtx-pro-6000-x8")
+KEY = "engine-key"
+CHAT = "/v1/chat/completions"
+
+
+def chat(max_tokens: int = 16, stream: bool = False, **extra: object) -> dict[str, object]:
+    return {"model": "m", "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": max_tokens, "stream": stream, **extra}  # fmt: skip
+
+
+def router_settings(urls: list[str], **extra: object) -> dict[str, object]:
+    return {
+        "model": "m",
+        "backends": urls,
+        "engineApiKey": KEY,
+        "control": {"scrapeIntervalSeconds": 0.1, "staleAfterSeconds": 0.6,
+                    "staggerSeconds": 0, "cooldownSeconds": 0},
+        "resilience": {"backoffBaseSeconds": 0.01, "breakerOpenSeconds": 1.0},
+        **extra,
+    }  # fmt: skip
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(timeout=30) as client:
+        yield client
+
+
+def sims(count: int = 2, time_scale: float = 10.0, threshold: int | None = 8) -> SimCluster:
+    settings = PodSettings(
+        api_key=KEY, threshold=threshold, time_scale=time_scale, model="m", seed=3
+    )
+    return SimCluster(PROFILE, count, settings=settings)
+
+
+async def test_streaming_passes_chunk_by_chunk(http: httpx.AsyncClient) -> None:
+    async with (
+        sims(1, time_scale=1.0, threshold=0) as pods,
+        run_router(router_settings(pods.urls)) as r,
+    ):
+        status, events = await stream_events(http, r.url + CHAT, chat(max_tokens=40, stream=True))
+    assert status == 200 and events[-1][1] == "[DONE]"
+    content = [(t, e) for t, e in events if e != "[DONE]"]
+    assert len(content) >= 40  # one event per decode step (no speculation: one token each)
+    # The first token reached the client long before the last was produced (~20 ms a step).
+    assert content[-1][0] - content[1][0] > 0.4
+    # The usage chunk the router asked for was not passed to a client that did not ask.
+    assert all("usage" not in json.loads(e) for _, e in content)
+
+
+async def test_threshold_is_pushed_and_read_back(http: httpx.AsyncClient) -> None:
+    async with sims(2) as pods:
+        settings = router_settings(pods.urls)
+        settings["control"] = {**settings["control"], "mode": "off"}  # type: ignore[dict-item]
+        async with run_router(settings) as r:
+            for _ in range(100):
+                values = [await EngineClient(u, http, api_key=KEY).threshold() for u in pods.urls]
+                if values == [0, 0]:
+                    break
+                await asyncio.sleep(0.05)
+            assert values == [0, 0]
+            view = (await http.get(r.url + "/specgate/pods")).json()
+            assert [p["threshold"] for p in view["pods"]] == [0, 0]
+            metrics = (await http.get(r.url + "/metrics")).text
+            assert 'specgate_threshold_changes_total{direction="lower"' in metrics
+
+
+async def test_latency_and_throughput_traffic_go_to_their_pools(http: httpx.AsyncClient) -> None:
+    async with sims(2) as pods, run_router(router_settings(pods.urls)) as r:
+        # Teach the router the class mix, then let the controller split the pools.
+        for cls in ("latency", "throughput") * 3:
+            resp = await http.post(r.url + CHAT, json=chat(4), headers={"x-specgate-class": cls})
+            assert resp.status_code == 200
+        await asyncio.sleep(0.3)
+        view = (await http.get(r.url + "/specgate/pods")).json()
+        pools = {p["name"]: p["pool"] for p in view["pods"]}
+        assert sorted(pools.values()) == ["latency", "throughput"]
+        for cls in ("latency", "throughput"):
+            for _ in range(4):
+                resp = await http.post(
+                    r.url + CHAT, json=chat(4), headers={"x-specgate-class": cls}
+                )
+                assert pools[resp.headers["x-specgate-pod"]] == cls
+
+
+async def test_stale_metrics_stop_pushes_and_deprioritise_the_pod(http: httpx.AsyncClient) -> None:
+    async with sims(2) as pods:
+        blind = pods.urls[0]
+        transport = FaultyTransport(
+            lambda req: str(req.url).startswith(blind) and req.url.path in ("/v1/loads", "/metrics")
+        )
+        settings = router_settings(pods.urls)
+        settings["control"] = {**settings["control"], "mode": "off"}  # type: ignore[dict-item]
+        async with run_router(settings, transport=transport) as r:
+            await asyncio.sleep(0.5)
+            for _ in range(6):
+                resp = await http.post(r.url + CHAT, json=chat(4))
+                assert resp.status_code == 200
+                assert resp.headers["x-specgate-pod"] == pods.urls[1].split("://")[1]
+            assert await EngineClient(blind, http, api_key=KEY).threshold() == 8  # never pushed
+            assert await EngineClient(pods.urls[1], http, api_key=KEY).threshold() == 0
+            view = {p["url"]: p for p in (await http.get(r.url + "/specgate/pods")).json()["pods"]}
+            assert view[blind]["fresh"] is False
+
+
+async def test_a_pod_killed_under_load_loses_no_request(http: httpx.AsyncClient) -> None:
+    async with sims(2, time_scale=4.0) as pods, run_router(router_settings(pods.urls)) as r:
+
+        async def one(i: int) -> str:
+            status, events = await stream_events(
+                http, r.url + CHAT, chat(max_tokens=120, stream=True),
+                headers={"x-request-id": f"req-{i}"},
+            )  # fmt: skip
+            if status != 200:
+                return f"http-{status}"
+            if any(is_error_event(e) for _, e in events):
+                assert events[-1][1] == "[DONE]"  # a clean end, not a hang
+                return "error-event"
+            return "ok" if events[-1][1] == "[DONE]" else "truncated"
+
+        tasks = [asyncio.create_task(one(i)) for i in range(24)]
+        await asyncio.sleep(0.4)
+        await pods.kill(0)
+        results = await asyncio.wait_for(asyncio.gather(*tasks), timeout=60)
+        assert "truncated" not in results and all(not r.startswith("http-5") for r in results)
+        assert results.count("ok") + results.count("error-event") == 24
+        # After the kill every new request lands on the survivor.
+        after = await asyncio.gather(*(http.post(r.url + CHAT, json=chat(8)) for _ in range(10)))
+        assert all(resp.status_code == 200 for resp in after)
+
+
+async def test_failure_before_first_byte_is_retried_on_another_pod(http: httpx.AsyncClient) -> None:
+    async with sims(2) as pods:
+        broken = pods.urls[0]
+        transport = FaultyTransport(lambda req: str(req.url) == broken + CHAT)
+        async with run_router(router_settings(pods.urls), transport=transport) as r:
+            results = await asyncio.gather(
+                *(http.post(r.url + CHAT, json=chat(4)) for _ in range(8))
+            )
+            assert all(resp.status_code == 200 for resp in results)
+            metrics = (await http.get(r.url + "/metrics")).text
+            assert 'specgate_router_retries_total{reason="connect"}' in metrics
+            view = {p["url"]: p for p in (await http.get(r.url + "/specgate/pods")).json()["pods"]}
+            assert view[broken]["circuit"] in ("open", "half_open")
+
+
+async def test_all_pods_down_gives_503_with_retry_after(http: httpx.AsyncClient) -> None:
+    async with sims(2) as pods, run_router(router_settings(pods.urls)) as r:
+        await pods.kill(0)
+        await pods.kill(1)
+        await asyncio.sleep(0.8)
+        resp = await http.post(r.url + CHAT, json=chat(4))
+        assert resp.status_code == 503 and resp.headers["retry-after"] == "1"
+        assert resp.json()["error"]["message"].startswith("no engine pod can take the request")
+        assert (await http.get(r.url + "/readyz")).status_code == 503
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status"),
+    [
+        (CHAT, b"{", 400),
+        (CHAT, b'{"model": "m", "messages": "hi"}', 400),
+        (CHAT, b'{"model": "other", "messages": [{"role": "user", "content": "x"}]}', 404),
+        ("/v1/completions", b'{"model": "m", "prompt": "x", "max_tokens": -1}', 400),
+        ("/generate", b'{"sampling_params": {"max_new_tokens": 3}}', 400),
+        (CHAT, b'{"model": "m", "messages": [{"role": "user", "content": "x"}], '
+               b'"max_tokens": 1000000}', 400),
+    ],
+)  # fmt: skip
+async def test_malformed_requests_get_4xx_in_openai_shape(
+    path: str, body: bytes, status: int, http: httpx.AsyncClient
+) -> None:
+    async with sims(1) as pods, run_router(router_settings(pods.urls)) as r:
+        resp = await http.post(r.url + path, content=body,
+                               headers={"content-type": "application/json"})  # fmt: skip
+    assert resp.status_code == status
+    assert resp.json().get("error", {}).get("message") or resp.json().get("message")
+
+
+async def test_oversized_body_is_413(http: httpx.AsyncClient) -> None:
+    async with sims(1) as pods:
+        settings = router_settings(pods.urls, resilience={"maxBodyBytes": 2048})
+        async with run_router(settings) as r:
+            big = chat(4, padding="x" * 5000)
+            resp = await http.post(r.url + CHAT, json=big)
+    assert resp.status_code == 413
+
+
+async def test_bad_class_header_is_400(http: httpx.AsyncClient) -> None:
+    async with sims(1) as pods, run_router(router_settings(pods.urls)) as r:
+        resp = await http.post(r.url + CHAT, json=chat(4), headers={"x-specgate-class": "bulk"})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "x-specgate-class"
+
+
+async def test_config_reload_drops_no_request(tmp_path: Path, http: httpx.AsyncClient) -> None:
+    async with sims(2) as pods:
+        config = tmp_path / "router.yaml"
+        config.write_text(yaml.safe_dump(router_settings(pods.urls, defaultClass="latency")))
+        async with run_router(router_settings(pods.urls), config_path=str(config)) as r:
+            stop = asyncio.Event()
+            statuses: list[int] = []
+
+            async def traffic() -> None:
+                while not stop.is_set():
+                    statuses.append((await http.post(r.url + CHAT, json=chat(8))).status_code)
+
+            workers = [asyncio.create_task(traffic()) for _ in range(4)]
+            await asyncio.sleep(0.5)
+            config.write_text(yaml.safe_dump(router_settings(pods.urls, defaultClass="throughput")))
+            for _ in range(60):
+                if r.state.settings.default_class == "throughput":
+                    break
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(0.5)
+            config.write_text("not: [valid")  # a broken file is ignored, the old one kept
+            await asyncio.sleep(1.5)
+            stop.set()
+            await asyncio.gather(*workers)
+        assert r.state.settings.default_class == "throughput"
+        assert statuses and set(statuses) == {200}
+
+
+async def test_shutdown_drains_in_flight_streams(http: httpx.AsyncClient) -> None:
+    async with sims(1, time_scale=2.0, threshold=0) as pods:
+        async with run_router(router_settings(pods.urls)) as r:
+            stream = asyncio.create_task(
+                stream_events(http, r.url + CHAT, chat(max_tokens=60, stream=True))
+            )
+            await asyncio.sleep(0.2)
+            r.server.should_exit = True  # SIGTERM
+            status, events = await asyncio.wait_for(stream, timeout=30)
+    assert status == 200 and events[-1][1] == "[DONE]"
+    assert not any(is_error_event(e) for _, e in events)
+
+
+async def test_observability_endpoints(http: httpx.AsyncClient) -> None:
+    async with sims(2) as pods, run_router(router_settings(pods.urls)) as r:
+        resp = await http.post(r.url + CHAT, json=chat(8, stream=True),
+                               headers={"x-request-id": "abc-123"})  # fmt: skip
+        assert resp.headers["x-request-id"] == "abc-123"
+        await http.post(
+            r.url + "/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 5}}
+        )
+        assert (await http.get(r.url + "/healthz")).status_code == 200
+        assert (await http.get(r.url + "/readyz")).json()["usable"] == 2
+        models = (await http.get(r.url + "/v1/models")).json()
+        assert models["data"][0]["id"] == "m"
+        metrics = (await http.get(r.url + "/metrics")).text
+        for name in ("specgate_router_requests_total", "specgate_router_ttft_seconds_bucket",
+                     "specgate_router_tpot_seconds_bucket", "specgate_pod_batch",
+                     "specgate_pod_threshold", "specgate_pod_speculating",
+                     "specgate_pod_accept_length", "specgate_pod_scrape_age_seconds",
+                     "specgate_pod_circuit_open", "specgate_router_output_tokens_total"):  # fmt: skip
+            assert name in metrics, name
+        assert 'specgate_router_output_tokens_total{traffic_class="latency"} 13.0' in metrics
+        view = (await http.get(r.url + "/specgate/pods")).json()
+        assert view["leader"] is True and len(view["pods"]) == 2
