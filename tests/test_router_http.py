@@ -242,14 +242,16 @@ async def test_config_reload_drops_no_request(tmp_path: Path, http: httpx.AsyncC
 
 
 async def test_shutdown_drains_in_flight_streams(http: httpx.AsyncClient) -> None:
-    async with sims(1, time_scale=2.0, threshold=0) as pods:
-        async with run_router(router_settings(pods.urls)) as r:
-            stream = asyncio.create_task(
-                stream_events(http, r.url + CHAT, chat(max_tokens=60, stream=True))
-            )
-            await asyncio.sleep(0.2)
-            r.server.should_exit = True  # SIGTERM
-            status, events = await asyncio.wait_for(stream, timeout=30)
+    async with (
+        sims(1, time_scale=2.0, threshold=0) as pods,
+        run_router(router_settings(pods.urls)) as r,
+    ):
+        stream = asyncio.create_task(
+            stream_events(http, r.url + CHAT, chat(max_tokens=60, stream=True))
+        )
+        await asyncio.sleep(0.2)
+        r.server.should_exit = True  # SIGTERM
+        status, events = await asyncio.wait_for(stream, timeout=30)
     assert status == 200 and events[-1][1] == "[DONE]"
     assert not any(is_error_event(e) for _, e in events)
 
@@ -271,7 +273,8 @@ async def test_observability_endpoints(http: httpx.AsyncClient) -> None:
                      "specgate_router_tpot_seconds_bucket", "specgate_pod_batch",
                      "specgate_pod_threshold", "specgate_pod_speculating",
                      "specgate_pod_accept_length", "specgate_pod_scrape_age_seconds",
-                     "specgate_pod_circuit_open", "specgate_router_output_tokens_total"):  # fmt: skip
+                     "specgate_pod_circuit_open",
+                     "specgate_router_output_tokens_total"):  # fmt: skip
             assert name in metrics, name
         assert 'specgate_router_output_tokens_total{traffic_class="latency"} 13.0' in metrics
         view = (await http.get(r.url + "/specgate/pods")).json()
