@@ -108,6 +108,27 @@ def _cmd_router(args: argparse.Namespace) -> int:
     return main.run(args)
 
 
+def _cmd_up(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from specgate_sim import local
+
+    cfg = local.StackConfig(
+        pods=args.pods, engine=args.engine, port=args.port, host=args.host,
+        profile=args.profile, model=args.model, threshold=args.threshold,
+        time_scale=args.time_scale, model_path=args.model_path,
+        draft_model_path=args.draft_model_path,
+    )  # fmt: skip
+    asyncio.run(local.serve_until_interrupted(cfg))
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from specgate_sim import demo
+
+    return demo.run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specgate",
@@ -145,6 +166,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     sim_cli.add_arguments(p)
     p.set_defaults(func=_cmd_sim)
+
+    p = sub.add_parser("up", help="engine pods and the router on localhost, until Ctrl-C")
+    p.add_argument("--pods", type=int, default=4)
+    p.add_argument("--engine", choices=["sim", "sglang"], default="sim")
+    p.add_argument("--port", type=int, default=8000, help="router port")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--profile", default="rtx-pro-6000-x8", help="simulator profile")
+    p.add_argument("--model", default="sim-model", help="served model name")
+    p.add_argument("--threshold", type=int, default=8, help="initial threshold")
+    p.add_argument("--time-scale", type=float, default=1.0, help="simulator time scale")
+    p.add_argument("--model-path", help="--engine sglang: target model")
+    p.add_argument("--draft-model-path", help="--engine sglang: EAGLE-3 draft model")
+    p.set_defaults(func=_cmd_up)
+
+    p = sub.add_parser("demo", help="the local stack under changing load, with a live view")
+    from specgate_sim import demo as demo_mod
+
+    demo_mod.add_arguments(p)
+    p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("operator", help="run the kopf operator")
     from specgate_operator import main as operator_main

@@ -202,13 +202,26 @@ def test_no_flapping_while_load_oscillates_around_the_threshold() -> None:
 
 
 @pytest.mark.parametrize(
-    ("pods", "share", "lo", "hi", "expected"),
-    [(4, 0.5, 0, 1, 2), (4, 0.0, 0, 1, 0), (4, 1.0, 0, 1, 4), (4, 0.95, 0, 1, 3),
-     (4, 0.1, 0, 1, 1),
-     (10, 0.9, 0.0, 0.5, 5), (10, 0.05, 0.3, 1.0, 3), (1, 0.5, 0, 1, 1)],
-)  # fmt: skip
-def test_latency_pool_size(pods: int, share: float, lo: float, hi: float, expected: int) -> None:
-    assert control.latency_pool_size(pods, share, min_fraction=lo, max_fraction=hi) == expected
+    ("pods", "latency", "throughput", "threshold", "lo", "hi", "expected"),
+    [
+        (4, 16, 48, 8, 0, 1, 2),  # 16 latency streams need 2 pods at threshold 8
+        (4, 16, 48, 16, 0, 1, 1),
+        (4, 0, 48, 8, 0, 1, 0),  # no latency traffic: no latency pool
+        (4, 40, 10, 8, 0, 1, 3),  # one pod stays for throughput traffic
+        (4, 40, 0, 8, 0, 1, 4),  # unless there is none
+        (4, 0.5, 10, 8, 0, 1, 1),
+        (10, 80, 5, 8, 0.0, 0.5, 5),  # maxLatencyFraction caps it
+        (10, 0, 50, 8, 0.3, 1.0, 3),  # minLatencyFraction floors it
+        (1, 5, 5, 8, 0, 1, 1),
+    ],
+)
+def test_latency_pool_size(
+    pods: int, latency: float, throughput: float, threshold: int, lo: float, hi: float,
+    expected: int,
+) -> None:  # fmt: skip
+    size = control.latency_pool_size(pods, latency, throughput, threshold=threshold,
+                                     min_fraction=lo, max_fraction=hi)  # fmt: skip
+    assert size == expected
 
 
 def test_pool_assignment_is_sticky() -> None:

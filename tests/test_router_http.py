@@ -87,21 +87,27 @@ async def test_threshold_is_pushed_and_read_back(http: httpx.AsyncClient) -> Non
 
 
 async def test_latency_and_throughput_traffic_go_to_their_pools(http: httpx.AsyncClient) -> None:
-    async with sims(2) as pods, run_router(router_settings(pods.urls)) as r:
-        # Teach the router the class mix, then let the controller split the pools.
-        for cls in ("latency", "throughput") * 3:
-            resp = await http.post(r.url + CHAT, json=chat(4), headers={"x-specgate-class": cls})
-            assert resp.status_code == 200
-        await asyncio.sleep(0.3)
-        view = (await http.get(r.url + "/specgate/pods")).json()
-        pools = {p["name"]: p["pool"] for p in view["pods"]}
-        assert sorted(pools.values()) == ["latency", "throughput"]
-        for cls in ("latency", "throughput"):
-            for _ in range(4):
-                resp = await http.post(
-                    r.url + CHAT, json=chat(4), headers={"x-specgate-class": cls}
-                )
-                assert pools[resp.headers["x-specgate-pod"]] == cls
+    async with sims(2, time_scale=2.0, threshold=8) as pods:
+        settings = router_settings(pods.urls, pools={"classMixWindowSeconds": 0.3})
+        async with run_router(settings) as r:
+            # Standing load of both classes: the pools are sized from in-flight requests.
+            background = [
+                asyncio.create_task(http.post(r.url + CHAT, json=chat(400),
+                                              headers={"x-specgate-class": cls}))
+                for cls in ("latency",) * 2 + ("throughput",) * 4
+            ]  # fmt: skip
+            await asyncio.sleep(1.0)
+            view = (await http.get(r.url + "/specgate/pods")).json()
+            pools = {p["name"]: p["pool"] for p in view["pods"]}
+            assert sorted(pools.values()) == ["latency", "throughput"]
+            for cls in ("latency", "throughput"):
+                for _ in range(3):
+                    resp = await http.post(r.url + CHAT, json=chat(4),
+                                           headers={"x-specgate-class": cls})  # fmt: skip
+                    assert pools[resp.headers["x-specgate-pod"]] == cls
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
 
 
 async def test_stale_metrics_stop_pushes_and_deprioritise_the_pod(http: httpx.AsyncClient) -> None:

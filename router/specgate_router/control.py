@@ -203,21 +203,25 @@ def initial_decision(params: ControlSettings) -> Decision:
 
 
 def latency_pool_size(
-    pods: int, latency_share: float, *, min_fraction: float, max_fraction: float
+    pods: int,
+    latency_load: float,
+    throughput_load: float,
+    *,
+    threshold: int,
+    min_fraction: float,
+    max_fraction: float,
 ) -> int:
-    """How many pods serve latency traffic first, from the share of latency requests."""
+    """How many pods serve latency traffic first: enough to hold the latency concurrency at or
+    under their threshold (so it is speculated on), within the resource's bounds, leaving one
+    pod for throughput traffic when there is some and the bounds allow."""
     if pods <= 1:
         return pods
     lo = math.ceil(min_fraction * pods - 1e-9)
     hi = math.floor(max_fraction * pods + 1e-9)
-    size = max(lo, min(hi, round(latency_share * pods)))
-    # Any latency traffic gets at least one pod, any throughput traffic keeps one, when the
-    # bounds allow it.
-    if latency_share > 0 and size == 0 and hi >= 1:
-        size = 1
-    if latency_share < 1 and size == pods and lo <= pods - 1:
-        size = pods - 1
-    return size
+    need = math.ceil(latency_load / max(1, threshold) - 1e-9) if latency_load > 0 else 0
+    if throughput_load > 0 and need >= pods:
+        need = pods - 1
+    return max(lo, min(hi, need))
 
 
 def assign_pools(pods: Sequence[str], previous: set[str], size: int) -> set[str]:

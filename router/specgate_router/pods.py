@@ -161,6 +161,7 @@ class PodState:
             if math.isinf(self.decision.changed_at)
             else self.decision.changed_at,
             "acceptLength": load.accept_length if load else None,
+            "genThroughput": load.gen_throughput if load else None,
             "inFlight": self.in_flight,
             "circuit": self.breaker.state(now, resilience),
             "samples": len(self.samples),

@@ -127,7 +127,6 @@ async def forward(state: RouterState, req: RoutedRequest, request_id: str) -> Re
     tried: set[str] = set()
     last_error = "no attempt made"
     timing = Timing(started=time.monotonic())
-    state.record_class(req.traffic_class)
     for attempt in range(res.max_attempts):
         now = state.clock()
         ctx = placement.Context(req.traffic_class, now, settings, frozenset(tried))
@@ -146,6 +145,7 @@ async def forward(state: RouterState, req: RoutedRequest, request_id: str) -> Re
         pod.in_flight += 1
         pod.dispatched_since_scrape += 1
         state.in_flight += 1
+        state.in_flight_by_class[req.traffic_class] += 1
         state.metrics.in_flight.inc()
         released = False
 
@@ -155,6 +155,7 @@ async def forward(state: RouterState, req: RoutedRequest, request_id: str) -> Re
                 released = True
                 pod.in_flight -= 1
                 state.in_flight -= 1
+                state.in_flight_by_class[req.traffic_class] -= 1
                 state.metrics.in_flight.dec()
 
         try:

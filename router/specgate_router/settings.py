@@ -63,7 +63,8 @@ class ControlSettings(_Model):
 class PoolSettings(_Model):
     min_latency_fraction: float = Field(default=0.0, ge=0, le=1)
     max_latency_fraction: float = Field(default=1.0, ge=0, le=1)
-    class_mix_window_seconds: float = Field(default=60.0, gt=0)
+    class_mix_window_seconds: float = Field(default=10.0, gt=0)
+    """Time constant of the smoothed in-flight requests per class that size the pools."""
 
     @model_validator(mode="after")
     def _bounds(self) -> PoolSettings:

@@ -13,7 +13,6 @@ import logging
 import math
 import random
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -59,7 +58,9 @@ class RouterState:
         self.metrics.attach_pods(lambda: list(self.pods.values()), lambda: self.settings, clock)
         self.is_leader = not settings.leader_election
         self.metrics.leader.set(1 if self.is_leader else 0)
-        self.class_log: deque[tuple[float, TrafficClass]] = deque(maxlen=100_000)
+        self.in_flight_by_class: dict[TrafficClass, int] = {"latency": 0, "throughput": 0}
+        self.class_load: dict[TrafficClass, float] = {"latency": 0.0, "throughput": 0.0}
+        self._class_load_at = clock()
         self.latency_pool: set[str] = set()
         self.draining = False
         self.in_flight = 0
@@ -173,27 +174,34 @@ class RouterState:
 
     # ---- control ----
 
-    def class_mix(self, now: float) -> tuple[float, int]:
-        window = self.settings.pools.class_mix_window_seconds
-        while self.class_log and self.class_log[0][0] < now - window:
-            self.class_log.popleft()
-        total = len(self.class_log)
-        latency = sum(1 for _, c in self.class_log if c == "latency")
-        return (latency / total if total else 0.5), total
+    def update_class_load(self, now: float) -> None:
+        """Smoothed in-flight requests per class (the class mix the pools are sized from)."""
+        tau = self.settings.pools.class_mix_window_seconds
+        alpha = min(1.0, max(0.0, now - self._class_load_at) / tau)
+        self._class_load_at = now
+        for cls, current in self.in_flight_by_class.items():
+            self.class_load[cls] += alpha * (current - self.class_load[cls])
 
     def update_pools(self, now: float) -> None:
+        self.update_class_load(now)
         pods = [p.name for p in self.live_pods() if not p.draining]
-        share, seen = self.class_mix(now)
-        if len(pods) <= 1 or seen == 0:
+        latency, throughput = self.class_load["latency"], self.class_load["throughput"]
+        if len(pods) <= 1 or latency + throughput < 0.05:
             for pod in self.live_pods():
                 pod.pool = "mixed"
             self.latency_pool = set()
             self.metrics.latency_pool_size.set(len(pods) if len(pods) <= 1 else 0)
             return
+        thresholds = sorted(
+            p.threshold for p in self.live_pods() if p.threshold is not None and not p.draining
+        )
+        typical = (
+            thresholds[len(thresholds) // 2] if thresholds else self.settings.control.threshold
+        )
         pools = self.settings.pools
         size = control.latency_pool_size(
-            len(pods), share, min_fraction=pools.min_latency_fraction,
-            max_fraction=pools.max_latency_fraction,
+            len(pods), latency, throughput, threshold=typical,
+            min_fraction=pools.min_latency_fraction, max_fraction=pools.max_latency_fraction,
         )  # fmt: skip
         self.latency_pool = control.assign_pools(pods, self.latency_pool, size)
         for pod in self.live_pods():
@@ -204,9 +212,12 @@ class RouterState:
         now = self.clock()
         self.update_pools(now)
         params = self.settings.control
+        # Pods of one deployment run the same model on the same hardware: what one pod measured
+        # at a batch size holds for its siblings, so every pod learns from all of them.
+        samples = [s for pod in self.live_pods() for s in pod.samples]
         for pod in self.live_pods():
             pod.decision = control.decide(
-                samples=pod.samples, previous=pod.decision, now=now,
+                samples=samples, previous=pod.decision, now=now,
                 fresh=pod.fresh(now, params), params=params,
             )  # fmt: skip
         if not self.is_leader:
@@ -275,9 +286,6 @@ class RouterState:
             for pod in self.pods.values():
                 pod.client = self.engine(pod.url)
         log.info("configuration reloaded")
-
-    def record_class(self, traffic_class: TrafficClass) -> None:
-        self.class_log.append((self.clock(), traffic_class))
 
     def views(self) -> list[dict[str, Any]]:
         now = self.clock()
