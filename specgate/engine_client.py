@@ -17,11 +17,15 @@ from specgate import contract
 
 
 class EngineError(Exception):
-    """The engine answered with an error, or could not be reached (status 0)."""
+    """The engine answered with an error (status), did not answer in time (status 0), or could
+    not be reached at all (status 0, `unreachable`: connection refused, no route)."""
 
-    def __init__(self, url: str, status: int, message: str) -> None:
+    def __init__(self, url: str, status: int, message: str, *, unreachable: bool = False) -> None:
         self.url, self.status, self.message = url, status, message
-        super().__init__(f"{url}: {status or 'unreachable'}: {message}")
+        self.unreachable = unreachable
+        super().__init__(
+            f"{url}: {status or ('unreachable' if unreachable else 'no answer')}: {message}"
+        )
 
 
 class EngineLoad(BaseModel):
@@ -91,6 +95,10 @@ class EngineClient:
                 headers=self._headers,
                 timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
             )
+        except httpx.ConnectError as exc:
+            raise EngineError(
+                self.base_url, 0, str(exc) or "connect failed", unreachable=True
+            ) from exc
         except httpx.HTTPError as exc:
             raise EngineError(self.base_url, 0, str(exc) or type(exc).__name__) from exc
         if resp.status_code >= 400:

@@ -63,15 +63,20 @@ async def run_router(
 
 
 class FaultyTransport(httpx.AsyncBaseTransport):
-    """Real HTTP, except requests matching `fail` raise a connection error."""
+    """Real HTTP, except requests matching `fail` raise `error` (a refused connection by
+    default)."""
 
-    def __init__(self, fail: Callable[[httpx.Request], bool]) -> None:
+    def __init__(
+        self,
+        fail: Callable[[httpx.Request], bool],
+        error: type[httpx.TransportError] = httpx.ConnectError,
+    ) -> None:
         self.inner = httpx.AsyncHTTPTransport()
-        self.fail = fail
+        self.fail, self.error = fail, error
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if self.fail(request):
-            raise httpx.ConnectError("injected failure", request=request)
+            raise self.error("injected failure", request=request)
         return await self.inner.handle_async_request(request)
 
     async def aclose(self) -> None:

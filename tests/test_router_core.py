@@ -265,10 +265,17 @@ def test_filters_drop_unhealthy_draining_stale_and_open_circuits() -> None:
     good = pod("good")
     choice = placement.choose([sick, draining, stale, broken, good], ctx(), rng=random.Random(0))
     assert choice is good
-    none = placement.choose([sick, draining, stale, broken], ctx(), rng=random.Random(0))
+    none = placement.choose([sick, draining, broken], ctx(), rng=random.Random(0))
     assert isinstance(none, placement.Saturated)
-    assert none.reasons == {"healthy": 1, "not-draining": 1, "fresh-metrics": 1,
-                            "circuit-closed": 1}  # fmt: skip
+    assert none.reasons == {"healthy": 1, "not-draining": 1, "circuit-closed": 1}
+
+
+def test_stale_metrics_only_deprioritise() -> None:
+    """A pod whose metrics are late still serves when it is the only one that can."""
+    stale = pod("stale", at=90.0)
+    assert placement.choose([stale], ctx(), rng=random.Random(0)) is stale
+    busy_fresh = pod("fresh", running=60)
+    assert placement.choose([stale, busy_fresh], ctx(), rng=random.Random(0)) is busy_fresh
 
 
 def test_latency_traffic_prefers_a_speculating_latency_pod() -> None:

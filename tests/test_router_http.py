@@ -114,7 +114,10 @@ async def test_stale_metrics_stop_pushes_and_deprioritise_the_pod(http: httpx.As
     async with sims(2) as pods:
         blind = pods.urls[0]
         transport = FaultyTransport(
-            lambda req: str(req.url).startswith(blind) and req.url.path in ("/v1/loads", "/metrics")
+            lambda req: (
+                str(req.url).startswith(blind) and req.url.path in ("/v1/loads", "/metrics")
+            ),
+            error=httpx.ReadTimeout,
         )
         settings = router_settings(pods.urls)
         settings["control"] = {**settings["control"], "mode": "off"}  # type: ignore[dict-item]
@@ -127,7 +130,7 @@ async def test_stale_metrics_stop_pushes_and_deprioritise_the_pod(http: httpx.As
             assert await EngineClient(blind, http, api_key=KEY).threshold() == 8  # never pushed
             assert await EngineClient(pods.urls[1], http, api_key=KEY).threshold() == 0
             view = {p["url"]: p for p in (await http.get(r.url + "/specgate/pods")).json()["pods"]}
-            assert view[blind]["fresh"] is False
+            assert view[blind]["fresh"] is False and view[blind]["healthy"] is True
 
 
 async def test_a_pod_killed_under_load_loses_no_request(http: httpx.AsyncClient) -> None:

@@ -35,6 +35,8 @@ class Saturated:
 
 class Filter(Protocol):
     name: str
+    soft: bool
+    """A soft filter only de-prioritises: it is ignored when it would leave no candidate."""
 
     def keep(self, pod: PodState, ctx: Context) -> bool: ...
 
@@ -46,6 +48,7 @@ class Scorer(Protocol):
 
 
 class Healthy:
+    soft = False
     name = "healthy"
 
     def keep(self, pod: PodState, ctx: Context) -> bool:
@@ -53,6 +56,7 @@ class Healthy:
 
 
 class NotDraining:
+    soft = False
     name = "not-draining"
 
     def keep(self, pod: PodState, ctx: Context) -> bool:
@@ -60,15 +64,18 @@ class NotDraining:
 
 
 class FreshMetrics:
-    """Stale metrics mean the router cannot see the pod's load: treat it as saturated."""
+    """Stale metrics mean the router cannot see the pod's load: it counts as saturated, taken
+    only when no pod with fresh metrics can take the request."""
 
     name = "fresh-metrics"
+    soft = True
 
     def keep(self, pod: PodState, ctx: Context) -> bool:
         return pod.fresh(ctx.now, ctx.settings.control)
 
 
 class CircuitClosed:
+    soft = False
     name = "circuit-closed"
 
     def keep(self, pod: PodState, ctx: Context) -> bool:
@@ -120,15 +127,14 @@ def choose(
     filters: Sequence[Filter] | None = None,
 ) -> PodState | Saturated:
     reasons: dict[str, int] = {}
-    candidates = []
-    for pod in pods:
-        dropped_by = next(
-            (f.name for f in filters or default_filters() if not f.keep(pod, ctx)), None
-        )
-        if dropped_by is None:
-            candidates.append(pod)
-        else:
-            reasons[dropped_by] = reasons.get(dropped_by, 0) + 1
+    candidates = list(pods)
+    for f in filters or default_filters():
+        kept = [pod for pod in candidates if f.keep(pod, ctx)]
+        if f.soft and not kept:
+            continue
+        if len(kept) < len(candidates):
+            reasons[f.name] = reasons.get(f.name, 0) + len(candidates) - len(kept)
+        candidates = kept
     if not candidates:
         return Saturated(reasons)
     weighted = scorers(ctx.settings)

@@ -133,9 +133,13 @@ class PodState:
         if sample is not None:
             self.samples.append(sample)
 
-    def scrape_failed(self, error: str) -> None:
+    def scrape_failed(self, error: str, *, unreachable: bool) -> None:
+        """A failed scrape leaves the metrics to go stale (the pod is then de-prioritised and
+        gets no threshold decisions); only an unreachable pod is taken out of rotation. A pod
+        that is merely slow to answer its metrics under load still serves requests, and the
+        circuit breaker judges those."""
         self.scrape_error = error
-        self.healthy = False
+        self.healthy = not unreachable
 
     def view(
         self, now: float, params: ControlSettings, resilience: ResilienceSettings

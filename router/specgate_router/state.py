@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from specgate.engine_client import EngineClient, EngineError
+from specgate.engine_client import EngineClient, EngineError, EngineLoad
 from specgate_router import control
 from specgate_router import settings as settings_mod
 from specgate_router.metrics import RouterMetrics
@@ -160,12 +160,22 @@ class RouterState:
     async def scrape(self, pod: PodState) -> None:
         timeout = self.settings.control.scrape_timeout_seconds
         try:
-            load, metrics = await asyncio.wait_for(
-                asyncio.gather(pod.client.loads(timeout), pod.client.metrics(timeout)), timeout
-            )
-        except (EngineError, TimeoutError) as exc:
-            pod.scrape_failed(str(exc) or "timeout")
+            async with asyncio.timeout(timeout):
+                outcome = await asyncio.gather(
+                    pod.client.loads(timeout), pod.client.metrics(timeout), return_exceptions=True
+                )
+        except TimeoutError:
+            pod.scrape_failed(f"no answer within {timeout}s", unreachable=False)
             return
+        errors = [e for e in outcome if isinstance(e, BaseException)]
+        if errors:
+            error = errors[0]
+            if not isinstance(error, EngineError):
+                raise error
+            pod.scrape_failed(str(error), unreachable=error.unreachable)
+            return
+        load, metrics = outcome
+        assert isinstance(load, EngineLoad) and isinstance(metrics, dict)
         first = pod.last is None
         pod.record(Scrape(self.clock(), load, metrics.get("sglang:generation_tokens_total", 0.0)))
         if first and load.threshold_known and self.settings.control.mode == "dynamic":
