@@ -301,3 +301,19 @@ async def test_idle_pods_do_not_burn_cpu() -> None:
         after = resource.getrusage(resource.RUSAGE_SELF)
     used = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     assert used < 0.5, f"40 idle pods used {used:.2f} CPU-seconds in 2 s"
+
+
+async def test_fast_counter_scan_agrees_with_the_prometheus_parser(
+    pods: SimCluster, http: httpx.AsyncClient
+) -> None:
+    from specgate.engine_client import counter_total, parse_metrics
+
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 33}}
+    await http.post(pods.urls[0] + "/generate", json=body, headers=headers)
+    text = (await http.get(pods.urls[0] + "/metrics")).text
+    full = parse_metrics(text)
+    for name in ("sglang:generation_tokens_total", "sglang:num_requests_total"):
+        assert counter_total(text, name) == full[name] > 0
+    assert counter_total(text, "sglang:no_such_metric") == 0.0
+    assert counter_total('x_total{a="1"} 2\nx_total{a="2"} 3.5\nx_totals 9\n', "x_total") == 5.5

@@ -13,6 +13,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from specgate_router import proxy, requests
 from specgate_router.errors import BadRequest, PayloadTooLarge, RouterError
@@ -84,21 +85,13 @@ def create_app(
     async def router_error(request: Request, exc: RouterError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
 
-    @app.middleware("http")
-    async def request_id(request: Request, call_next: Any) -> Response:
-        rid = request.headers.get("x-request-id") or uuid.uuid4().hex
-        request.state.request_id = rid
-        response: Response = await call_next(request)
-        response.headers.setdefault("x-request-id", rid)
-        return response
-
     async def handle(request: Request) -> Response:
         state = current()
         if state.draining:
             raise RouterError("router is shutting down") from None
         raw = await read_body(request, state.settings.resilience.max_body_bytes)
         routed = requests.parse(request.url.path, raw, request.headers, state.settings)
-        rid = request.state.request_id
+        rid = request.headers.get("x-request-id") or uuid.uuid4().hex
         response = await proxy.forward(state, routed, rid)
         log.info(
             "request done",
@@ -153,4 +146,34 @@ def create_app(
         return {"leader": state.is_leader, "latencyPool": sorted(state.latency_pool),
                 "pods": state.views()}  # fmt: skip
 
+    app.add_middleware(RequestIdMiddleware)
     return app
+
+
+class RequestIdMiddleware:
+    """Echo `x-request-id` (or a fresh one) on every answer. Plain ASGI: Starlette's
+    BaseHTTPMiddleware would re-stream every response body through a memory channel, which
+    costs streamed answers dearly."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        rid = headers.get(b"x-request-id")
+        if rid is None:
+            rid = uuid.uuid4().hex.encode()
+            scope = {**scope, "headers": [*scope.get("headers", []), (b"x-request-id", rid)]}
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                names = {k.lower() for k, _ in message.get("headers", [])}
+                if b"x-request-id" not in names:
+                    message = {**message, "headers": [*message.get("headers", []),
+                                                      (b"x-request-id", rid)]}  # fmt: skip
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from specgate import contract
 from specgate.engine_client import EngineClient, EngineError, EngineLoad
 from specgate_router import control
 from specgate_router import settings as settings_mod
@@ -162,7 +163,9 @@ class RouterState:
         try:
             async with asyncio.timeout(timeout):
                 outcome = await asyncio.gather(
-                    pod.client.loads(timeout), pod.client.metrics(timeout), return_exceptions=True
+                    pod.client.loads(timeout),
+                    pod.client.counter(contract.METRIC_GEN_TOKENS, timeout),
+                    return_exceptions=True,
                 )
         except TimeoutError:
             pod.scrape_failed(f"no answer within {timeout}s", unreachable=False)
@@ -174,10 +177,10 @@ class RouterState:
                 raise error
             pod.scrape_failed(str(error), unreachable=error.unreachable)
             return
-        load, metrics = outcome
-        assert isinstance(load, EngineLoad) and isinstance(metrics, dict)
+        load, generated = outcome
+        assert isinstance(load, EngineLoad) and isinstance(generated, float)
         first = pod.last is None
-        pod.record(Scrape(self.clock(), load, metrics.get("sglang:generation_tokens_total", 0.0)))
+        pod.record(Scrape(self.clock(), load, generated))
         if first and load.threshold_known and self.settings.control.mode == "dynamic":
             # A new leader or a restarted router continues from what the pod runs with.
             pod.decision = control.Decision(load.threshold, "adopted from the pod", -math.inf)

@@ -13,7 +13,7 @@ import json
 import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -26,6 +26,7 @@ from prometheus_client.core import (
     HistogramMetricFamily,
 )
 from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from specgate import contract
 from specgate_sim.engine import Histogram
@@ -132,18 +133,6 @@ def create_app(pod: SimPod) -> FastAPI:
             await pod.stop()
 
     app = FastAPI(title=f"simulated SGLang pod {settings.name}", lifespan=lifespan)
-
-    @app.middleware("http")
-    async def api_key(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        key = settings.api_key
-        if key and not request.url.path.startswith(OPEN_PATHS):
-            given = request.headers.get("authorization", "")
-            scheme, _, token = given.partition(" ")
-            if scheme.lower() != "bearer" or not secrets.compare_digest(token, key):
-                return JSONResponse({"error": "Unauthorized"}, status_code=401)
-        return await call_next(request)
 
     def _too_long(prompt: int, new: int) -> str | None:
         limit = pod.profile.context_length
@@ -420,7 +409,26 @@ def create_app(pod: SimPod) -> FastAPI:
             }
         )
 
+    if settings.api_key:
+        app.add_middleware(ApiKeyMiddleware, key=settings.api_key)
     return app
+
+
+class ApiKeyMiddleware:
+    """SGLang's rule (utils/auth.py): /health* and /metrics are open, everything else needs
+    `Authorization: Bearer <key>`. Plain ASGI, so streamed answers are not re-buffered."""
+
+    def __init__(self, app: ASGIApp, key: str) -> None:
+        self.app, self.key = app, key
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not scope["path"].startswith(OPEN_PATHS):
+            given = dict(scope.get("headers") or []).get(b"authorization", b"").decode()
+            scheme, _, token = given.partition(" ")
+            if scheme.lower() != "bearer" or not secrets.compare_digest(token, self.key):
+                await JSONResponse({"error": "Unauthorized"}, status_code=401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 async def _json_object(request: Request) -> dict[str, Any] | Response:
