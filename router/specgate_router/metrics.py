@@ -34,33 +34,45 @@ class PodCollector(Collector):
         now = self._clock()
         settings = self._settings()
         families = {
-            "batch": GaugeMetricFamily("specgate_pod_batch", "Running requests.", labels=["pod"]),
-            "queue": GaugeMetricFamily("specgate_pod_queue", "Queued requests.", labels=["pod"]),
+            "batch": GaugeMetricFamily(
+                "specgate_pod_batch", "Running requests.", labels=["engine_pod"]
+            ),
+            "queue": GaugeMetricFamily(
+                "specgate_pod_queue", "Queued requests.", labels=["engine_pod"]
+            ),
             "threshold": GaugeMetricFamily(
                 "specgate_pod_threshold",
                 "Speculation-disable batch threshold (-1: always speculate).",
-                labels=["pod"],
+                labels=["engine_pod"],
             ),
             "speculating": GaugeMetricFamily(
-                "specgate_pod_speculating", "1 while the pod speculates.", labels=["pod"]
+                "specgate_pod_speculating", "1 while the pod speculates.", labels=["engine_pod"]
             ),
             "accept": GaugeMetricFamily(
                 "specgate_pod_accept_length",
                 "Accepted tokens per speculating step.",
-                labels=["pod"],
+                labels=["engine_pod"],
             ),
             "age": GaugeMetricFamily(
-                "specgate_pod_scrape_age_seconds", "Age of the pod's metrics.", labels=["pod"]
+                "specgate_pod_scrape_age_seconds",
+                "Age of the pod's metrics.",
+                labels=["engine_pod"],
             ),
-            "healthy": GaugeMetricFamily("specgate_pod_healthy", "1 when healthy.", labels=["pod"]),
+            "healthy": GaugeMetricFamily(
+                "specgate_pod_healthy", "1 when healthy.", labels=["engine_pod"]
+            ),
             "pool": GaugeMetricFamily(
-                "specgate_pod_pool", "1 for the pod's current pool.", labels=["pod", "pool"]
+                "specgate_pod_pool", "1 for the pod's current pool.", labels=["engine_pod", "pool"]
             ),
             "circuit": GaugeMetricFamily(
-                "specgate_pod_circuit_open", "1 while the pod's circuit is open.", labels=["pod"]
+                "specgate_pod_circuit_open",
+                "1 while the pod's circuit is open.",
+                labels=["engine_pod"],
             ),
             "in_flight": GaugeMetricFamily(
-                "specgate_pod_in_flight", "Requests this router has in flight.", labels=["pod"]
+                "specgate_pod_in_flight",
+                "Requests this router has in flight.",
+                labels=["engine_pod"],
             ),
         }
         for pod in self._pods():
@@ -87,7 +99,7 @@ class RouterMetrics:
         r = self.registry
         self.requests = Counter(
             "specgate_router_requests", "Requests by class, pod and HTTP status.",
-            ["traffic_class", "pod", "code"], registry=r,
+            ["traffic_class", "engine_pod", "code"], registry=r,
         )  # fmt: skip
         self.ttft = Histogram(
             "specgate_router_ttft_seconds", "Time to first token, as clients see it.",
@@ -111,14 +123,17 @@ class RouterMetrics:
         )  # fmt: skip
         self.stream_errors = Counter(
             "specgate_router_stream_errors", "Streams ended by an error after the first byte.",
-            ["pod"], registry=r,
+            ["engine_pod"], registry=r,
         )  # fmt: skip
         self.threshold_changes = Counter(
             "specgate_threshold_changes", "Thresholds pushed to pods, by direction.",
-            ["pod", "direction"], registry=r,
+            ["engine_pod", "direction"], registry=r,
         )  # fmt: skip
         self.push_failures = Counter(
-            "specgate_threshold_push_failures", "Failed threshold pushes.", ["pod"], registry=r
+            "specgate_threshold_push_failures",
+            "Failed threshold pushes.",
+            ["engine_pod"],
+            registry=r,
         )
         self.leader = Gauge(
             "specgate_router_leader", "1 while this replica controls thresholds.", registry=r
