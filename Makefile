@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck crd docs deploy clean
+.PHONY: demo test lint typecheck crd docs deploy dashboards chart-crd tools clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/specgate demo $(DEMO_ARGS)
 
-test: $(STAMP)
+test: $(STAMP) tools
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/pytest $(PYTEST_ARGS)
@@ -33,6 +33,15 @@ crd: $(STAMP)
 
 docs: $(STAMP)
 	$(BIN)/specgate crd --markdown > docs/crd-reference.md
+
+dashboards: $(STAMP)
+	$(BIN)/specgate dashboards --out charts/specgate/dashboards
+
+chart-crd:
+	cp crds/specdecodedeployments.specgate.io.yaml charts/specgate/crds/
+
+tools: $(STAMP)
+	bash scripts/install-tools.sh
 
 deploy: $(STAMP)
 	$(BIN)/specgate install-manifests > deploy/operator.yaml

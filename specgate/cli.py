@@ -90,6 +90,14 @@ def _cmd_install_manifests(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_dashboards(args: argparse.Namespace) -> int:
+    from specgate import dashboards
+
+    for path in dashboards.write(Path(args.out)):
+        print(path)
+    return 0
+
+
 def _cmd_operator(args: argparse.Namespace) -> int:
     from specgate_operator import main
 
@@ -185,6 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo_mod.add_arguments(p)
     p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("dashboards", help="write the Grafana dashboards (needs the dev extras)")
+    p.add_argument("--out", default="charts/specgate/dashboards")
+    p.set_defaults(func=_cmd_dashboards)
 
     p = sub.add_parser("operator", help="run the kopf operator")
     from specgate_operator import main as operator_main

@@ -35,11 +35,12 @@ async def run_router(
     transport: httpx.AsyncBaseTransport | None = None,
     config_path: str | None = None,
     ready: bool = True,
+    port: int | None = None,
 ) -> AsyncIterator[RouterServer]:
     if isinstance(settings, dict):
         settings = RouterSettings.model_validate(settings)
     app = create_app(settings, transport=transport, config_path=config_path, identity="test")
-    port = free_ports(1)[0]
+    port = port or free_ports(1)[0]
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                             timeout_graceful_shutdown=30)  # fmt: skip
     server = uvicorn.Server(config)

@@ -288,3 +288,12 @@ async def test_observability_endpoints(http: httpx.AsyncClient) -> None:
         assert 'specgate_router_output_tokens_total{traffic_class="latency"} 13.0' in metrics
         view = (await http.get(r.url + "/specgate/pods")).json()
         assert view["leader"] is True and len(view["pods"]) == 2
+
+
+async def test_metrics_endpoint_lists_every_pod_gauge(http: httpx.AsyncClient) -> None:
+    async with sims(1) as pods, run_router(router_settings(pods.urls)) as r:
+        resp = await http.get(r.url + "/metrics")
+    assert resp.status_code == 200
+    for name in ("specgate_pod_gen_throughput", "specgate_pod_in_flight", "specgate_pod_pool",
+                 "specgate_pod_healthy"):  # fmt: skip
+        assert f"{name}{{engine_pod=" in resp.text, name

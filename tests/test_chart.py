@@ -1,0 +1,209 @@
+"""The Helm chart, checked with the real helm binary and kubernetes-validate --strict."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from specgate_operator import install
+
+from .conftest import KUBERNETES_VERSION, ROOT
+from .tools import CHART, helm_template, run, tool
+
+CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
+MONITORING_KINDS = {"PodMonitor", "PrometheusRule", "ServiceMonitor"}
+
+
+def rendered(values: Path | None = None, **kw: Any) -> list[dict[str, Any]]:
+    files = (str(values),) if values else ()
+    out = helm_template(*files, **kw).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+@pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.name)
+def test_helm_lint_strict(values: Path) -> None:
+    run(tool("helm"), "lint", "--strict", str(CHART), "-f", str(values))
+
+
+@pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.name)
+def test_rendered_manifests_are_valid_kubernetes(values: Path) -> None:
+    docs = rendered(values)
+    assert by_kind(docs, "Deployment")
+    for doc in docs:
+        if doc["kind"] in MONITORING_KINDS:
+            assert doc["apiVersion"] == "monitoring.coreos.com/v1"
+            continue  # Prometheus Operator kinds are not in Kubernetes' schemas
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+
+
+def test_ci_values_files_cover_the_scenarios() -> None:
+    names = {p.name for p in CI_VALUES}
+    assert {"default-values.yaml", "monitoring-values.yaml", "namespaced-values.yaml"} <= names
+
+
+@pytest.mark.parametrize(
+    ("setting", "field"),
+    [
+        ("operator.resyncSeconds=1", "operator.resyncSeconds"),
+        ("operator.bogus=1", "Additional property bogus"),
+        ("image.pullPolicy=Sometimes", "image.pullPolicy"),
+        ("monitoring.prometheusRule.maxErrorRatio=2", "monitoring.prometheusRule.maxErrorRatio"),
+        ("operator.watchNamespaces[0]=Not_A_Namespace", "operator.watchNamespaces.0"),
+        ("monitoring.podMonitor.interval=often", "monitoring.podMonitor.interval"),
+    ],
+)
+def test_schema_rejects_bad_values_naming_the_field(setting: str, field: str) -> None:
+    result = helm_template(sets=(setting,), check=False)
+    assert result.returncode != 0
+    assert field in result.stderr, result.stderr
+
+
+def test_chart_crd_is_the_crd() -> None:
+    chart_crd = (CHART / "crds" / "specdecodedeployments.specgate.io.yaml").read_text()
+    assert chart_crd == (ROOT / "crds" / "specdecodedeployments.specgate.io.yaml").read_text(), (
+        "run `make chart-crd`"
+    )
+
+
+def test_app_version_follows_the_package() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert chart["appVersion"] == version
+
+
+def test_cluster_role_is_the_operators_rules() -> None:
+    (role,) = by_kind(rendered(), "ClusterRole")
+    assert role["rules"] == install.OPERATOR_RULES
+    for rule in role["rules"]:
+        assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
+
+
+def _operator_args(docs: list[dict[str, Any]]) -> list[str]:
+    (dep,) = by_kind(docs, "Deployment")
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["specgate"]
+    args: list[str] = container["args"]
+    return args
+
+
+def test_values_become_operator_flags_the_cli_accepts() -> None:
+    from specgate.cli import build_parser
+
+    default = _operator_args(rendered())
+    assert "--all-namespaces" in default
+    namespaced = _operator_args(rendered(CHART / "ci" / "namespaced-values.yaml"))
+    assert "--namespace=llm-prod" in namespaced and "--all-namespaces" not in namespaced
+    assert "--no-service-monitor" in namespaced and "--verbose" in namespaced
+    assert "--router-image=registry.example.com/specgate:0.1.0-rc1" in namespaced
+    parsed = build_parser().parse_args(namespaced)
+    assert parsed.namespace == ["llm-prod", "llm-staging"] and parsed.resync_seconds == 60
+    monitoring = _operator_args(rendered(CHART / "ci" / "monitoring-values.yaml"))
+    assert "--metrics-namespace-label=kubernetes.io/metadata.name=monitoring" in monitoring
+    build_parser().parse_args(monitoring)
+
+
+def test_operator_pod_is_locked_down() -> None:
+    (dep,) = by_kind(rendered(), "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["resources"]["limits"]["memory"] == "512Mi"
+
+
+def test_dashboards_ship_as_labelled_configmaps() -> None:
+    docs = rendered(CHART / "ci" / "monitoring-values.yaml")
+    maps = [d for d in by_kind(docs, "ConfigMap") if "dashboard" in d["metadata"]["name"]]
+    assert len(maps) == len(list((CHART / "dashboards").glob("*.json"))) == 2
+    for cm in maps:
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "specgate"
+        assert cm["metadata"]["namespace"] == "monitoring"
+        ((name, body),) = cm["data"].items()
+        assert json.loads(body) == json.loads((CHART / "dashboards" / name).read_text())
+    assert not [d for d in by_kind(rendered(CHART / "ci" / "namespaced-values.yaml"), "ConfigMap")]
+
+
+def test_monitoring_objects_only_when_enabled() -> None:
+    kinds = {d["kind"] for d in rendered()}
+    assert not kinds & {"PodMonitor", "PrometheusRule"}
+    docs = rendered(CHART / "ci" / "monitoring-values.yaml")
+    monitors = by_kind(docs, "PodMonitor")
+    assert {m["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"]
+            for m in monitors} == {"router", "engine"}  # fmt: skip
+    assert monitors[0]["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    (rule,) = by_kind(docs, "PrometheusRule")
+    alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert alerts == {"SpecgateSpeculationNotPaying", "SpecgateThresholdFlapping",
+                      "SpecgatePodMetricsStale", "SpecgateRouterErrors",
+                      "SpecgateNoReadyEnginePods"}  # fmt: skip
+
+
+def _keys(node: Any, prefix: str = "") -> list[str]:
+    if not isinstance(node, dict):
+        return []
+    out = []
+    for key, value in node.items():
+        path = f"{prefix}.{key}" if prefix else key
+        out.append(path)
+        if isinstance(value, dict) and value:
+            out += _keys(value, path)
+    return out
+
+
+def _commented_paths(text: str) -> dict[str, bool]:
+    """key path -> whether a comment line stands right above the key in values.yaml."""
+    out: dict[str, bool] = {}
+    stack: list[tuple[int, str]] = []
+    previous = ""
+    for line in text.splitlines():
+        stripped = line.strip()
+        key = stripped.split(":", 1)[0]
+        if (
+            stripped
+            and not stripped.startswith(("#", "-"))
+            and ":" in stripped
+            and key.isidentifier()
+        ):
+            indent = len(line) - len(line.lstrip())
+            while stack and stack[-1][0] >= indent:
+                stack.pop()
+            stack.append((indent, key))
+            out[".".join(k for _, k in stack)] = previous.startswith("#")
+        if stripped:
+            previous = stripped
+    return out
+
+
+def test_every_value_is_documented_in_the_schema_and_beside_it() -> None:
+    text = (CHART / "values.yaml").read_text()
+    values = yaml.safe_load(text)
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    commented = _commented_paths(text)
+    for path in _keys(values):
+        if path.startswith("operator.resources."):
+            continue  # a core/v1 ResourceRequirements passed through
+        node = schema
+        for part in path.split("."):
+            node = node["properties"][part]
+        assert node.get("description"), f"{path} has no description in values.schema.json"
+        assert commented.get(path), f"{path} has no comment above it in values.yaml"
+
+
+def test_package() -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as out:
+        run(tool("helm"), "package", str(CHART), "--destination", out)
+        assert list(Path(out).glob("specgate-0.1.0.tgz"))
