@@ -1,0 +1,143 @@
+"""The worker-image patch, checked on the CPU: it applies cleanly to the pinned SGLang 0.5.17
+wheel and compiles, and the pure logic it adds agrees with specgate's control contract.
+
+The GPU half (runtime control, output identity, speed) is worker-image/gputest/, run on a GPU
+machine; its results are in worker-image/GPU-RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from specgate import contract
+
+from .conftest import ROOT
+
+WHEELS = ROOT / ".tools" / "wheels"
+PATCH_DIR = ROOT / "worker-image" / "patches"
+
+
+@pytest.fixture(scope="module")
+def patched_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The pinned SGLang wheel, unpacked and patched with worker-image/apply-patch.sh."""
+    WHEELS.mkdir(parents=True, exist_ok=True)
+    if not list(WHEELS.glob("sglang-0.5.17-*.whl")):
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+             "sglang==0.5.17", "-d", str(WHEELS)],
+            check=True, timeout=600,
+        )  # fmt: skip
+    (wheel,) = WHEELS.glob("sglang-0.5.17-*.whl")
+    site = tmp_path_factory.mktemp("site")
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(site)
+    result = subprocess.run(["bash", str(ROOT / "worker-image" / "apply-patch.sh"), str(site)],
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "patched and compiled" in result.stdout
+    return site
+
+
+def test_patch_does_not_apply_twice(patched_site: Path) -> None:
+    apply = str(ROOT / "worker-image" / "apply-patch.sh")
+    result = subprocess.run(
+        ["bash", apply, str(patched_site)], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode != 0
+
+
+def test_apply_refuses_another_version(tmp_path: Path) -> None:
+    (tmp_path / "sglang").mkdir()
+    (tmp_path / "sglang" / "_version.py").write_text("__version__ = version = '0.5.16'\n")
+    apply = str(ROOT / "worker-image" / "apply-patch.sh")
+    result = subprocess.run(
+        ["bash", apply, str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2 and "0.5.17" in result.stderr
+
+
+def _module(site: Path) -> ModuleType:
+    path = site / "sglang" / "srt" / "speculative" / "spec_threshold.py"
+    spec = importlib.util.spec_from_file_location("spec_threshold_under_test", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # imports nothing from SGLang at module level
+    return module
+
+
+CASES: list[tuple[Any, Any]] = [
+    (None, None), (0, 0), (3, 3), (4096, 4096), (-1, "error"), (2.5, "error"), (4.0, "error"),
+    ("3", "error"), (True, "error"), (False, "error"), ([4], "error"), (1 << 21, "error"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("value", "expected"), CASES)
+def test_patch_validates_like_the_contract(value: Any, expected: Any, patched_site: Path) -> None:
+    module = _module(patched_site)
+    for parse, error in ((module.parse_threshold, module.ThresholdError),
+                         (contract.parse_threshold, contract.ThresholdError)):  # fmt: skip
+        if expected == "error":
+            with pytest.raises(error):
+                parse(value)
+        else:
+            assert parse(value) == expected
+
+
+def test_patch_decides_the_mode_like_the_contract(patched_site: Path) -> None:
+    module = _module(patched_site)
+    for threshold in (None, 0, 1, 8):
+        for batch in (0, 1, 2, 8, 9, 64):
+            assert module.speculates(batch, threshold) == contract.speculates(batch, threshold)
+
+
+def test_controller_switches_states_by_batch(patched_site: Path) -> None:
+    module = _module(patched_site)
+
+    class Worker:
+        speculative_num_steps = 3
+        applied: list[int] = []
+
+        def build_adaptive_runtime_state(self, **kw: Any) -> Any:
+            return type("State", (), {"speculative_num_steps": kw["speculative_num_steps"]})()
+
+        def apply_runtime_state(self, state: Any) -> None:
+            self.applied.append(state.speculative_num_steps)
+            self.speculative_num_steps = state.speculative_num_steps
+
+    worker = Worker()
+    ctrl = module.ThresholdController(worker, 4)
+    ctrl.register(type("State", (), {"speculative_num_steps": 3})())
+    ctrl.init_states(cuda_graph_bs=[1, 2, 4])
+    assert [ctrl.activate_step_by_batch(b) for b in (2, 4, 5, 8, 3)] == [True, True, False,
+                                                                         False, True]  # fmt: skip
+    assert worker.applied == [0, 3]  # switched only when the mode changed
+    assert (ctrl.decode_steps_on, ctrl.decode_steps_off) == (3, 2)
+    ctrl.set_threshold(None)
+    assert ctrl.activate_step_by_batch(1000) is True
+    with pytest.raises(module.ThresholdError):
+        ctrl.set_threshold(-3)
+    assert ctrl.threshold is None
+
+
+def test_patch_touches_the_expected_files() -> None:
+    text = (PATCH_DIR / "0001-speculative-disable-batch-threshold.patch").read_text()
+    touched = {line[6:] for line in text.splitlines() if line.startswith("+++ b/")}
+    assert "sglang/srt/speculative/spec_threshold.py" in touched
+    assert "sglang/srt/speculative/eagle_worker_v2.py" in touched
+    assert "sglang/srt/entrypoints/http_server.py" in touched
+    assert all(path.startswith("sglang/srt/") for path in touched)
+
+
+def test_dockerfile_pins_the_base_and_applies_the_patch() -> None:
+    dockerfile = (ROOT / "worker-image" / "Dockerfile").read_text()
+    assert "ARG SGLANG_IMAGE=lmsysorg/sglang:v0.5.17" in dockerfile
+    assert "apply-patch.sh" in dockerfile and "COPY patches/" in dockerfile
+    assert 'ENTRYPOINT ["python3", "-m", "sglang.launch_server"]' in dockerfile
