@@ -60,13 +60,7 @@ def manifests(namespace: str = NAMESPACE, image: str = IMAGE) -> list[dict[str, 
             "requests": {"cpu": "100m", "memory": "128Mi"},
             "limits": {"memory": "512Mi"},
         },
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": 65532,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": render.restricted_container_security(),
     }
     return [
         {

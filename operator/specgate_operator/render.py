@@ -305,6 +305,18 @@ def router_configmap(sdd: api.SpecDecodeDeployment) -> Manifest:
     }
 
 
+def restricted_container_security() -> dict[str, Any]:
+    """The container security context of specgate's own pods (operator and router): non-root,
+    read-only root filesystem, no privilege escalation, no capabilities."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": 65532,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
 def router_service_account(sdd: api.SpecDecodeDeployment) -> Manifest:
     return {
         "apiVersion": "v1",
@@ -387,13 +399,7 @@ def router_deployment(sdd: api.SpecDecodeDeployment, opts: RenderOptions) -> Man
         },
         # The config is re-read when the ConfigMap volume changes: no restart, no dropped streams.
         "volumeMounts": [{"name": "config", "mountPath": ROUTER_CONFIG_DIR, "readOnly": True}],
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": 65532,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": restricted_container_security(),
     }
     return {
         "apiVersion": "apps/v1",

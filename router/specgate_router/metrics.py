@@ -19,6 +19,24 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 TPOT_BUCKETS = (0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)
 
 
+POD_GAUGES: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "batch": ("specgate_pod_batch", "Running requests.", ()),
+    "queue": ("specgate_pod_queue", "Queued requests.", ()),
+    "threshold": ("specgate_pod_threshold",
+                  "Speculation-disable batch threshold (-1: always speculate).", ()),
+    "speculating": ("specgate_pod_speculating", "1 while the pod speculates.", ()),
+    "accept": ("specgate_pod_accept_length", "Accepted tokens per speculating step.", ()),
+    "age": ("specgate_pod_scrape_age_seconds", "Age of the pod's metrics.", ()),
+    "healthy": ("specgate_pod_healthy", "1 when healthy.", ()),
+    "pool": ("specgate_pod_pool", "1 for the pod's current pool.", ("pool",)),
+    "circuit": ("specgate_pod_circuit_open", "1 while the pod's circuit is open.", ()),
+    "in_flight": ("specgate_pod_in_flight", "Requests this router has in flight.", ()),
+    "gen": ("specgate_pod_gen_throughput",
+            "Output tokens/s the engine reports (its own recent average).", ()),
+}  # fmt: skip
+"""Per engine pod gauges: key -> (metric name, help, labels beyond engine_pod)."""
+
+
 class PodCollector(Collector):
     """Per-pod gauges read from the router's live pod table at scrape time."""
 
@@ -34,51 +52,8 @@ class PodCollector(Collector):
         now = self._clock()
         settings = self._settings()
         families = {
-            "batch": GaugeMetricFamily(
-                "specgate_pod_batch", "Running requests.", labels=["engine_pod"]
-            ),
-            "queue": GaugeMetricFamily(
-                "specgate_pod_queue", "Queued requests.", labels=["engine_pod"]
-            ),
-            "threshold": GaugeMetricFamily(
-                "specgate_pod_threshold",
-                "Speculation-disable batch threshold (-1: always speculate).",
-                labels=["engine_pod"],
-            ),
-            "speculating": GaugeMetricFamily(
-                "specgate_pod_speculating", "1 while the pod speculates.", labels=["engine_pod"]
-            ),
-            "accept": GaugeMetricFamily(
-                "specgate_pod_accept_length",
-                "Accepted tokens per speculating step.",
-                labels=["engine_pod"],
-            ),
-            "age": GaugeMetricFamily(
-                "specgate_pod_scrape_age_seconds",
-                "Age of the pod's metrics.",
-                labels=["engine_pod"],
-            ),
-            "healthy": GaugeMetricFamily(
-                "specgate_pod_healthy", "1 when healthy.", labels=["engine_pod"]
-            ),
-            "pool": GaugeMetricFamily(
-                "specgate_pod_pool", "1 for the pod's current pool.", labels=["engine_pod", "pool"]
-            ),
-            "circuit": GaugeMetricFamily(
-                "specgate_pod_circuit_open",
-                "1 while the pod's circuit is open.",
-                labels=["engine_pod"],
-            ),
-            "in_flight": GaugeMetricFamily(
-                "specgate_pod_in_flight",
-                "Requests this router has in flight.",
-                labels=["engine_pod"],
-            ),
-            "gen": GaugeMetricFamily(
-                "specgate_pod_gen_throughput",
-                "Output tokens/s the engine reports (its own recent average).",
-                labels=["engine_pod"],
-            ),
+            key: GaugeMetricFamily(name, doc, labels=["engine_pod", *extra])
+            for key, (name, doc, extra) in POD_GAUGES.items()
         }
         for pod in self._pods():
             load = pod.last.load if pod.last else None

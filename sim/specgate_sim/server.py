@@ -308,9 +308,7 @@ def create_app(pod: SimPod) -> FastAPI:
                 yield b"data: [DONE]\n\n"
 
             return StreamingResponse(stream(), media_type="text/event-stream")
-        total = 0
-        async for n in pod.generate(prompt, max_new):
-            total += n
+        total = await _count(pod.generate(prompt, max_new))
         return JSONResponse(
             {
                 "text": _words(total, 0),
@@ -395,9 +393,7 @@ def create_app(pod: SimPod) -> FastAPI:
                 yield b"data: [DONE]\n\n"
 
             return StreamingResponse(stream(), media_type="text/event-stream")
-        total = 0
-        async for n in pod.generate(prompt, max_tokens):
-            total += n
+        total = await _count(pod.generate(prompt, max_tokens))
         return JSONResponse(
             {
                 "id": rid,
@@ -429,6 +425,11 @@ class ApiKeyMiddleware:
                 await JSONResponse({"error": "Unauthorized"}, status_code=401)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+async def _count(tokens: AsyncIterator[int]) -> int:
+    """Run a generation to the end; the number of tokens it produced."""
+    return sum([n async for n in tokens])
 
 
 async def _json_object(request: Request) -> dict[str, Any] | Response:
