@@ -43,6 +43,19 @@ def start(args: list[str]) -> subprocess.Popen[bytes]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
 
 
+def stack(
+    key: str, pod_port: int, router_port: int, profile: str, threshold: str
+) -> list[subprocess.Popen[bytes]]:
+    """A simulated pod with a bench profile and a router in front of it."""
+    return [
+        start(["sim", "--port", str(pod_port), "--api-key", key, "--model", "bench",
+               "--profile", str(HERE / "profiles" / profile), "--threshold", threshold]),
+        start(["router", "--port", str(router_port), "--host", "127.0.0.1", "--backend",
+               f"http://127.0.0.1:{pod_port}", "--engine-api-key", key, "--model", "bench",
+               "--log-level", "warning"]),
+    ]  # fmt: skip
+
+
 async def wait_up(url: str) -> None:
     async with aiohttp.ClientSession() as s:
         for _ in range(300):
@@ -127,13 +140,7 @@ async def main() -> int:
     args = parser.parse_args()
     key = "bench-key"
     pod_port, router_port, slow_port, slow_router_port = (free_port() for _ in range(4))
-    procs = [
-        start(["sim", "--port", str(pod_port), "--api-key", key, "--model", "bench",
-               "--profile", str(HERE / "profiles" / "instant.json"), "--threshold", "none"]),
-        start(["router", "--port", str(router_port), "--host", "127.0.0.1", "--backend",
-               f"http://127.0.0.1:{pod_port}", "--engine-api-key", key, "--model", "bench",
-               "--log-level", "warning"]),
-    ]  # fmt: skip
+    procs = stack(key, pod_port, router_port, "instant.json", "none")
     try:
         direct = f"http://127.0.0.1:{pod_port}"
         router = f"http://127.0.0.1:{router_port}"
@@ -162,14 +169,8 @@ async def main() -> int:
                       f"added p50 {row['added_p50_ms']:6.2f} ms  p99 {row['added_p99_ms']:6.2f} ms"
                       f"  errors {row['errors']}", flush=True)  # fmt: skip
         # Only now the second stack, so it adds no background work to the sweep above.
-        procs += [
         # A paced pod (20 ms steps at any batch) for the held-streams test: ~4 s per stream.
-        start(["sim", "--port", str(slow_port), "--api-key", key, "--model", "bench",
-               "--profile", str(HERE / "profiles" / "paced.json"), "--threshold", "0"]),
-        start(["router", "--port", str(slow_router_port), "--host", "127.0.0.1", "--backend",
-               f"http://127.0.0.1:{slow_port}", "--engine-api-key", key, "--model", "bench",
-               "--log-level", "warning"]),
-        ]  # fmt: skip
+        procs += stack(key, slow_port, slow_router_port, "paced.json", "0")
         await wait_up(f"http://127.0.0.1:{slow_router_port}/readyz")
         ok, errors, secs = await held_streams(f"http://127.0.0.1:{slow_router_port}", args.streams)
     finally:

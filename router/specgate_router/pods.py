@@ -77,7 +77,6 @@ class PodState:
     threshold_known: bool = False
     push_failures: int = 0
     next_push_at: float = 0.0
-    adopted: bool = False
 
     # ---- reading ----
 

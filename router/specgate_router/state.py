@@ -69,7 +69,7 @@ class RouterState:
         self._last_push_at = -math.inf
         self.kube: Any = None  # specgate.kube.KubeClient when running in a cluster
         if settings.backends:
-            self.sync_backends({_pod_name(i, url): url for i, url in enumerate(settings.backends)})
+            self.sync_backends(_static_endpoints(settings.backends))
 
     # ---- pod table ----
 
@@ -294,7 +294,7 @@ class RouterState:
         """Swap in new settings; requests in flight keep the settings they started with."""
         old, self.settings = self.settings, new
         if new.backends != old.backends and new.backends:
-            self.sync_backends({_pod_name(i, url): url for i, url in enumerate(new.backends)})
+            self.sync_backends(_static_endpoints(new.backends))
         if new.engine_api_key != old.engine_api_key:
             for pod in self.pods.values():
                 pod.client = self.engine(pod.url)
@@ -308,8 +308,9 @@ class RouterState:
         ]
 
 
-def _pod_name(index: int, url: str) -> str:
-    return url.split("://", 1)[-1].rstrip("/")
+def _static_endpoints(backends: list[str]) -> dict[str, str]:
+    """Configured backend URLs as pods, named by host:port."""
+    return {url.split("://", 1)[-1].rstrip("/"): url for url in backends}
 
 
 def _mtime(path: Path) -> float:

@@ -162,6 +162,14 @@ def prompts(n: int, seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(3, 32000) for _ in range(rng.randrange(8, 48))] for _ in range(n)]
 
 
+def steps_between(before: dict, after: dict) -> tuple[int, int]:
+    """(speculating, plain) decode steps between two /v1/loads snapshots."""
+    return (
+        after["decode_steps_on"] - before["decode_steps_on"],
+        after["decode_steps_off"] - before["decode_steps_off"],
+    )
+
+
 def set_threshold(port: int, value: object) -> tuple[int, object]:
     return call(
         port, "/set_internal_state", {"server_args": {"speculative_disable_batch_threshold": value}}
@@ -180,15 +188,13 @@ def check_control(port: int) -> dict:
     before = spec_loads(port)
     run_batch(port, 8, 96)
     after_low = spec_loads(port)
-    on = after_low["decode_steps_on"] - before["decode_steps_on"]
-    off = after_low["decode_steps_off"] - before["decode_steps_off"]
+    on, off = steps_between(before, after_low)
     out["threshold_2_batch_8"] = {"steps_on": on, "steps_off": off}
     ok_low = off > 5 * max(on, 1)
     assert set_threshold(port, 64)[0] == 200
     run_batch(port, 8, 96)
     after_high = spec_loads(port)
-    on2 = after_high["decode_steps_on"] - after_low["decode_steps_on"]
-    off2 = after_high["decode_steps_off"] - after_low["decode_steps_off"]
+    on2, off2 = steps_between(after_low, after_high)
     out["threshold_64_batch_8"] = {"steps_on": on2, "steps_off": off2}
     ok_high = on2 > 5 * max(off2, 1)
     # A change while requests run: speculation stops within a few steps.
@@ -202,11 +208,15 @@ def check_control(port: int) -> dict:
     time.sleep(0.5)
     later = spec_loads(port)
     worker.join()
+    (on_soon, off_soon), (on_later, off_later) = (
+        steps_between(mid, late),
+        steps_between(late, later),
+    )
     out["live_change"] = {
-        "on_during_0.3s_after_set": late["decode_steps_on"] - mid["decode_steps_on"],
-        "off_during_0.3s_after_set": late["decode_steps_off"] - mid["decode_steps_off"],
-        "on_in_next_0.5s": later["decode_steps_on"] - late["decode_steps_on"],
-        "off_in_next_0.5s": later["decode_steps_off"] - late["decode_steps_off"],
+        "on_during_0.3s_after_set": on_soon,
+        "off_during_0.3s_after_set": off_soon,
+        "on_in_next_0.5s": on_later,
+        "off_in_next_0.5s": off_later,
     }
     ok_live = (
         out["live_change"]["on_in_next_0.5s"] == 0 and out["live_change"]["off_in_next_0.5s"] > 3
