@@ -7,6 +7,7 @@ machine; its results are in worker-image/GPU-RESULTS.md.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import subprocess
 import sys
@@ -106,6 +107,8 @@ def test_controller_switches_states_by_batch(patched_site: Path) -> None:
         applied: list[int] = []
 
         def build_adaptive_runtime_state(self, **kw: Any) -> Any:
+            # The zero-step state must run the target as a plain decode, not a one-token verify.
+            assert kw["plain_decode_target"] is True and kw["speculative_num_draft_tokens"] == 1
             return type("State", (), {"speculative_num_steps": kw["speculative_num_steps"]})()
 
         def apply_runtime_state(self, state: Any) -> None:
@@ -125,6 +128,35 @@ def test_controller_switches_states_by_batch(patched_site: Path) -> None:
     with pytest.raises(module.ThresholdError):
         ctrl.set_threshold(-3)
     assert ctrl.threshold is None
+
+
+def _function_args(source: Path, qualname: str) -> list[str]:
+    """Parameter names of a function in a patched file, found by its dotted name."""
+    cls_name, _, func_name = qualname.rpartition(".")
+    for node in ast.walk(ast.parse(source.read_text())):
+        if isinstance(node, ast.ClassDef) and node.name == cls_name:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == func_name:
+                    args = item.args
+                    return [a.arg for a in (*args.args, *args.kwonlyargs)]
+    raise AssertionError(f"{qualname} not found in {source}")
+
+
+def test_speculation_off_runs_a_plain_decode(patched_site: Path) -> None:
+    """The fast "off" path is wired through: the zero-step state captures plain-decode target
+    graphs, the worker has the plain-decode forward, and the draft-extend graph is captured at
+    the width the zero-step draft extend runs (upstream read the startup width and never
+    replayed it). What it costs is measured on the GPU (GPU-RESULTS.md)."""
+    srt = patched_site / "sglang" / "srt"
+    worker = srt / "speculative" / "eagle_worker_v2.py"
+    assert "plain_decode_target" in _function_args(
+        worker, "EAGLEWorkerV2.build_adaptive_runtime_state"
+    )
+    assert "batch" in _function_args(worker, "EAGLEWorkerV2._forward_plain_decode")
+    runner = srt / "model_executor" / "runner" / "decode_cuda_graph_runner.py"
+    assert "plain_decode_for_spec" in _function_args(runner, "DecodeCudaGraphRunner.__init__")
+    extend = (srt / "speculative" / "eagle_draft_extend_cuda_graph_runner.py").read_text()
+    assert "self.captured_req_width = get_spec().speculative_num_draft_tokens" in extend
 
 
 def test_patch_touches_the_expected_files() -> None:

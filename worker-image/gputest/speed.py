@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import sys
 import threading
 import time
@@ -35,29 +36,48 @@ DRAFT = {**SHAPE, "architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layer
          "draft_vocab_size": 32000}  # fmt: skip
 
 
-def closed_loop(port: int, clients: int, seconds: float, warmup: float = 3.0) -> float:
-    counted = {"tokens": 0}
+def closed_loop(
+    port: int, clients: int, seconds: float, warmup: float = 3.0, profile: Path | None = None
+) -> float:
+    """Output tok/s of `clients` closed-loop clients over `seconds` after `warmup`.
+
+    Output lengths are drawn from 128-384 so requests do not finish in lockstep, and every
+    request that overlaps the window counts the share of its tokens made inside it (tokens
+    spread evenly over its lifetime): counting only whole requests that finish in the window
+    quantises the rate to c x 256 tokens per window. With `profile`, a torch profile of 24
+    decode steps goes there instead (that window is slower and not a measurement)."""
+    spans: list[tuple[float, float, int]] = []
     lock = threading.Lock()
-    stop_at = time.time() + warmup + seconds
     window_start = time.time() + warmup
+    stop_at = window_start + seconds
 
     def client(i: int) -> None:
         rng = random.Random(i)
         while time.time() < stop_at:
             ids = [rng.randrange(3, 32000) for _ in range(32)]
+            new = rng.randrange(128, 385)
+            began = time.time()
             status, body = call(port, "/generate", {"input_ids": ids, "sampling_params": {
-                "max_new_tokens": 256, "temperature": 0.0, "ignore_eos": True}})  # fmt: skip
-            done = time.time()
-            if status == 200 and window_start <= done <= stop_at:
+                "max_new_tokens": new, "temperature": 0.0, "ignore_eos": True}})  # fmt: skip
+            if status == 200:
                 with lock:
-                    counted["tokens"] += len(body["output_ids"])  # type: ignore[index]
+                    spans.append((began, time.time(), len(body["output_ids"])))  # type: ignore[index]
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     for t in threads:
         t.start()
+    if profile is not None:
+        time.sleep(warmup)
+        status, body = call(port, "/start_profile", {
+            "output_dir": str(profile), "num_steps": 24, "activities": ["CPU", "GPU"]})  # fmt: skip
+        log(f"profile into {profile}: {status} {body}")
     for t in threads:
         t.join()
-    return counted["tokens"] / seconds
+    tokens = sum(
+        n * max(0.0, min(end, stop_at) - max(began, window_start)) / max(end - began, 1e-9)
+        for began, end, n in spans
+    )
+    return tokens / seconds
 
 
 def main() -> int:
@@ -65,7 +85,15 @@ def main() -> int:
     parser.add_argument("--out", default="speed-results")
     parser.add_argument("--concurrency", default="16,64")
     parser.add_argument("--seconds", type=float, default=12.0)
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="windows per point; the median is reported"
+    )
     parser.add_argument("--only", help="comma-separated subset of the servers")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="after each measurement, a torch profile of 24 steps under the same load",
+    )
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -100,9 +128,14 @@ def main() -> int:
             results[f"startup_seconds_{name}"] = round(wait_healthy(port, proc, timeout=480), 1)
             results["tok_s"][name] = {}
             for c in levels:
-                rate = closed_loop(port, c, args.seconds)
+                rates = [closed_loop(port, c, args.seconds) for _ in range(args.repeat)]
+                rate = statistics.median(rates)
                 results["tok_s"][name][str(c)] = round(rate, 1)
-                log(f"{name} c={c}: {rate:.0f} tok/s")
+                results.setdefault("runs", {}).setdefault(name, {})[str(c)] = [
+                    round(r, 1) for r in rates]  # fmt: skip
+                log(f"{name} c={c}: {rate:.0f} tok/s (runs {', '.join(f'{r:.0f}' for r in rates)})")
+                if args.profile:
+                    closed_loop(port, c, 6.0, profile=out / "profiles" / f"{name}-c{c}")
         except Exception as exc:
             results.setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"
             log(results["errors"][name])

@@ -1,0 +1,101 @@
+"""Where does a decode step's time go? Summarise torch-profiler traces from `speed.py --profile`.
+
+For each trace: the span from the first to the last GPU kernel, how much of it the GPU was busy
+(union of kernel intervals), the top kernels by total time, and the CPU-side annotated ranges
+(SGLang's `draft` / `draft_extend` / `verify` stage spans and the scheduler's own ranges).
+
+    python3 profile_summary.py out/speed/profiles [--top 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+
+def load(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as fh:  # type: ignore[operator]
+        trace = json.load(fh)
+    return [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+
+
+def union_length(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted(intervals):
+        if stop <= end:
+            continue
+        total += stop - max(start, end)
+        end = stop
+    return total
+
+
+def summarise(path: Path, top: int) -> dict:
+    events = load(path)
+    kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    if not kernels:
+        return {"trace": str(path), "error": "no GPU kernels in the trace"}
+    spans = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in kernels]
+    first, last = min(s for s, _ in spans), max(e for _, e in spans)
+    by_name: dict[str, list[float]] = defaultdict(list)
+    for e in kernels:
+        by_name[e["name"][:90]].append(float(e.get("dur", 0)))
+    ranked = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:top]
+    annotations: dict[str, list[float]] = defaultdict(list)
+    for e in events:
+        if e.get("cat") == "user_annotation":
+            annotations[e["name"][:60]].append(float(e.get("dur", 0)))
+    graph_launches = sum(1 for e in events if e.get("name") == "cudaGraphLaunch")
+    return {
+        "trace": str(path),
+        "span_ms": round((last - first) / 1000, 2),
+        "gpu_busy_ms": round(union_length(spans) / 1000, 2),
+        "kernels": len(kernels),
+        "cuda_graph_launches": graph_launches,
+        "top_kernels": [
+            {
+                "name": n,
+                "count": len(d),
+                "total_ms": round(sum(d) / 1000, 3),
+                "mean_us": round(sum(d) / len(d), 1),
+            }
+            for n, d in ranked
+        ],
+        "annotations": {
+            n: {"count": len(d), "mean_us": round(sum(d) / len(d), 1)}
+            for n, d in sorted(annotations.items(), key=lambda kv: -sum(kv[1]))[:top]
+        },
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("folder")
+    parser.add_argument("--top", type=int, default=15)
+    args = parser.parse_args()
+    traces = sorted(Path(args.folder).rglob("*.trace.json*"))
+    if not traces:
+        print(f"no traces under {args.folder}", file=sys.stderr)
+        return 1
+    for trace in traces:
+        s = summarise(trace, args.top)
+        print(f"\n== {s['trace']}")
+        if "error" in s:
+            print(s["error"])
+            continue
+        print(f"span {s['span_ms']} ms, GPU busy {s['gpu_busy_ms']} ms "
+              f"({100 * s['gpu_busy_ms'] / max(s['span_ms'], 1e-9):.0f}%), "
+              f"{s['kernels']} kernels, {s['cuda_graph_launches']} graph launches")  # fmt: skip
+        for k in s["top_kernels"]:
+            print(f"  {k['total_ms']:9.3f} ms {k['count']:6d}x {k['mean_us']:8.1f} us  {k['name']}")
+        for name, a in s["annotations"].items():
+            print(f"  [cpu range] {name}: {a['count']}x, mean {a['mean_us']} us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
