@@ -308,6 +308,11 @@ class PoolSplit(_Model):
     """Lowest share of pods in the latency pool."""
     max_latency_fraction: float = Field(default=1.0, ge=0.0, le=1.0)
     """Highest share of pods in the latency pool."""
+    throughput_batch_per_pod: int = Field(default=24, ge=1, le=4096)
+    """Running requests per pod at which plain decoding reaches about 95% of its peak throughput
+    (24 on the RTX PRO 6000 profile). The latency pool only takes pods the throughput traffic
+    does not need at this batch: under heavy load, throughput capacity comes first and latency
+    traffic shares pods. Higher values buy latency traffic speculation with fleet tokens."""
 
 
 class RouterSpec(_Model):

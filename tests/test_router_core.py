@@ -205,12 +205,18 @@ def test_no_flapping_while_load_oscillates_around_the_threshold() -> None:
     ("pods", "latency", "throughput", "threshold", "lo", "hi", "expected"),
     [
         (4, 16, 48, 8, 0, 1, 2),  # 16 latency streams need 2 pods at threshold 8
+        (4, 8, 80, 8, 0, 1, 1),  # 80 throughput streams need 3 pods at 32 each
+        (4, 16, 80, 8, 0, 1, 0),  # 16 latency streams would need 2: no pool at all
+        (4, 16, 200, 8, 0, 1, 0),  # heavy throughput load: no pod to spare for latency
+        (4, 16, 200, 8, 0.25, 1, 1),  # unless minLatencyFraction keeps one
         (4, 16, 48, 16, 0, 1, 1),
         (4, 0, 48, 8, 0, 1, 0),  # no latency traffic: no latency pool
-        (4, 40, 10, 8, 0, 1, 3),  # one pod stays for throughput traffic
-        (4, 40, 0, 8, 0, 1, 4),  # unless there is none
+        (4, 24, 10, 8, 0, 1, 3),  # one pod stays for throughput traffic
+        (4, 40, 10, 8, 0, 1, 0),  # 40 latency streams do not fit in the 3 pods left
+        (4, 40, 0, 8, 0, 1, 4),  # no throughput traffic: all pods for latency
         (4, 0.5, 10, 8, 0, 1, 1),
-        (10, 80, 5, 8, 0.0, 0.5, 5),  # maxLatencyFraction caps it
+        (10, 40, 5, 8, 0.0, 0.5, 5),  # within maxLatencyFraction
+        (10, 80, 5, 8, 0.0, 0.5, 0),  # a pool capped below the need is not made
         (10, 0, 50, 8, 0.3, 1.0, 3),  # minLatencyFraction floors it
         (1, 5, 5, 8, 0, 1, 1),
     ],
@@ -220,7 +226,8 @@ def test_latency_pool_size(
     expected: int,
 ) -> None:  # fmt: skip
     size = control.latency_pool_size(pods, latency, throughput, threshold=threshold,
-                                     min_fraction=lo, max_fraction=hi)  # fmt: skip
+                                     min_fraction=lo, max_fraction=hi,
+                                     throughput_batch_per_pod=32)  # fmt: skip
     assert size == expected
 
 
@@ -283,6 +290,15 @@ def test_latency_traffic_prefers_a_speculating_latency_pod() -> None:
     calm = pod("calm", running=2, pool="latency")
     bulk = pod("bulk", running=0, pool="throughput")
     assert placement.choose([busy, calm, bulk], ctx("latency"), rng=random.Random(0)) is calm
+
+
+def test_latency_traffic_goes_by_load_where_nothing_would_speculate() -> None:
+    """An overloaded latency pool does not keep pulling latency traffic it cannot speculate."""
+    busy = pod("busy", running=30, pool="latency")
+    bulk = pod("bulk", running=12, pool="throughput")
+    assert placement.choose([busy, bulk], ctx("latency"), rng=random.Random(0)) is bulk
+    spare = pod("spare", running=3, pool="throughput")  # would still speculate
+    assert placement.choose([busy, bulk, spare], ctx("latency"), rng=random.Random(0)) is spare
 
 
 def test_throughput_traffic_prefers_the_throughput_pool_even_when_fuller() -> None:
@@ -399,3 +415,32 @@ def test_engine_key_comes_from_the_environment() -> None:
     s = load(None, overrides={"backends": ["http://a"]},
              environ={"SPECGATE_ENGINE_API_KEY": "sekret"})  # fmt: skip
     assert s.engine_api_key == "sekret" and "sekret" not in repr(s)
+
+
+def test_pooled_samples_are_the_newest_and_bounded() -> None:
+    def series(pod: int, n: int) -> list[control.Sample]:
+        return [control.Sample(float(t), 4.0 + pod, 100.0, 1.0) for t in range(n)]
+
+    fleet = [series(p, 1200) for p in range(64)]
+    pooled = control.pool_samples(fleet)
+    assert len(pooled) == control.POOLED_SAMPLES
+    assert min(s.at for s in pooled) == 1200 - control.POOLED_SAMPLES // 64
+    assert control.pool_samples([series(0, 10)]) == series(0, 10)  # fewer than the limit: all
+    assert control.pool_samples([]) == []
+
+
+def test_pods_sharing_estimates_decide_as_if_alone() -> None:
+    params = ControlSettings(threshold=8, cooldown_seconds=0, hysteresis=0, min_samples=2)
+    samples = [control.Sample(float(t), float(b), tps, 1.0 if on else 0.0)
+               for t, (b, tps, on) in enumerate([(5, 300, True), (6, 330, True), (7, 340, True),
+                                                (9, 400, False), (10, 440, False),
+                                                (11, 480, False)])]  # fmt: skip
+    start = control.initial_decision(params)
+    alone = control.decide(samples=samples, previous=start, now=10, fresh=True, params=params)
+    shared: dict[int, tuple[int | None, str]] = {}
+    first = control.decide(samples=samples, previous=start, now=10, fresh=True, params=params,
+                           estimates=shared)  # fmt: skip
+    second = control.decide(samples=[], previous=start, now=10, fresh=True, params=params,
+                            estimates=shared)  # fmt: skip
+    assert alone == first == second  # the second pod reused the first one's fit
+    assert list(shared) == [8]

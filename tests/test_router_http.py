@@ -87,27 +87,37 @@ async def test_threshold_is_pushed_and_read_back(http: httpx.AsyncClient) -> Non
 
 
 async def test_latency_and_throughput_traffic_go_to_their_pools(http: httpx.AsyncClient) -> None:
-    async with sims(2, time_scale=2.0, threshold=8) as pods:
+    """Closed-loop clients of both classes overflow two pods' thresholds, so the router splits
+    them into pools; once requests placed before the split have finished, each class runs on
+    its own pool. Threshold pinned at 4: the latency pod speculates its 2 clients' requests."""
+    async with sims(2, time_scale=2.0, threshold=4) as pods:
         settings = router_settings(pods.urls, pools={"classMixWindowSeconds": 0.3})
+        settings["control"] = {**settings["control"], "threshold": 4,  # type: ignore[dict-item]
+                               "minThreshold": 4, "maxThreshold": 4}  # fmt: skip
         async with run_router(settings) as r:
-            # Standing load of both classes: the pools are sized from in-flight requests.
-            background = [
-                asyncio.create_task(http.post(r.url + CHAT, json=chat(400),
-                                              headers={"x-specgate-class": cls}))
-                for cls in ("latency",) * 2 + ("throughput",) * 4
-            ]  # fmt: skip
-            await asyncio.sleep(1.0)
+            placed: list[tuple[float, str, str]] = []
+            stop_at = asyncio.get_running_loop().time() + 4.0
+
+            async def client(cls: str) -> None:
+                loop = asyncio.get_running_loop()
+                while loop.time() < stop_at:
+                    resp = await http.post(r.url + CHAT, json=chat(20),
+                                           headers={"x-specgate-class": cls})  # fmt: skip
+                    assert resp.status_code == 200
+                    placed.append((loop.time(), cls, resp.headers["x-specgate-pod"]))
+
+            clients = [
+                asyncio.create_task(client(c)) for c in ("latency",) * 2 + ("throughput",) * 8
+            ]
+            await asyncio.sleep(3.0)  # read the pools while the load stands
             view = (await http.get(r.url + "/specgate/pods")).json()
+            await asyncio.gather(*clients)
             pools = {p["name"]: p["pool"] for p in view["pods"]}
             assert sorted(pools.values()) == ["latency", "throughput"]
-            for cls in ("latency", "throughput"):
-                for _ in range(3):
-                    resp = await http.post(r.url + CHAT, json=chat(4),
-                                           headers={"x-specgate-class": cls})  # fmt: skip
-                    assert pools[resp.headers["x-specgate-pod"]] == cls
-            for task in background:
-                task.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
+            late = [(cls, pod) for at, cls, pod in placed if at > stop_at - 2.0]
+            assert late and {cls for cls, _ in late} == {"latency", "throughput"}
+            at_home = sum(pools[pod] == cls for cls, pod in late)
+            assert at_home / len(late) >= 0.8, late  # class-blind placement gives about 0.5
 
 
 async def test_stale_metrics_stop_pushes_and_deprioritise_the_pod(http: httpx.AsyncClient) -> None:

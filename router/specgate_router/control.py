@@ -32,6 +32,9 @@ from specgate_router.settings import ControlSettings
 STEADY_MODE_FRACTION = 0.9
 """A sample counts for a mode when at least this share of its decode steps ran in that mode."""
 HALF_LIFE_SECONDS = 300.0
+POOLED_SAMPLES = 4800
+"""At most this many samples, the newest, go into one control step for a whole deployment: a
+fleet of 64 pods keeping 1200 each would otherwise fit 77k points per pod per scrape."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,8 @@ class Line:
     beta: float
     samples: int
     distinct_batches: int
+    lowest_batch: float = 0.0
+    highest_batch: float = 0.0
 
     def at(self, batch: float) -> float:
         return self.alpha + self.beta * batch
@@ -90,6 +95,15 @@ def sample_between(
     return Sample(t1, (batch0 + batch1) / 2, d_tokens / dt, fraction)
 
 
+def pool_samples(per_pod: Sequence[Sequence[Sample]], limit: int = POOLED_SAMPLES) -> list[Sample]:
+    """The newest samples of all pods of a deployment, at most `limit`. Pods are scraped at the
+    same rate, so an equal share of each pod's newest samples is the newest overall."""
+    if not per_pod:
+        return []
+    share = max(1, limit // len(per_pod))
+    return [s for samples in per_pod for s in list(samples)[-share:]]
+
+
 def window(threshold: int) -> tuple[float, float, float]:
     """(lowest speculating batch, boundary, highest plain batch) of the samples that count."""
     width = max(2.0, threshold / 2)
@@ -115,14 +129,15 @@ def fit(
     if not pts:
         return None
     distinct = len({round(b) for b, _, _ in pts})
+    span = (min(b for b, _, _ in pts), max(b for b, _, _ in pts))
     w = sum(p[2] for p in pts)
     mx = sum(b * wt for b, _, wt in pts) / w
     my = sum(y * wt for _, y, wt in pts) / w
     var = sum(wt * (b - mx) ** 2 for b, _, wt in pts)
     if distinct < 2 or var <= 1e-12:
-        return Line(my, 0.0, len(pts), distinct)
+        return Line(my, 0.0, len(pts), distinct, *span)
     beta = sum(wt * (b - mx) * (y - my) for b, y, wt in pts) / var
-    return Line(my - beta * mx, beta, len(pts), distinct)
+    return Line(my - beta * mx, beta, len(pts), distinct, *span)
 
 
 def estimate_threshold(
@@ -142,15 +157,24 @@ def estimate_threshold(
         )
     if on.distinct_batches + off.distinct_batches < 3:
         return None, "learning: batch sizes too uniform to fit both modes"
+    # The threshold only moves across batch sizes seen running: from just under the smallest
+    # speculating batch to the largest plain one. Extrapolating a line beyond its data let
+    # stale samples from a ramp push a pod at a steady batch back and forth for ever.
+    lowest = max(1, math.ceil(on.lowest_batch) - 1)
+    highest = max(lowest, math.floor(off.highest_batch))
     # y_on(b) < y_off(b)  <=>  b * (beta_on - beta_off) < alpha_off - alpha_on
     gain, slope = off.alpha - on.alpha, on.beta - off.beta
     if slope <= 0:
         if gain > 0:
-            return params.max_threshold, "speculation pays at every batch size near the threshold"
-        return 1, "speculation pays at no batch size near the threshold"
+            return highest, (
+                f"speculation pays at every batch size seen near the threshold (up to {highest})"
+            )
+        return lowest, f"speculation pays at no batch size seen near the threshold (from {lowest})"
     crossover = gain / slope
-    if crossover < 1:
-        return 1, f"speculation stops paying below batch 1 ({crossover:.1f})"
+    if crossover < lowest:
+        return lowest, f"speculation stops paying below batch {lowest} ({crossover:.1f})"
+    if crossover > highest:
+        return highest, f"speculation pays at least up to batch {highest} ({crossover:.1f})"
     return math.floor(crossover), f"speculation stops paying above batch {crossover:.1f}"
 
 
@@ -167,8 +191,11 @@ def decide(
     now: float,
     fresh: bool,
     params: ControlSettings,
+    estimates: dict[int, tuple[int | None, str]] | None = None,
 ) -> Decision:
-    """The next threshold for one pod."""
+    """The next threshold for one pod. Pods deciding from the same samples at the same time
+    can share `estimates` (keyed by current threshold): the fit is then made once per
+    distinct threshold, not once per pod."""
     if params.mode == "alwaysOn":
         return _keep_or(previous, None, "control.mode alwaysOn", now)
     if params.mode == "off":
@@ -176,7 +203,12 @@ def decide(
     if not fresh:
         return Decision(previous.threshold, "metrics stale: no decision", previous.changed_at)
     current = previous.threshold if previous.threshold is not None else params.max_threshold
-    estimate, why = estimate_threshold(samples, current=current, now=now, params=params)
+    cached = estimates.get(current) if estimates is not None else None
+    if cached is None:
+        cached = estimate_threshold(samples, current=current, now=now, params=params)
+        if estimates is not None:
+            estimates[current] = cached
+    estimate, why = cached
     if estimate is None:
         return Decision(previous.threshold, why, previous.changed_at)
     target = clamp(estimate, current, params)
@@ -210,18 +242,54 @@ def latency_pool_size(
     threshold: int,
     min_fraction: float,
     max_fraction: float,
+    throughput_batch_per_pod: float = math.inf,
 ) -> int:
     """How many pods serve latency traffic first: enough to hold the latency concurrency at or
-    under their threshold (so it is speculated on), within the resource's bounds, leaving one
-    pod for throughput traffic when there is some and the bounds allow."""
+    under their threshold, so all of it is speculated on. The pool only takes pods the
+    throughput traffic does not need to stay at or under `throughput_batch_per_pod` (at least
+    one pod when there is any) and that `max_fraction` allows; when that room cannot hold the
+    latency traffic there is no pool (beyond `min_fraction`): a pool too small for it would
+    run over its threshold, speculate nothing, and only cost the throughput pods capacity.
+    With no throughput traffic every pod the bounds allow serves latency first."""
     if pods <= 1:
         return pods
     lo = math.ceil(min_fraction * pods - 1e-9)
     hi = math.floor(max_fraction * pods + 1e-9)
     need = math.ceil(latency_load / max(1, threshold) - 1e-9) if latency_load > 0 else 0
-    if throughput_load > 0 and need >= pods:
-        need = pods - 1
+    if throughput_load > 0:
+        reserved = max(1, math.ceil(throughput_load / throughput_batch_per_pod - 1e-9))
+        if need > min(hi, pods - reserved):
+            need = 0
     return max(lo, min(hi, need))
+
+
+def plan_latency_pool(
+    pods: Sequence[str],
+    thresholds: Sequence[int],
+    *,
+    latency_load: float,
+    throughput_load: float,
+    previous: set[str],
+    default_threshold: int,
+    min_fraction: float,
+    max_fraction: float,
+    throughput_batch_per_pod: float = math.inf,
+) -> set[str] | None:
+    """The latency pool for the live pods, or None when every pod serves both classes: one pod,
+    no traffic yet, or so little that spread over all pods it stays at or under their
+    threshold (every pod speculates anyway, and splitting would only raise batch sizes).
+    Sized with the pods' median threshold."""
+    ordered = sorted(thresholds)
+    typical = ordered[len(ordered) // 2] if ordered else default_threshold
+    total = latency_load + throughput_load
+    if len(pods) <= 1 or total < 0.05 or total <= len(pods) * typical:
+        return None
+    size = latency_pool_size(
+        len(pods), latency_load, throughput_load, threshold=typical,
+        min_fraction=min_fraction, max_fraction=max_fraction,
+        throughput_batch_per_pod=throughput_batch_per_pod,
+    )  # fmt: skip
+    return assign_pools(pods, previous, size)
 
 
 def assign_pools(pods: Sequence[str], previous: set[str], size: int) -> set[str]:

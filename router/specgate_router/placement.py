@@ -92,20 +92,21 @@ class LoadScorer:
 
 
 class ClassFitScorer:
-    """Latency traffic goes where it will be speculated on: a latency-pool pod whose batch stays
-    at or under its threshold with this request added. Throughput traffic goes to
+    """Latency traffic goes where it will be speculated on: a pod whose batch stays at or under
+    its threshold with this request added, in the latency pool first. Where no pod would
+    speculate it, the class does not matter and load decides alone (piling latency traffic
+    onto its pool's busy pods would only make it slower). Throughput traffic goes to
     throughput-pool pods, which batch past their thresholds without speculation, and spills to
     the latency pool only when that is all there is."""
 
     name = "class-fit"
 
     def score(self, pod: PodState, ctx: Context) -> float:
-        speculates_after = contract.speculates(pod.expected_batch() + 1, pod.threshold)
         home = pod.pool == "mixed" or pod.pool == ctx.traffic_class
         if ctx.traffic_class == "latency":
-            if home:
-                return 1.0 if speculates_after else 0.5
-            return 0.3 if speculates_after else 0.0
+            if not contract.speculates(pod.expected_batch() + 1, pod.threshold):
+                return 0.0
+            return 1.0 if home else 0.6
         return 1.0 if home else 0.2
 
 

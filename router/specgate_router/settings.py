@@ -63,6 +63,9 @@ class ControlSettings(_Model):
 class PoolSettings(_Model):
     min_latency_fraction: float = Field(default=0.0, ge=0, le=1)
     max_latency_fraction: float = Field(default=1.0, ge=0, le=1)
+    throughput_batch_per_pod: int = Field(default=24, ge=1)
+    """The latency pool only takes pods the throughput class does not need at this batch (see
+    spec.router.pools.throughputBatchPerPod)."""
     class_mix_window_seconds: float = Field(default=10.0, gt=0)
     """Time constant of the smoothed in-flight requests per class that size the pools."""
 

@@ -197,29 +197,29 @@ class RouterState:
 
     def update_pools(self, now: float) -> None:
         self.update_class_load(now)
-        pods = [p.name for p in self.live_pods() if not p.draining]
-        latency, throughput = self.class_load["latency"], self.class_load["throughput"]
-        if len(pods) <= 1 or latency + throughput < 0.05:
+        live = [p for p in self.live_pods() if not p.draining]
+        pools = self.settings.pools
+        pool = control.plan_latency_pool(
+            [p.name for p in live],
+            [p.threshold for p in live if p.threshold is not None],
+            latency_load=self.class_load["latency"],
+            throughput_load=self.class_load["throughput"],
+            previous=self.latency_pool,
+            default_threshold=self.settings.control.threshold,
+            min_fraction=pools.min_latency_fraction,
+            max_fraction=pools.max_latency_fraction,
+            throughput_batch_per_pod=pools.throughput_batch_per_pod,
+        )
+        if pool is None:
             for pod in self.live_pods():
                 pod.pool = "mixed"
             self.latency_pool = set()
-            self.metrics.latency_pool_size.set(len(pods) if len(pods) <= 1 else 0)
+            self.metrics.latency_pool_size.set(len(live) if len(live) <= 1 else 0)
             return
-        thresholds = sorted(
-            p.threshold for p in self.live_pods() if p.threshold is not None and not p.draining
-        )
-        typical = (
-            thresholds[len(thresholds) // 2] if thresholds else self.settings.control.threshold
-        )
-        pools = self.settings.pools
-        size = control.latency_pool_size(
-            len(pods), latency, throughput, threshold=typical,
-            min_fraction=pools.min_latency_fraction, max_fraction=pools.max_latency_fraction,
-        )  # fmt: skip
-        self.latency_pool = control.assign_pools(pods, self.latency_pool, size)
+        self.latency_pool = pool
         for pod in self.live_pods():
-            pod.pool = "latency" if pod.name in self.latency_pool else "throughput"
-        self.metrics.latency_pool_size.set(size)
+            pod.pool = "latency" if pod.name in pool else "throughput"
+        self.metrics.latency_pool_size.set(len(pool))
 
     async def control_step(self) -> None:
         now = self.clock()
@@ -227,11 +227,12 @@ class RouterState:
         params = self.settings.control
         # Pods of one deployment run the same model on the same hardware: what one pod measured
         # at a batch size holds for its siblings, so every pod learns from all of them.
-        samples = [s for pod in self.live_pods() for s in pod.samples]
+        samples = control.pool_samples([pod.samples for pod in self.live_pods()])
+        estimates: dict[int, tuple[int | None, str]] = {}
         for pod in self.live_pods():
             pod.decision = control.decide(
                 samples=samples, previous=pod.decision, now=now,
-                fresh=pod.fresh(now, params), params=params,
+                fresh=pod.fresh(now, params), params=params, estimates=estimates,
             )  # fmt: skip
         if not self.is_leader:
             return
