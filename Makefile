@@ -19,6 +19,7 @@ demo: $(STAMP)
 test: $(STAMP) tools
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/mypy --strict bench
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
@@ -27,6 +28,7 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
+	$(BIN)/mypy --strict bench
 
 crd: $(STAMP)
 	$(BIN)/specgate crd > crds/specdecodedeployments.specgate.io.yaml

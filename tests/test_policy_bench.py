@@ -1,0 +1,89 @@
+"""bench/policy_at_scale.py on a small fleet. It runs in virtual time, so its figures do not
+depend on this machine's speed and can be asserted; the full 64-pod run is the benchmark
+(BENCHMARKS.md)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from .conftest import ROOT
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "policy_at_scale", ROOT / "bench" / "policy_at_scale.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["policy_at_scale"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_small_fleet_run_writes_its_report_and_meets_the_policy_targets(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    assert (
+        bench.main(
+            ["--pods", "4", "--minutes", "4", "--stationary-minutes", "4", "--out", str(tmp_path)]
+        )
+        == 0
+    )
+    result = json.loads((tmp_path / "policy_at_scale.json").read_text())
+    assert (tmp_path / "policy_at_scale.png").stat().st_size > 10_000
+    assert "per-window oracle" in (tmp_path / "policy_at_scale.md").read_text()
+    diurnal = result["diurnal"]["policies"]
+    # Static baselines behave as their names say.
+    assert diurnal["always-on"]["speculating_step_share"] == 1.0
+    assert diurnal["always-off"]["speculating_step_share"] == 0.0
+    assert diurnal["always-off"]["tokens"] > diurnal["always-on"]["tokens"]  # the peak is loaded
+    assert result["diurnal"]["specgate_over_oracle"] >= 0.95
+    assert result["stationary"]["pushes_per_pod_per_10min_after_settle"] <= 2
+    assert result["mixed"]["specgate_goodput_over_best_static"] >= 1.05
+
+
+def test_oracle_takes_the_best_static_policy_per_window(bench: ModuleType) -> None:
+    def outcome(name: str, windows: list[float]) -> object:
+        o = bench.Outcome(name, 60.0, 1)
+        o.tokens_by_window = windows
+        return o
+
+    outcomes = {
+        "always-on": outcome("always-on", [10, 1]),
+        "always-off": outcome("always-off", [2, 8]),
+        "fixed-8": outcome("fixed-8", [5, 5]),
+        "specgate": outcome("specgate", [9, 7]),
+    }
+    ratio, oracle = bench.oracle_ratio(outcomes, "specgate")
+    assert oracle == [10, 8]
+    assert ratio == pytest.approx(16 / 18)
+
+
+def test_diurnal_load_has_a_night_and_a_peak(bench: ModuleType) -> None:
+    load_at = bench.diurnal(pods=10, seconds=600)
+    night, peak = load_at(0), load_at(300)
+    assert sum(night.values()) <= 10  # about half a client per pod
+    assert sum(peak.values()) >= 250  # about 26 per pod
+    assert night["latency"] / sum(night.values()) > peak["latency"] / sum(peak.values())
+
+
+def test_a_steady_fleet_does_not_swing_its_thresholds(bench: ModuleType) -> None:
+    """Two pods at a steady batch of 14 after a ramp (no latency pool at this setting). Lines
+    extrapolated from the ramp's stale samples once swung the threshold 8 -> 16 -> 8 every
+    30 s, 20 pushes per pod per 10 minutes."""
+    from specgate_router.settings import PoolSettings
+    from specgate_sim.profile import load
+
+    steady = PoolSettings(throughput_batch_per_pod=20)
+    outcome = bench.run(load(bench.PROFILE), bench.POLICIES[3], bench.constant(4, 24), pods=2,
+                        seconds=600, seed=9, pools=steady)  # fmt: skip
+    # Learning moves it once or twice in the first minute; after that it holds.
+    assert len(outcome.pushes) <= 2 * 2, outcome.pushes
+    assert outcome.pushes_per_pod_per_10min(after=60) == 0, outcome.pushes
