@@ -92,8 +92,11 @@ def full(schema: dict[str, Any]) -> api.SpecDecodeDeployment:
             "image": "registry.local/router:dev",
             "port": 9000,
             "defaultClass": "throughput",
-            "pools": {"minLatencyFraction": 0.25, "maxLatencyFraction": 0.5,
-                      "throughputBatchPerPod": 24},
+            "pools": {
+                "minLatencyFraction": 0.25,
+                "maxLatencyFraction": 0.5,
+                "throughputBatchPerPod": 24,
+            },
             "resources": {"requests": {"cpu": "1"}},
             "serviceType": "LoadBalancer",
         },
@@ -163,8 +166,11 @@ def test_every_spec_field_reaches_the_manifests(full: api.SpecDecodeDeployment) 
     assert svc["spec"]["type"] == "LoadBalancer" and svc["spec"]["ports"][0]["port"] == 9000
     config = render.router_config(full)
     assert config["defaultClass"] == "throughput"
-    assert config["pools"] == {"minLatencyFraction": 0.25, "maxLatencyFraction": 0.5,
-                               "throughputBatchPerPod": 24}
+    assert config["pools"] == {
+        "minLatencyFraction": 0.25,
+        "maxLatencyFraction": 0.5,
+        "throughputBatchPerPod": 24,
+    }
     assert config["control"] == {
         "mode": "dynamic", "threshold": 12, "minThreshold": 2, "maxThreshold": 40,
         "hysteresis": 3, "cooldownSeconds": 45,
