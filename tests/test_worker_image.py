@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import math
 import subprocess
 import sys
 import zipfile
@@ -173,3 +174,30 @@ def test_dockerfile_pins_the_base_and_applies_the_patch() -> None:
     assert "ARG SGLANG_IMAGE=lmsysorg/sglang:v0.5.17" in dockerfile
     assert "apply-patch.sh" in dockerfile and "COPY patches/" in dockerfile
     assert 'ENTRYPOINT ["python3", "-m", "sglang.launch_server"]' in dockerfile
+
+
+def _gputest_module(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        name, ROOT / "worker-image" / "gputest" / f"{name}.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_synthetic_pair_acceptance_by_construction() -> None:
+    """The synthetic pair's predicted acceptance (its weights need torch and a GPU; this is the
+    arithmetic the GPU run is compared against)."""
+    synthetic = _gputest_module("synthetic")
+    assert synthetic.acceptance(12.0, 0.0, steps=3) == (1.0, 4.0)  # greedy: always accepted
+    p, length = synthetic.acceptance(11.8, 1.0, steps=3)
+    assert p == pytest.approx(1 / (1 + 31999 * math.exp(-11.8)))
+    assert length == pytest.approx(1 + p + p**2 + p**3)
+    lengths = [synthetic.acceptance(12.0, t, steps=3)[1] for t in (0.8, 0.9, 1.0, 1.2)]
+    assert lengths == sorted(lengths, reverse=True)  # hotter sampling, fewer accepted
+    target, draft = synthetic.configs(3072, 28, 24, 8, 8192)
+    assert target["head_dim"] * target["num_attention_heads"] == target["hidden_size"]
+    assert draft["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert draft["num_hidden_layers"] == 1
+    assert draft["draft_vocab_size"] == target["vocab_size"] == synthetic.VOCAB

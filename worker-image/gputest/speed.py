@@ -1,14 +1,22 @@
-"""Is speculation "off" as cheap as a plain server? Output tok/s side by side in one run.
+"""Output tok/s of servers side by side in one run, on one GPU, one server after another.
 
-Three servers on the same 3B-class Llama shape (dummy weights: acceptance does not matter when
-nothing is drafted), started one after another on one GPU:
+Servers on the same 3B-class Llama shape:
   plain            no speculation
-  patched-off      EAGLE-3 + the specgate patch with --speculative-disable-batch-threshold 0
+  always-on        EAGLE-3, unpatched behaviour (no threshold)
+  patched-8        EAGLE-3 + the specgate patch, --speculative-disable-batch-threshold 8
+  patched-off      the same with threshold 0 (never speculates: the cost of "off")
   upstream-0step   EAGLE-3 + upstream 0.5.17 --speculative-adaptive, drafting off above batch 8
-Closed loop: c clients, each sends its next request (32-token prompt, 256 new tokens, ignore_eos)
-when the last returns; tok/s over a fixed window after a warm-up.
+Weights: `dummy` (random, config only: acceptance near 0, fine for the cost of "off") or
+`synthetic` (synthetic.py's pair: acceptance known by construction and set by --temperature).
+Closed loop: c clients, each sends its next request (32-token prompt, 128-384 new tokens,
+ignore_eos) when the last returns; tok/s over windows after a warm-up; accept length read
+from /v1/loads after each point.
 
-    python3 speed.py --out results/ [--concurrency 16,64] [--seconds 12]
+    python3 speed.py --out results/ [--only plain,patched-off] [--concurrency 16,64]
+        [--repeat 3] [--profile]
+    # the worker-image issue's check 4 (not run yet):
+    python3 speed.py --out results/ --weights synthetic --temperature 1.0 \
+        --only plain,always-on,patched-8,upstream-0step --concurrency 1,4,16,64 --repeat 3
 """
 
 from __future__ import annotations
@@ -17,12 +25,13 @@ import argparse
 import json
 import random
 import statistics
+import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-from verify import COMMON, EAGLE, call, log, start, wait_healthy
+from verify import COMMON, EAGLE, call, log, spec_loads, start, wait_healthy
 
 SHAPE = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 3072,
@@ -37,7 +46,12 @@ DRAFT = {**SHAPE, "architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layer
 
 
 def closed_loop(
-    port: int, clients: int, seconds: float, warmup: float = 3.0, profile: Path | None = None
+    port: int,
+    clients: int,
+    seconds: float,
+    warmup: float = 3.0,
+    profile: Path | None = None,
+    temperature: float = 0.0,
 ) -> float:
     """Output tok/s of `clients` closed-loop clients over `seconds` after `warmup`.
 
@@ -57,8 +71,8 @@ def closed_loop(
             ids = [rng.randrange(3, 32000) for _ in range(32)]
             new = rng.randrange(128, 385)
             began = time.time()
-            status, body = call(port, "/generate", {"input_ids": ids, "sampling_params": {
-                "max_new_tokens": new, "temperature": 0.0, "ignore_eos": True}})  # fmt: skip
+            sampling = {"max_new_tokens": new, "temperature": temperature, "ignore_eos": True}
+            status, body = call(port, "/generate", {"input_ids": ids, "sampling_params": sampling})
             if status == 200:
                 with lock:
                     spans.append((began, time.time(), len(body["output_ids"])))  # type: ignore[index]
@@ -88,7 +102,21 @@ def main() -> int:
     parser.add_argument(
         "--repeat", type=int, default=1, help="windows per point; the median is reported"
     )
-    parser.add_argument("--only", help="comma-separated subset of the servers")
+    parser.add_argument(
+        "--only",
+        default="plain,patched-off,upstream-0step",
+        help="comma-separated servers: plain, always-on, patched-8, patched-off, upstream-0step",
+    )
+    parser.add_argument(
+        "--weights",
+        choices=["dummy", "synthetic"],
+        default="dummy",
+        help="random weights (acceptance near 0), or synthetic.py's pair (known acceptance)",
+    )
+    parser.add_argument(
+        "--temperature", type=float, default=0.0, help="request temperature; sets acceptance"
+    )
+    parser.add_argument("--c", type=float, default=12.0, help="synthetic pair: the repeat logit")
     parser.add_argument(
         "--profile",
         action="store_true",
@@ -98,13 +126,29 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     models = Path("/tmp/specgate-models-3b")
-    for name, cfg in (("target", SHAPE), ("draft", DRAFT)):
-        (models / name).mkdir(parents=True, exist_ok=True)
-        (models / name / "config.json").write_text(json.dumps(cfg))
+    if args.weights == "synthetic":
+        from synthetic import acceptance
+
+        log(f"writing the synthetic pair (c={args.c}) into {models}")
+        # A child process, so that its CUDA memory is gone before the servers start.
+        shape = ["--hidden", SHAPE["hidden_size"], "--layers", SHAPE["num_hidden_layers"],
+                 "--heads", SHAPE["num_attention_heads"], "--kv-heads",
+                 SHAPE["num_key_value_heads"], "--intermediate", SHAPE["intermediate_size"],
+                 "--c", args.c]  # fmt: skip
+        subprocess.run([sys.executable, "synthetic.py", str(models), *map(str, shape)],
+                       check=True, timeout=600)  # fmt: skip
+        predicted = acceptance(args.c, args.temperature, steps=3)[1]
+    else:
+        for name, cfg in (("target", SHAPE), ("draft", DRAFT)):
+            (models / name).mkdir(parents=True, exist_ok=True)
+            (models / name / "config.json").write_text(json.dumps(cfg))
     adaptive_cfg = out / "adaptive-off-above-8.json"
     adaptive_cfg.write_text(json.dumps({
         "1": {"candidate_steps": [3]}, "9": {"candidate_steps": [0]}}))  # fmt: skip
     common = [*COMMON, "--model-path", str(models / "target")]
+    if args.weights == "synthetic":
+        at = common.index("--load-format")
+        del common[at : at + 2]
     common[common.index("--cuda-graph-max-bs-decode") + 1] = "64"  # graphs up to c=64
     common[common.index("--mem-fraction-static") + 1] = "0.6"
     # SGLang caps speculative servers at 48 running requests by default; the same cap for all
@@ -113,27 +157,37 @@ def main() -> int:
     eagle = [*EAGLE, "--speculative-draft-model-path", str(models / "draft")]
     servers = {
         "plain": common,
+        "always-on": [*common, *eagle],
+        "patched-8": [*common, *eagle, "--speculative-disable-batch-threshold", "8"],
         "patched-off": [*common, *eagle, "--speculative-disable-batch-threshold", "0"],
         "upstream-0step": [*common, *eagle, "--speculative-adaptive",
                            "--speculative-adaptive-config", str(adaptive_cfg)],
     }  # fmt: skip
-    if args.only:
-        servers = {k: v for k, v in servers.items() if k in args.only.split(",")}
+    servers = {k: v for k, v in servers.items() if k in args.only.split(",")}
     levels = [int(c) for c in args.concurrency.split(",")]
     results: dict = {"date": time.strftime("%Y-%m-%d"), "shape": "Llama 3B-class (hidden 3072, "
-                     "28 layers, GQA 24/8), dummy weights, bf16", "tok_s": {}}  # fmt: skip
+                     f"28 layers, GQA 24/8), {args.weights} weights, bf16", "tok_s": {},
+                     "temperature": args.temperature}  # fmt: skip
+    if args.weights == "synthetic":
+        results["predicted_accept_length"] = round(predicted, 3)
     for port, (name, flags) in enumerate(servers.items(), start=30300):
         proc = start(name, flags, port, out)
         try:
             results[f"startup_seconds_{name}"] = round(wait_healthy(port, proc, timeout=480), 1)
             results["tok_s"][name] = {}
             for c in levels:
-                rates = [closed_loop(port, c, args.seconds) for _ in range(args.repeat)]
+                rates = [
+                    closed_loop(port, c, args.seconds, temperature=args.temperature)
+                    for _ in range(args.repeat)
+                ]
                 rate = statistics.median(rates)
                 results["tok_s"][name][str(c)] = round(rate, 1)
                 results.setdefault("runs", {}).setdefault(name, {})[str(c)] = [
                     round(r, 1) for r in rates]  # fmt: skip
                 log(f"{name} c={c}: {rate:.0f} tok/s (runs {', '.join(f'{r:.0f}' for r in rates)})")
+                if name != "plain":
+                    accept = spec_loads(port).get("accept_length")
+                    results.setdefault("accept_length", {}).setdefault(name, {})[str(c)] = accept
                 if args.profile:
                     closed_loop(port, c, 6.0, profile=out / "profiles" / f"{name}-c{c}")
         except Exception as exc:

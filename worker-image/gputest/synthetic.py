@@ -1,0 +1,145 @@
+"""A synthetic Llama target and EAGLE-3 draft whose acceptance is known by construction.
+
+DESIGN.md's recipe. Every attention and MLP output projection is zero, so the residual stream
+is the token's embedding at every layer, and so is every auxiliary hidden state the draft
+reads. The target's lm_head is (c / hidden) * E, so the logit of the current token is about c
+and every other logit is about 0: the target repeats its last token with probability
+
+    p = e^(c/T) / (e^(c/T) + vocab - 1)        at sampling temperature T,
+
+and greedily always does. The draft's fc picks the first auxiliary state and its lm_head is E,
+so it always proposes that same token. A drafted token is then accepted with probability p,
+and the accept length with k draft steps is 1 + p + ... + p^k (4.0 greedy at 3 steps). The
+request temperature sets it, with no new weights. The compute cost is that of a real model of
+the same shape: zero weights are multiplied like any others.
+
+The draft's KV cache does not affect its predictions (its attention output is zero). So this
+pair cannot show whether the draft KV cache stayed in sync after speculation was off; the
+worker-image issue's check 3 needs a pair whose draft reads its context.
+
+Needs torch and safetensors (SGLang's own dependencies) and a GPU to write quickly:
+    python3 synthetic.py OUT_DIR [--hidden 3072 --layers 28 ...]
+STATUS: written 2026-11-30 and not yet run; GPU-RESULTS.md says when it has been.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+VOCAB = 32000
+
+
+def configs(hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int) -> tuple[
+    dict[str, Any], dict[str, Any]
+]:  # fmt: skip
+    target = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
+        "intermediate_size": intermediate, "num_hidden_layers": layers,
+        "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+        "head_dim": hidden // heads, "vocab_size": VOCAB, "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "hidden_act": "silu",
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": 1,
+        "eos_token_id": 2,
+    }  # fmt: skip
+    draft = {**target, "architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1,
+             "draft_vocab_size": VOCAB, "target_hidden_size": hidden}  # fmt: skip
+    return target, draft
+
+
+def acceptance(c: float, temperature: float, steps: int) -> tuple[float, float]:
+    """(p, accept length) predicted for the pair at a sampling temperature (0: greedy)."""
+    if temperature == 0:
+        p = 1.0
+    else:
+        z = c / temperature
+        p = 1.0 / (1.0 + (VOCAB - 1) * math.exp(-z))
+    return p, sum(p**j for j in range(steps + 1))
+
+
+def write_pair(out: Path, target: dict[str, Any], draft: dict[str, Any], c: float,
+               device: str = "cuda", seed: int = 0) -> None:  # fmt: skip
+    import torch
+    from safetensors.torch import save_file
+
+    h, n = target["hidden_size"], target["num_hidden_layers"]
+    d = target["head_dim"]
+    q_out, kv_out = target["num_attention_heads"] * d, target["num_key_value_heads"] * d
+    inter = target["intermediate_size"]
+    bf16 = torch.bfloat16
+    gen = torch.Generator(device=device).manual_seed(seed)
+    embed = torch.randn((VOCAB, h), generator=gen, device=device, dtype=torch.float32)
+
+    def zeros(*shape: int) -> Any:
+        return torch.zeros(shape, dtype=bf16, device=device)
+
+    def ones(size: int) -> Any:
+        return torch.ones((size,), dtype=bf16, device=device)
+
+    def layer(prefix: str, in_dim: int) -> dict[str, Any]:
+        return {
+            f"{prefix}.self_attn.q_proj.weight": zeros(q_out, in_dim),
+            f"{prefix}.self_attn.k_proj.weight": zeros(kv_out, in_dim),
+            f"{prefix}.self_attn.v_proj.weight": zeros(kv_out, in_dim),
+            f"{prefix}.self_attn.o_proj.weight": zeros(h, q_out),
+            f"{prefix}.mlp.gate_proj.weight": zeros(inter, h),
+            f"{prefix}.mlp.up_proj.weight": zeros(inter, h),
+            f"{prefix}.mlp.down_proj.weight": zeros(h, inter),
+            f"{prefix}.input_layernorm.weight": ones(h),
+            f"{prefix}.post_attention_layernorm.weight": ones(h),
+        }
+
+    weights: dict[str, Any] = {
+        "model.embed_tokens.weight": embed.to(bf16),
+        "model.norm.weight": ones(h),
+        "lm_head.weight": (embed * (c / h)).to(bf16),
+    }
+    for i in range(n):
+        weights.update(layer(f"model.layers.{i}", h))
+    (out / "target").mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in weights.items()},
+              str(out / "target" / "model.safetensors"))  # fmt: skip
+    (out / "target" / "config.json").write_text(json.dumps(target, indent=1))
+    del weights
+
+    # The draft: fc takes the first of the three auxiliary states; its embedding comes from
+    # the target (SGLang shares it for EAGLE-3); lm_head = E proposes the current token.
+    fc = zeros(h, 3 * h)
+    fc[:, :h] = torch.eye(h, dtype=bf16, device=device)
+    draft_weights = {
+        "fc.weight": fc,
+        "norm.weight": ones(h),
+        "lm_head.weight": embed.to(bf16),
+        "layers.0.hidden_norm.weight": ones(h),
+        **layer("layers.0", 2 * h),
+    }
+    (out / "draft").mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in draft_weights.items()},
+              str(out / "draft" / "model.safetensors"))  # fmt: skip
+    (out / "draft" / "config.json").write_text(json.dumps(draft, indent=1))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--hidden", type=int, default=3072)
+    parser.add_argument("--layers", type=int, default=28)
+    parser.add_argument("--heads", type=int, default=24)
+    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--intermediate", type=int, default=8192)
+    parser.add_argument("--c", type=float, default=12.0, help="the current token's logit")
+    args = parser.parse_args()
+    target, draft = configs(args.hidden, args.layers, args.heads, args.kv_heads,
+                            args.intermediate)  # fmt: skip
+    write_pair(Path(args.out), target, draft, args.c)
+    for t in (0.0, 0.8, 0.9, 1.0):
+        p, length = acceptance(args.c, t, steps=3)
+        print(f"temperature {t}: p = {p:.3f}, predicted accept length at 3 steps {length:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
