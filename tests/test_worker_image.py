@@ -154,6 +154,7 @@ def test_speculation_off_runs_a_plain_decode(patched_site: Path) -> None:
         worker, "EAGLEWorkerV2.build_adaptive_runtime_state"
     )
     assert "batch" in _function_args(worker, "EAGLEWorkerV2._forward_plain_decode")
+    assert "in_step" in _function_args(worker, "EAGLEWorkerV2._flush_pending_draft")
     runner = srt / "model_executor" / "runner" / "decode_cuda_graph_runner.py"
     assert "plain_decode_for_spec" in _function_args(runner, "DecodeCudaGraphRunner.__init__")
     extend = (srt / "speculative" / "eagle_draft_extend_cuda_graph_runner.py").read_text()
@@ -201,3 +202,27 @@ def test_synthetic_pair_acceptance_by_construction() -> None:
     assert draft["architectures"] == ["LlamaForCausalLMEagle3"]
     assert draft["num_hidden_layers"] == 1
     assert draft["draft_vocab_size"] == target["vocab_size"] == synthetic.VOCAB
+
+
+def test_deferred_draft_counts_flush_and_forget_reused_slots(patched_site: Path) -> None:
+    """The bookkeeping of the experimental deferred draft extend
+    (SGLANG_SPEC_DEFER_OFF_DRAFT_EXTEND): per request slot, checked against the request id."""
+    module = _module(patched_site)
+    counts = module.PendingDraftCounts(width=4)
+    a, b = (0, "req-a"), (1, "req-b")
+    assert counts.append([a, b]) == ([0, 0], 1)
+    assert counts.append([a, b]) == ([1, 1], 2)
+    assert counts.append([a]) == ([2], 3)
+    assert counts.pending([a, b, (2, "req-c")]) == [3, 2, 0]
+    # Slot 1 handed to a new request: it starts from zero, with no reset call.
+    assert counts.pending([(1, "req-new")]) == [0]
+    assert counts.take([a, b]) == [3, 2]
+    assert counts.pending([a, b]) == [0, 0]
+    counts.append([a])
+    counts.append([a])
+    counts.append([a])
+    counts.append([a])
+    with pytest.raises(RuntimeError):  # a flush was due at the width
+        counts.append([a])
+    with pytest.raises(ValueError):
+        module.PendingDraftCounts(width=0)

@@ -31,7 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-from verify import COMMON, EAGLE, call, log, spec_loads, start, wait_healthy
+from verify import COMMON, DEFER_ENV, EAGLE, call, log, spec_loads, start, wait_healthy
 
 SHAPE = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 3072,
@@ -105,7 +105,8 @@ def main() -> int:
     parser.add_argument(
         "--only",
         default="plain,patched-off,upstream-0step",
-        help="comma-separated servers: plain, always-on, patched-8, patched-off, upstream-0step",
+        help="comma-separated servers: plain, always-on, patched-8, patched-off, upstream-0step, "
+        "and patched-off-deferred / patched-8-deferred (the experimental deferred draft extend)",
     )
     parser.add_argument(
         "--weights",
@@ -160,6 +161,8 @@ def main() -> int:
         "always-on": [*common, *eagle],
         "patched-8": [*common, *eagle, "--speculative-disable-batch-threshold", "8"],
         "patched-off": [*common, *eagle, "--speculative-disable-batch-threshold", "0"],
+        "patched-off-deferred": [*common, *eagle, "--speculative-disable-batch-threshold", "0"],
+        "patched-8-deferred": [*common, *eagle, "--speculative-disable-batch-threshold", "8"],
         "upstream-0step": [*common, *eagle, "--speculative-adaptive",
                            "--speculative-adaptive-config", str(adaptive_cfg)],
     }  # fmt: skip
@@ -171,7 +174,7 @@ def main() -> int:
     if args.weights == "synthetic":
         results["predicted_accept_length"] = round(predicted, 3)
     for port, (name, flags) in enumerate(servers.items(), start=30300):
-        proc = start(name, flags, port, out)
+        proc = start(name, flags, port, out, DEFER_ENV if name.endswith("-deferred") else None)
         try:
             results[f"startup_seconds_{name}"] = round(wait_healthy(port, proc, timeout=480), 1)
             results["tok_s"][name] = {}

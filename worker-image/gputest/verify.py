@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
+import os
 import random
 import subprocess
 import sys
@@ -124,13 +125,20 @@ def spec_loads(port: int) -> dict:
     return {"running": load.get("num_running_reqs"), **(load.get("speculative") or {})}
 
 
-def start(name: str, args: list[str], port: int, logs: Path) -> subprocess.Popen[bytes]:
-    log(f"starting {name} on :{port}")
+DEFER_ENV = {"SGLANG_SPEC_DEFER_OFF_DRAFT_EXTEND": "1"}
+"""Turns on the patch's experimental deferred draft extend for speculation-off steps."""
+
+
+def start(
+    name: str, args: list[str], port: int, logs: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    log(f"starting {name} on :{port}" + (f" with {env}" if env else ""))
     out = open(logs / f"{name}.log", "wb")  # noqa: SIM115 (the server process writes it)
     return subprocess.Popen(
         [sys.executable, "-m", "sglang.launch_server", *args, "--port", str(port)],
         stdout=out,
         stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -309,6 +317,9 @@ def main() -> int:
     parser.add_argument("--out", default="gputest-results")
     parser.add_argument("--checks", default="control,identity")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size of both servers")
+    parser.add_argument(
+        "--defer", action="store_true", help="the patched server defers off-step draft extends"
+    )
     args = parser.parse_args()
     common = [*COMMON, "--tp-size", str(args.tp)]
     out = Path(args.out)
@@ -320,12 +331,12 @@ def main() -> int:
     (models / "draft" / "config.json").write_text(json.dumps(DRAFT))
     checks = set(args.checks.split(","))
     procs = []
-    results: dict = {"date": time.strftime("%Y-%m-%d"), "tp": args.tp}
+    results: dict = {"date": time.strftime("%Y-%m-%d"), "tp": args.tp, "defer": args.defer}
     try:
         spec_args = [*common, "--model-path", str(models / "target"), *EAGLE,
                      "--speculative-draft-model-path", str(models / "draft"),
                      "--speculative-disable-batch-threshold", "2"]  # fmt: skip
-        spec = start("patched-eagle3", spec_args, 30100, out)
+        spec = start("patched-eagle3", spec_args, 30100, out, DEFER_ENV if args.defer else None)
         procs.append(spec)
         results["startup_seconds_patched"] = round(wait_healthy(30100, spec), 1)
         log(f"patched server healthy after {results['startup_seconds_patched']}s")
