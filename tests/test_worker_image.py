@@ -226,3 +226,29 @@ def test_deferred_draft_counts_flush_and_forget_reused_slots(patched_site: Path)
         counts.append([a])
     with pytest.raises(ValueError):
         module.PendingDraftCounts(width=0)
+
+
+def test_profile_summary_reads_a_torch_trace(tmp_path: Path) -> None:
+    """gputest/profile_summary.py on a hand-made chrome trace: span, busy time (overlapping
+    kernels counted once), kernels ranked by total time, graph launches, CPU ranges."""
+    import gzip
+    import json
+
+    summary = _gputest_module("profile_summary")
+    events = [
+        {"ph": "X", "cat": "kernel", "name": "decode_attn", "ts": 0, "dur": 10_000},
+        {"ph": "X", "cat": "kernel", "name": "decode_attn", "ts": 5_000, "dur": 10_000},
+        {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 100_000, "dur": 50_000},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 0, "dur": 2},
+        {"ph": "X", "cat": "user_annotation", "name": "draft_extend", "ts": 0, "dur": 30},
+        {"ph": "i", "cat": "kernel", "name": "not-a-span", "ts": 1},
+    ]
+    trace = tmp_path / "rank0.trace.json.gz"
+    with gzip.open(trace, "wt") as fh:
+        json.dump({"traceEvents": events}, fh)
+    s = summary.summarise(trace, top=5)
+    assert s["span_ms"] == 150.0 and s["gpu_busy_ms"] == 65.0  # the overlap counted once
+    assert [k["name"] for k in s["top_kernels"]] == ["gemm", "decode_attn"]
+    assert s["top_kernels"][1]["count"] == 2
+    assert s["cuda_graph_launches"] == 1
+    assert s["annotations"] == {"draft_extend": {"count": 1, "mean_us": 30.0}}
