@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 import math
 import subprocess
 import sys
@@ -232,7 +233,6 @@ def test_profile_summary_reads_a_torch_trace(tmp_path: Path) -> None:
     """gputest/profile_summary.py on a hand-made chrome trace: span, busy time (overlapping
     kernels counted once), kernels ranked by total time, graph launches, CPU ranges."""
     import gzip
-    import json
 
     summary = _gputest_module("profile_summary")
     events = [
@@ -252,3 +252,51 @@ def test_profile_summary_reads_a_torch_trace(tmp_path: Path) -> None:
     assert s["top_kernels"][1]["count"] == 2
     assert s["cuda_graph_launches"] == 1
     assert s["annotations"] == {"draft_extend": {"count": 1, "mean_us": 30.0}}
+
+
+@pytest.mark.parametrize("interleave", [False, True])
+def test_speed_script_orchestration_without_a_gpu(
+    interleave: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """speed.py's bookkeeping with the servers faked: which servers run, in which order the
+    windows go, medians, ratios to plain, and the deferred servers' environment. What it
+    measures on a GPU is in GPU-RESULTS.md."""
+    monkeypatch.syspath_prepend(str(ROOT / "worker-image" / "gputest"))
+    speed = _gputest_module("speed")
+    started: list[tuple[str, dict[str, str] | None]] = []
+    windows: list[tuple[int, int]] = []
+    rates = {30300: [100.0, 120.0, 110.0], 30301: [60.0, 50.0, 55.0]}
+
+    class Proc:
+        def terminate(self) -> None: ...
+        def wait(self, timeout: float) -> int:
+            return 0
+
+    def fake_start(name: str, args: list[str], port: int, logs: Path,
+                   env: dict[str, str] | None = None) -> Proc:  # fmt: skip
+        started.append((name, env))
+        return Proc()
+
+    def fake_loop(port: int, clients: int, seconds: float, **kw: object) -> float:
+        windows.append((port, clients))
+        return rates[port][sum(1 for p, c in windows if p == port and c == clients) - 1]
+
+    monkeypatch.setattr(speed, "start", fake_start)
+    monkeypatch.setattr(speed, "wait_healthy", lambda port, proc, timeout: 1.0)
+    monkeypatch.setattr(speed, "closed_loop", fake_loop)
+    monkeypatch.setattr(speed, "spec_loads", lambda port: {"accept_length": 1.0})
+    monkeypatch.setattr(speed.time, "sleep", lambda s: None)
+    argv = ["speed.py", "--out", str(tmp_path), "--only", "plain,patched-off-deferred",
+            "--concurrency", "16", "--repeat", "3"]  # fmt: skip
+    if interleave:
+        argv.append("--interleave")
+    monkeypatch.setattr(sys, "argv", argv)
+    assert speed.main() == 0
+    result = json.loads((tmp_path / "speed.json").read_text())
+    assert [name for name, _ in started] == ["plain", "patched-off-deferred"]
+    assert started[1][1] == {"SGLANG_SPEC_DEFER_OFF_DRAFT_EXTEND": "1"}
+    assert result["tok_s"] == {"plain": {"16": 110.0}, "patched-off-deferred": {"16": 55.0}}
+    assert result["ratio_to_plain"] == {"patched-off-deferred": {"16": 0.5}}
+    ports = [p for p, _ in windows]
+    expected = [30300, 30301] * 3 if interleave else [30300] * 3 + [30301] * 3
+    assert ports == expected

@@ -13,7 +13,9 @@ ignore_eos) when the last returns; tok/s over windows after a warm-up; accept le
 from /v1/loads after each point.
 
     python3 speed.py --out results/ [--only plain,patched-off] [--concurrency 16,64]
-        [--repeat 3] [--profile]
+        [--repeat 3] [--interleave | --profile]
+    --interleave runs the servers together and alternates their windows: the GPU machine's
+    host is shared and drifts, and alternating keeps the ratios side by side.
     # the worker-image issue's check 4 (not run yet):
     python3 speed.py --out results/ --weights synthetic --temperature 1.0 \
         --only plain,always-on,patched-8,upstream-0step --concurrency 1,4,16,64 --repeat 3
@@ -119,6 +121,11 @@ def main() -> int:
     )
     parser.add_argument("--c", type=float, default=12.0, help="synthetic pair: the repeat logit")
     parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="run all servers at once and alternate their windows (needs memory for all)",
+    )
+    parser.add_argument(
         "--profile",
         action="store_true",
         help="after each measurement, a torch profile of 24 steps under the same load",
@@ -173,36 +180,68 @@ def main() -> int:
                      "temperature": args.temperature}  # fmt: skip
     if args.weights == "synthetic":
         results["predicted_accept_length"] = round(predicted, 3)
-    for port, (name, flags) in enumerate(servers.items(), start=30300):
-        proc = start(name, flags, port, out, DEFER_ENV if name.endswith("-deferred") else None)
+    ports = {name: port for port, name in enumerate(servers, start=30300)}
+
+    def measure(name: str, c: int) -> None:
+        """One window at concurrency c on one server; the accept length after it."""
+        rate = closed_loop(ports[name], c, args.seconds, temperature=args.temperature)
+        runs = results.setdefault("runs", {}).setdefault(name, {}).setdefault(str(c), [])
+        runs.append(round(rate, 1))
+        log(f"{name} c={c}: {rate:.0f} tok/s")
+        if name != "plain":
+            accept = spec_loads(ports[name]).get("accept_length")
+            results.setdefault("accept_length", {}).setdefault(name, {})[str(c)] = accept
+
+    def launch(name: str) -> subprocess.Popen[bytes]:
+        env = DEFER_ENV if name.endswith("-deferred") else None
+        proc = start(name, servers[name], ports[name], out, env)
+        results[f"startup_seconds_{name}"] = round(wait_healthy(ports[name], proc, timeout=480), 1)
+        return proc
+
+    def stop(proc: subprocess.Popen[bytes]) -> None:
+        proc.terminate()
         try:
-            results[f"startup_seconds_{name}"] = round(wait_healthy(port, proc, timeout=480), 1)
-            results["tok_s"][name] = {}
+            proc.wait(timeout=60)
+        except Exception:
+            proc.kill()
+        time.sleep(3)
+
+    if args.interleave:
+        # All servers up at once (started one by one: concurrent memory profiling races),
+        # and at each point the windows alternate between them, so a host that slows down
+        # over the run slows every server alike and the ratios stay side by side.
+        procs = []
+        try:
+            for name in servers:
+                procs.append(launch(name))
             for c in levels:
-                rates = [
-                    closed_loop(port, c, args.seconds, temperature=args.temperature)
-                    for _ in range(args.repeat)
-                ]
-                rate = statistics.median(rates)
-                results["tok_s"][name][str(c)] = round(rate, 1)
-                results.setdefault("runs", {}).setdefault(name, {})[str(c)] = [
-                    round(r, 1) for r in rates]  # fmt: skip
-                log(f"{name} c={c}: {rate:.0f} tok/s (runs {', '.join(f'{r:.0f}' for r in rates)})")
-                if name != "plain":
-                    accept = spec_loads(port).get("accept_length")
-                    results.setdefault("accept_length", {}).setdefault(name, {})[str(c)] = accept
-                if args.profile:
-                    closed_loop(port, c, 6.0, profile=out / "profiles" / f"{name}-c{c}")
+                for _ in range(args.repeat):
+                    for name in servers:
+                        measure(name, c)
         except Exception as exc:
-            results.setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"
-            log(results["errors"][name])
+            results.setdefault("errors", {})["interleaved"] = f"{type(exc).__name__}: {exc}"
+            log(results["errors"]["interleaved"])
         finally:
-            proc.terminate()
+            for proc in procs:
+                stop(proc)
+    else:
+        for name in servers:
+            proc = None
             try:
-                proc.wait(timeout=60)
-            except Exception:
-                proc.kill()
-            time.sleep(3)
+                proc = launch(name)
+                for c in levels:
+                    for _ in range(args.repeat):
+                        measure(name, c)
+                    if args.profile:
+                        closed_loop(ports[name], c, 6.0, profile=out / "profiles" / f"{name}-c{c}")
+            except Exception as exc:
+                results.setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"
+                log(results["errors"][name])
+            finally:
+                if proc is not None:
+                    stop(proc)
+    for name, by_c in results.get("runs", {}).items():
+        results["tok_s"][name] = {c: round(statistics.median(r), 1) for c, r in by_c.items()}
     plain = results["tok_s"].get("plain", {})
     results["ratio_to_plain"] = {
         name: {c: round(v / plain[c], 3) for c, v in rates.items() if plain.get(c)}
