@@ -264,6 +264,7 @@ def test_speed_script_orchestration_without_a_gpu(
     monkeypatch.syspath_prepend(str(ROOT / "worker-image" / "gputest"))
     speed = _gputest_module("speed")
     started: list[tuple[str, dict[str, str] | None]] = []
+    fractions: list[str] = []
     windows: list[tuple[int, int]] = []
     rates = {30300: [100.0, 120.0, 110.0], 30301: [60.0, 50.0, 55.0]}
 
@@ -275,6 +276,7 @@ def test_speed_script_orchestration_without_a_gpu(
     def fake_start(name: str, args: list[str], port: int, logs: Path,
                    env: dict[str, str] | None = None) -> Proc:  # fmt: skip
         started.append((name, env))
+        fractions.append(args[args.index("--mem-fraction-static") + 1])
         return Proc()
 
     def fake_loop(port: int, clients: int, seconds: float, **kw: object) -> float:
@@ -300,3 +302,5 @@ def test_speed_script_orchestration_without_a_gpu(
     ports = [p for p, _ in windows]
     expected = [30300, 30301] * 3 if interleave else [30300] * 3 + [30301] * 3
     assert ports == expected
+    # Together, two servers must share the GPU's memory.
+    assert fractions == (["0.40", "0.40"] if interleave else ["0.6", "0.6"])

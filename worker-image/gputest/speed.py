@@ -174,6 +174,11 @@ def main() -> int:
                            "--speculative-adaptive-config", str(adaptive_cfg)],
     }  # fmt: skip
     servers = {k: v for k, v in servers.items() if k in args.only.split(",")}
+    if args.interleave:
+        # Every server holds its share of the GPU at once; leave room for graphs and buffers.
+        share = f"{min(0.6, 0.8 / max(1, len(servers))):.2f}"
+        for flags in servers.values():
+            flags[flags.index("--mem-fraction-static") + 1] = share
     levels = [int(c) for c in args.concurrency.split(",")]
     results: dict = {"date": time.strftime("%Y-%m-%d"), "shape": "Llama 3B-class (hidden 3072, "
                      f"28 layers, GQA 24/8), {args.weights} weights, bf16", "tok_s": {},
