@@ -87,9 +87,10 @@ async def test_threshold_is_pushed_and_read_back(http: httpx.AsyncClient) -> Non
 
 
 async def test_latency_and_throughput_traffic_go_to_their_pools(http: httpx.AsyncClient) -> None:
-    """Closed-loop clients of both classes overflow two pods' thresholds, so the router splits
-    them into pools; once requests placed before the split have finished, each class runs on
-    its own pool. Threshold pinned at 4: the latency pod speculates its 2 clients' requests."""
+    """Closed-loop clients of both classes (16, twice what two pods at threshold 4 hold, so the
+    margin survives a slow machine) make the router split them into pools; once requests
+    placed before the split have finished, each class runs on its own pool. Threshold pinned
+    at 4: the latency pod speculates its 2 clients' requests."""
     async with sims(2, time_scale=2.0, threshold=4) as pods:
         settings = router_settings(pods.urls, pools={"classMixWindowSeconds": 0.3})
         settings["control"] = {**settings["control"], "threshold": 4,  # type: ignore[dict-item]
@@ -107,7 +108,7 @@ async def test_latency_and_throughput_traffic_go_to_their_pools(http: httpx.Asyn
                     placed.append((loop.time(), cls, resp.headers["x-specgate-pod"]))
 
             clients = [
-                asyncio.create_task(client(c)) for c in ("latency",) * 2 + ("throughput",) * 8
+                asyncio.create_task(client(c)) for c in ("latency",) * 2 + ("throughput",) * 14
             ]
             await asyncio.sleep(3.0)  # read the pools while the load stands
             view = (await http.get(r.url + "/specgate/pods")).json()
