@@ -18,7 +18,8 @@ Policies:
   always-on   every pod speculates at every batch size; least-load routing
   always-off  no pod speculates; least-load routing
   fixed-8     upstream-style fixed threshold 8 on every pod; least-load routing
-  specgate    dynamic per-pod thresholds, class pools and class-aware placement
+  specgate    dynamic per-pod thresholds, class pools and class-aware placement; told the
+              latency class's SLO as its TPOT target (spec.router.pools.latencyTpotTargetMs)
 
 Scenarios:
   diurnal     one day compressed into --minutes, over --pods pods: clients per pod from about
@@ -189,7 +190,7 @@ class Fleet:
             backends=["http://sim"],
             control=self.control,
             placement=weights,
-            pools=pools or PoolSettings(),
+            pools=pools or self.default_pools(policy),
         )
         self.cores = [
             EngineCore(profile, threshold=policy.threshold, seed=seed * 1000 + i)
@@ -211,6 +212,14 @@ class Fleet:
         self.class_load: dict[TrafficClass, float] = {"latency": 0.0, "throughput": 0.0}
         self.in_flight: dict[TrafficClass, int] = {"latency": 0, "throughput": 0}
         self.last_push_at = -math.inf
+
+    @staticmethod
+    def default_pools(policy: Policy) -> PoolSettings:
+        # specgate is told the latency class's SLO, as a deployment would set
+        # spec.router.pools.latencyTpotTargetMs; static policies have no pools.
+        if not policy.dynamic:
+            return PoolSettings()
+        return PoolSettings(latency_tpot_target_ms=SHAPES["latency"].tpot_slo_s * 1000)
 
     # ---- requests ----
 
@@ -262,9 +271,9 @@ class Fleet:
             )
         if not self.policy.dynamic:
             return
-        self._update_pools(now)
         started = time.perf_counter()
         samples = control.pool_samples([view.samples for view in self.views])
+        self._update_pools(now, samples)
         estimates: dict[int, tuple[int | None, str]] = {}
         for view in self.views:
             view.decision = control.decide(
@@ -287,7 +296,17 @@ class Fleet:
         known = [c.threshold for c in self.cores if c.threshold is not None]
         outcome.thresholds_over_time.append((now, statistics.median(known) if known else -1))
 
-    def _update_pools(self, now: float) -> None:
+    def _latency_batch(self, now: float, samples: Sequence[control.Sample]) -> int | None:
+        target = self.settings.pools.latency_tpot_target_ms
+        thresholds = sorted(c.threshold for c in self.cores if c.threshold is not None)
+        if target is None or not thresholds:
+            return None
+        return control.latency_batch_for_tpot(
+            samples, threshold=thresholds[len(thresholds) // 2], target_seconds=target / 1000,
+            now=now, min_samples=self.control.min_samples,
+        )  # fmt: skip
+
+    def _update_pools(self, now: float, samples: Sequence[control.Sample]) -> None:
         tau = self.settings.pools.class_mix_window_seconds
         alpha = min(1.0, SCRAPE_SECONDS / tau)
         for cls in self.class_load:
@@ -303,6 +322,7 @@ class Fleet:
             min_fraction=pools.min_latency_fraction,
             max_fraction=pools.max_latency_fraction,
             throughput_batch_per_pod=pools.throughput_batch_per_pod,
+            latency_batch=self._latency_batch(now, samples),
         )
         self.latency_pool = pool or set()
         for view in self.views:

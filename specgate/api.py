@@ -313,6 +313,11 @@ class PoolSplit(_Model):
     (24 on the RTX PRO 6000 profile). The latency pool only takes pods the throughput traffic
     does not need at this batch: under heavy load, throughput capacity comes first and latency
     traffic shares pods. Higher values buy latency traffic speculation with fleet tokens."""
+    latency_tpot_target_ms: float | None = Field(default=None, gt=0.0, le=10000.0)
+    """Time per output token the latency class should get. When set, the latency pool holds
+    its traffic at the batch where a speculating pod, as measured, still meets it (at most the
+    threshold), and forms no pool when the pods that leaves cannot hold it. Unset: the
+    threshold sizes the pool."""
 
 
 class RouterSpec(_Model):

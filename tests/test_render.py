@@ -11,6 +11,7 @@ import pytest
 
 from specgate import admission, api
 from specgate_operator import render
+from specgate_router.settings import PoolSettings
 
 from .conftest import EXAMPLES, KUBERNETES_VERSION, load_example, minimal_resource
 
@@ -96,6 +97,7 @@ def full(schema: dict[str, Any]) -> api.SpecDecodeDeployment:
                 "minLatencyFraction": 0.25,
                 "maxLatencyFraction": 0.5,
                 "throughputBatchPerPod": 24,
+                "latencyTpotTargetMs": 15.0,
             },
             "resources": {"requests": {"cpu": "1"}},
             "serviceType": "LoadBalancer",
@@ -170,7 +172,10 @@ def test_every_spec_field_reaches_the_manifests(full: api.SpecDecodeDeployment) 
         "minLatencyFraction": 0.25,
         "maxLatencyFraction": 0.5,
         "throughputBatchPerPod": 24,
+        "latencyTpotTargetMs": 15.0,
     }
+    # The router accepts what the operator renders.
+    assert PoolSettings.model_validate(config["pools"]).latency_tpot_target_ms == 15.0
     assert config["control"] == {
         "mode": "dynamic", "threshold": 12, "minThreshold": 2, "maxThreshold": 40,
         "hysteresis": 3, "cooldownSeconds": 45,

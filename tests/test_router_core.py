@@ -444,3 +444,36 @@ def test_pods_sharing_estimates_decide_as_if_alone() -> None:
                             estimates=shared)  # fmt: skip
     assert alone == first == second  # the second pod reused the first one's fit
     assert list(shared) == [8]
+
+
+def _tpot_samples(alpha: float, beta: float, batches: range) -> list[control.Sample]:
+    """Speculating samples on the line TPOT(b) = alpha + beta * b (batch / tok/s is TPOT)."""
+    return [control.Sample(100.0, float(b), b / (alpha + beta * b), 1.0) for b in batches]
+
+
+def test_latency_batch_meets_the_tpot_target_from_the_speculating_line() -> None:
+    samples = _tpot_samples(0.008, 0.0015, range(1, 7)) * 2  # two scrapes at each batch
+    kw = {"now": 100.0, "min_samples": 4}
+    # 0.008 + 0.0015 b <= 0.015  <=>  b <= 4.67
+    assert control.latency_batch_for_tpot(samples, threshold=6, target_seconds=0.015, **kw) == 4
+    assert control.latency_batch_for_tpot(samples, threshold=3, target_seconds=0.015, **kw) == 3
+    assert control.latency_batch_for_tpot(samples, threshold=6, target_seconds=0.005, **kw) is None
+    flat = _tpot_samples(0.010, 0.0, range(1, 7))
+    assert control.latency_batch_for_tpot(flat, threshold=6, target_seconds=0.015, **kw) == 6
+    few = samples[:3]
+    assert control.latency_batch_for_tpot(few, threshold=6, target_seconds=0.015, **kw) is None
+    plain = [control.Sample(s.at, s.batch, s.tokens_per_second, 0.0) for s in samples]
+    assert control.latency_batch_for_tpot(plain, threshold=6, target_seconds=0.015, **kw) is None
+
+
+def test_a_tpot_target_sizes_the_latency_pool() -> None:
+    pods = [f"p{i}" for i in range(8)]
+    kw = {"latency_load": 16.0, "throughput_load": 64.0, "previous": set(),
+          "default_threshold": 8, "min_fraction": 0.0, "max_fraction": 1.0,
+          "throughput_batch_per_pod": 24}  # fmt: skip
+    assert len(control.plan_latency_pool(pods, [5] * 8, **kw) or ()) == 4  # 16 at 5 per pod
+    assert len(control.plan_latency_pool(pods, [5] * 8, latency_batch=4, **kw) or ()) == 4
+    # At 2 per pod the latency traffic needs 8 pods; the throughput traffic leaves 5: no pool.
+    assert control.plan_latency_pool(pods, [5] * 8, latency_batch=2, **kw) == set()
+    # A target looser than the threshold changes nothing.
+    assert len(control.plan_latency_pool(pods, [5] * 8, latency_batch=9, **kw) or ()) == 4

@@ -291,6 +291,7 @@ def router_config(sdd: api.SpecDecodeDeployment) -> dict[str, Any]:
             "minLatencyFraction": sdd.spec.router.pools.min_latency_fraction,
             "maxLatencyFraction": sdd.spec.router.pools.max_latency_fraction,
             "throughputBatchPerPod": sdd.spec.router.pools.throughput_batch_per_pod,
+            "latencyTpotTargetMs": sdd.spec.router.pools.latency_tpot_target_ms,
         },
         "leaderElection": {"leaseName": n["lease"], "namespace": sdd.namespace},
         "statusTarget": {"namespace": sdd.namespace, "name": sdd.name},

@@ -263,6 +263,26 @@ def latency_pool_size(
     return max(lo, min(hi, need))
 
 
+def latency_batch_for_tpot(
+    samples: Sequence[Sample],
+    *,
+    threshold: int,
+    target_seconds: float,
+    now: float,
+    min_samples: int,
+) -> int | None:
+    """The largest batch, at most `threshold`, at which a speculating pod still delivers each
+    request a token every `target_seconds`, from the speculating line (batch / tok/s is the
+    time per output token). None when the samples cannot say, or no batch meets the target."""
+    line = fit(samples, speculating=True, now=now, batch_range=(1.0, threshold + 0.5))
+    if line is None or line.samples < min_samples:
+        return None
+    if line.beta <= 0:
+        return threshold if line.at(1) <= target_seconds else None
+    batch = math.floor((target_seconds - line.alpha) / line.beta + 1e-9)
+    return min(threshold, batch) if batch >= 1 else None
+
+
 def plan_latency_pool(
     pods: Sequence[str],
     thresholds: Sequence[int],
@@ -274,18 +294,21 @@ def plan_latency_pool(
     min_fraction: float,
     max_fraction: float,
     throughput_batch_per_pod: float = math.inf,
+    latency_batch: int | None = None,
 ) -> set[str] | None:
     """The latency pool for the live pods, or None when every pod serves both classes: one pod,
     no traffic yet, or so little that spread over all pods it stays at or under their
     threshold (every pod speculates anyway, and splitting would only raise batch sizes).
-    Sized with the pods' median threshold."""
+    Sized with the pods' median threshold, or `latency_batch` (the batch that meets a TPOT
+    target) when that is smaller."""
     ordered = sorted(thresholds)
     typical = ordered[len(ordered) // 2] if ordered else default_threshold
     total = latency_load + throughput_load
     if len(pods) <= 1 or total < 0.05 or total <= len(pods) * typical:
         return None
+    per_pod = typical if latency_batch is None else min(typical, latency_batch)
     size = latency_pool_size(
-        len(pods), latency_load, throughput_load, threshold=typical,
+        len(pods), latency_load, throughput_load, threshold=per_pod,
         min_fraction=min_fraction, max_fraction=max_fraction,
         throughput_batch_per_pod=throughput_batch_per_pod,
     )  # fmt: skip

@@ -64,6 +64,8 @@ class PoolSettings(_Model):
     min_latency_fraction: float = Field(default=0.0, ge=0, le=1)
     max_latency_fraction: float = Field(default=1.0, ge=0, le=1)
     throughput_batch_per_pod: int = Field(default=24, ge=1)
+    latency_tpot_target_ms: float | None = Field(default=None, gt=0)
+    """Size the latency pool for this TPOT (see spec.router.pools.latencyTpotTargetMs)."""
     """The latency pool only takes pods the throughput class does not need at this batch (see
     spec.router.pools.throughputBatchPerPod)."""
     class_mix_window_seconds: float = Field(default=10.0, gt=0)

@@ -13,7 +13,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -195,7 +195,7 @@ class RouterState:
         for cls, current in self.in_flight_by_class.items():
             self.class_load[cls] += alpha * (current - self.class_load[cls])
 
-    def update_pools(self, now: float) -> None:
+    def update_pools(self, now: float, samples: Sequence[control.Sample] = ()) -> None:
         self.update_class_load(now)
         live = [p for p in self.live_pods() if not p.draining]
         pools = self.settings.pools
@@ -209,6 +209,7 @@ class RouterState:
             min_fraction=pools.min_latency_fraction,
             max_fraction=pools.max_latency_fraction,
             throughput_batch_per_pod=pools.throughput_batch_per_pod,
+            latency_batch=self.latency_batch(now, samples),
         )
         if pool is None:
             for pod in self.live_pods():
@@ -221,13 +222,24 @@ class RouterState:
             pod.pool = "latency" if pod.name in pool else "throughput"
         self.metrics.latency_pool_size.set(len(pool))
 
+    def latency_batch(self, now: float, samples: Sequence[control.Sample]) -> int | None:
+        """The batch at which the latency class gets its TPOT target, if one is set."""
+        target = self.settings.pools.latency_tpot_target_ms
+        thresholds = sorted(p.threshold for p in self.live_pods() if p.threshold is not None)
+        if target is None or not thresholds or not samples:
+            return None
+        return control.latency_batch_for_tpot(
+            samples, threshold=thresholds[len(thresholds) // 2], target_seconds=target / 1000,
+            now=now, min_samples=self.settings.control.min_samples,
+        )  # fmt: skip
+
     async def control_step(self) -> None:
         now = self.clock()
-        self.update_pools(now)
         params = self.settings.control
         # Pods of one deployment run the same model on the same hardware: what one pod measured
         # at a batch size holds for its siblings, so every pod learns from all of them.
         samples = control.pool_samples([pod.samples for pod in self.live_pods()])
+        self.update_pools(now, samples)
         estimates: dict[int, tuple[int | None, str]] = {}
         for pod in self.live_pods():
             pod.decision = control.decide(
