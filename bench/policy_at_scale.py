@@ -296,25 +296,16 @@ class Fleet:
         known = [c.threshold for c in self.cores if c.threshold is not None]
         outcome.thresholds_over_time.append((now, statistics.median(known) if known else -1))
 
-    def _latency_batch(self, now: float, samples: Sequence[control.Sample]) -> int | None:
-        target = self.settings.pools.latency_tpot_target_ms
-        thresholds = sorted(c.threshold for c in self.cores if c.threshold is not None)
-        if target is None or not thresholds:
-            return None
-        return control.latency_batch_for_tpot(
-            samples, threshold=thresholds[len(thresholds) // 2], target_seconds=target / 1000,
-            now=now, min_samples=self.control.min_samples,
-        )  # fmt: skip
-
     def _update_pools(self, now: float, samples: Sequence[control.Sample]) -> None:
         tau = self.settings.pools.class_mix_window_seconds
         alpha = min(1.0, SCRAPE_SECONDS / tau)
         for cls in self.class_load:
             self.class_load[cls] += alpha * (self.in_flight[cls] - self.class_load[cls])
         pools = self.settings.pools
+        thresholds = [c.threshold for c in self.cores if c.threshold is not None]
         pool = control.plan_latency_pool(
             [v.name for v in self.views],
-            [c.threshold for c in self.cores if c.threshold is not None],
+            thresholds,
             latency_load=self.class_load["latency"],
             throughput_load=self.class_load["throughput"],
             previous=self.latency_pool,
@@ -322,7 +313,13 @@ class Fleet:
             min_fraction=pools.min_latency_fraction,
             max_fraction=pools.max_latency_fraction,
             throughput_batch_per_pod=pools.throughput_batch_per_pod,
-            latency_batch=self._latency_batch(now, samples),
+            latency_batch=control.latency_batch_for_target(
+                samples,
+                thresholds,
+                target_ms=pools.latency_tpot_target_ms,
+                now=now,
+                min_samples=self.control.min_samples,
+            ),
         )
         self.latency_pool = pool or set()
         for view in self.views:

@@ -283,6 +283,29 @@ def latency_batch_for_tpot(
     return min(threshold, batch) if batch >= 1 else None
 
 
+def median_threshold(thresholds: Sequence[int], default: int) -> int:
+    """The pods' typical threshold (the median), or `default` when none is known."""
+    ordered = sorted(thresholds)
+    return ordered[len(ordered) // 2] if ordered else default
+
+
+def latency_batch_for_target(
+    samples: Sequence[Sample],
+    thresholds: Sequence[int],
+    *,
+    target_ms: float | None,
+    now: float,
+    min_samples: int,
+) -> int | None:
+    """`latency_batch_for_tpot` at the pods' median threshold; None without a target."""
+    if target_ms is None or not thresholds:
+        return None
+    return latency_batch_for_tpot(
+        samples, threshold=median_threshold(thresholds, 1), target_seconds=target_ms / 1000,
+        now=now, min_samples=min_samples,
+    )  # fmt: skip
+
+
 def plan_latency_pool(
     pods: Sequence[str],
     thresholds: Sequence[int],
@@ -301,8 +324,7 @@ def plan_latency_pool(
     threshold (every pod speculates anyway, and splitting would only raise batch sizes).
     Sized with the pods' median threshold, or `latency_batch` (the batch that meets a TPOT
     target) when that is smaller."""
-    ordered = sorted(thresholds)
-    typical = ordered[len(ordered) // 2] if ordered else default_threshold
+    typical = median_threshold(thresholds, default_threshold)
     total = latency_load + throughput_load
     if len(pods) <= 1 or total < 0.05 or total <= len(pods) * typical:
         return None

@@ -209,7 +209,13 @@ class RouterState:
             min_fraction=pools.min_latency_fraction,
             max_fraction=pools.max_latency_fraction,
             throughput_batch_per_pod=pools.throughput_batch_per_pod,
-            latency_batch=self.latency_batch(now, samples),
+            latency_batch=control.latency_batch_for_target(
+                samples,
+                [p.threshold for p in live if p.threshold is not None],
+                target_ms=pools.latency_tpot_target_ms,
+                now=now,
+                min_samples=self.settings.control.min_samples,
+            ),
         )
         if pool is None:
             for pod in self.live_pods():
@@ -221,17 +227,6 @@ class RouterState:
         for pod in self.live_pods():
             pod.pool = "latency" if pod.name in pool else "throughput"
         self.metrics.latency_pool_size.set(len(pool))
-
-    def latency_batch(self, now: float, samples: Sequence[control.Sample]) -> int | None:
-        """The batch at which the latency class gets its TPOT target, if one is set."""
-        target = self.settings.pools.latency_tpot_target_ms
-        thresholds = sorted(p.threshold for p in self.live_pods() if p.threshold is not None)
-        if target is None or not thresholds or not samples:
-            return None
-        return control.latency_batch_for_tpot(
-            samples, threshold=thresholds[len(thresholds) // 2], target_seconds=target / 1000,
-            now=now, min_samples=self.settings.control.min_samples,
-        )  # fmt: skip
 
     async def control_step(self) -> None:
         now = self.clock()
