@@ -1,7 +1,10 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
+import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -12,6 +15,17 @@ from specgate import admission, crd
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 KUBERNETES_VERSION = "1.32.0"  # oldest release we support; kubernetes-validate pins its schemas
+
+
+def load_module(path: Path, name: str) -> ModuleType:
+    """A script that is not part of a package (bench/, worker-image/) imported by its path;
+    registered under `name` so its dataclasses can resolve their own annotations."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="session")

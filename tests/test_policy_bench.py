@@ -4,27 +4,18 @@ depend on this machine's speed and can be asserted; the full 64-pod run is the b
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from .conftest import ROOT
+from .conftest import ROOT, load_module
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "policy_at_scale", ROOT / "bench" / "policy_at_scale.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["policy_at_scale"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_module(ROOT / "bench" / "policy_at_scale.py", "policy_at_scale")
 
 
 def test_small_fleet_run_writes_its_report_and_meets_the_policy_targets(

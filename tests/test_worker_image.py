@@ -8,7 +8,6 @@ machine; its results are in worker-image/GPU-RESULTS.md.
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import math
 import subprocess
@@ -22,7 +21,7 @@ import pytest
 
 from specgate import contract
 
-from .conftest import ROOT
+from .conftest import ROOT, load_module
 
 WHEELS = ROOT / ".tools" / "wheels"
 PATCH_DIR = ROOT / "worker-image" / "patches"
@@ -68,12 +67,9 @@ def test_apply_refuses_another_version(tmp_path: Path) -> None:
 
 
 def _module(site: Path) -> ModuleType:
+    # spec_threshold.py imports nothing from SGLang at module level.
     path = site / "sglang" / "srt" / "speculative" / "spec_threshold.py"
-    spec = importlib.util.spec_from_file_location("spec_threshold_under_test", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # imports nothing from SGLang at module level
-    return module
+    return load_module(path, "spec_threshold_under_test")
 
 
 CASES: list[tuple[Any, Any]] = [
@@ -179,13 +175,7 @@ def test_dockerfile_pins_the_base_and_applies_the_patch() -> None:
 
 
 def _gputest_module(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        name, ROOT / "worker-image" / "gputest" / f"{name}.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(ROOT / "worker-image" / "gputest" / f"{name}.py", name)
 
 
 def test_synthetic_pair_acceptance_by_construction() -> None:
