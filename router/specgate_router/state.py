@@ -195,7 +195,7 @@ class RouterState:
         for cls, current in self.in_flight_by_class.items():
             self.class_load[cls] += alpha * (current - self.class_load[cls])
 
-    def update_pools(self, now: float, samples: Sequence[control.Sample] = ()) -> None:
+    def update_pools(self, now: float, samples: Sequence[control.Sample]) -> None:
         self.update_class_load(now)
         live = [p for p in self.live_pods() if not p.draining]
         pools = self.settings.pools
