@@ -238,7 +238,13 @@ def main() -> int:
                     for _ in range(args.repeat):
                         measure(name, c)
                     if args.profile:
-                        closed_loop(ports[name], c, 6.0, profile=out / "profiles" / f"{name}-c{c}")
+                        closed_loop(
+                            ports[name],
+                            c,
+                            6.0,
+                            profile=out / "profiles" / f"{name}-c{c}",
+                            temperature=args.temperature,
+                        )
             except Exception as exc:
                 results.setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"
                 log(results["errors"][name])
