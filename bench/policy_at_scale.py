@@ -265,10 +265,11 @@ class Fleet:
                 speculating=core.speculating,
                 decode_steps_on=core.stats.decode_steps_on,
                 decode_steps_off=core.stats.decode_steps_off,
+                decode_steps=core.stats.decode_moments[0],
+                decode_batch_sum=core.stats.decode_moments[1],
+                decode_tokens=core.stats.decode_moments[5],
             )
-            view.record(
-                Scrape(at=now, load=load, generation_tokens=float(core.stats.generation_tokens))
-            )
+            view.record(Scrape(at=now, load=load))
         if not self.policy.dynamic:
             return
         started = time.perf_counter()

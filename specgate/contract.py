@@ -25,7 +25,13 @@ METRIC_DECODE_STEPS = "sglang:spec_decode_steps_total"  # counter, label mode="o
 METRIC_ACCEPT_LENGTH = "sglang:spec_accept_length"  # gauge, over speculating steps only
 METRIC_RUNNING = "sglang:num_running_reqs"
 METRIC_QUEUED = "sglang:num_queue_reqs"
-METRIC_GEN_TOKENS = "sglang:generation_tokens_total"
+METRIC_GEN_TOKENS = "sglang:generation_tokens_total"  # counted when a request finishes
+
+# SGLang 0.5.17's /v1/loads core section carries `decode_moments`, lifetime sums over decode
+# steps (scheduler._accumulate_decode_moment), or null before the first one. Unlike the
+# generation-token counter, which grows only when a request finishes, these grow every step:
+# the router's learning samples come from them.
+DECODE_MOMENTS = ("steps", "batch", "step_us", "batch_sq", "batch_x_step_us", "generated")
 
 
 class ThresholdError(ValueError):

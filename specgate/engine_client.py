@@ -39,6 +39,11 @@ class EngineLoad(BaseModel):
     token_usage: float = 0.0
     gen_throughput: float = 0.0
     accept_length: float | None = None
+    decode_steps: float = 0.0
+    """Decode steps since start, and the sums of their batch sizes and generated tokens (from
+    `decode_moments`; 0 until the first decode step)."""
+    decode_batch_sum: float = 0.0
+    decode_tokens: float = 0.0
     # Present only on patched engines:
     threshold: int | None = None
     threshold_known: bool = False
@@ -53,6 +58,7 @@ class EngineLoad(BaseModel):
             raise ValueError("no loads in /v1/loads response")
         load = loads[0]
         spec = load.get("speculative") or {}
+        moments = dict(zip(contract.DECODE_MOMENTS, load.get("decode_moments") or (), strict=False))
         return cls(
             running=int(load.get("num_running_reqs", 0)),
             waiting=int(load.get("num_waiting_reqs", 0)),
@@ -60,6 +66,9 @@ class EngineLoad(BaseModel):
             token_usage=float(load.get("token_usage", 0.0)),
             gen_throughput=float(load.get("gen_throughput", 0.0)),
             accept_length=spec.get("accept_length"),
+            decode_steps=float(moments.get("steps", 0.0)),
+            decode_batch_sum=float(moments.get("batch", 0.0)),
+            decode_tokens=float(moments.get("generated", 0.0)),
             threshold=spec.get("disable_batch_threshold"),
             threshold_known="disable_batch_threshold" in spec,
             speculating=spec.get("speculating"),

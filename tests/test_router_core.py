@@ -118,6 +118,41 @@ def test_samples_are_taken_only_from_steady_single_mode_intervals() -> None:
     assert control.sample_between(batch0=8, batch1=8, steps_on1=-5, steps_off1=20, **base) is None
 
 
+def test_a_sample_comes_from_the_engines_per_step_decode_moments() -> None:
+    """SGLang's generation-token counter grows only when requests finish, so over a half-second
+    scrape it says little; the per-step `decode_moments` of /v1/loads give the tokens and the
+    mean batch (here 7, though both scrapes saw 8 running)."""
+
+    def loads(steps: int, batch_sum: int, tokens: int) -> dict[str, Any]:
+        return {
+            "loads": [
+                {
+                    "num_running_reqs": 8,
+                    "num_waiting_reqs": 0,
+                    "max_running_requests": 64,
+                    "decode_moments": [steps, batch_sum, 0, 0, 0, tokens],
+                    "speculative": {
+                        "disable_batch_threshold": 16,
+                        "decode_steps_on": steps,
+                        "decode_steps_off": 0,
+                    },
+                }
+            ]
+        }
+
+    p = PodState("p", "http://p", EngineClient("http://p", None),  # type: ignore[arg-type]
+                 control.Decision(16, "", -math.inf))  # fmt: skip
+    p.record(Scrape(10.0, EngineLoad.from_response(loads(100, 800, 2000))))
+    p.record(Scrape(10.5, EngineLoad.from_response(loads(150, 1150, 2600))))
+    (sample,) = p.samples
+    assert sample.batch == 7.0 and sample.tokens_per_second == 1200.0
+    assert sample.speculating_fraction == 1.0
+    # An engine that has not decoded yet reports null moments: no sample, no error.
+    idle = loads(0, 0, 0)
+    idle["loads"][0]["decode_moments"] = None
+    assert EngineLoad.from_response(idle).decode_tokens == 0.0
+
+
 def _closed_loop_with_controller(
     clients_schedule: list[tuple[float, int]], params: ControlSettings, *, seconds: float
 ) -> tuple[list[tuple[float, int | None]], EngineCore]:
@@ -162,13 +197,16 @@ def _closed_loop_with_controller(
         if now >= next_scrape:
             next_scrape += 0.5
             st = core.stats
-            cur = (now, len(core.running), float(st.generation_tokens), st.decode_steps_on,
-                   st.decode_steps_off)  # fmt: skip
+            cur = (now, len(core.running), st.decode_moments[5], st.decode_steps_on,
+                   st.decode_steps_off, st.decode_moments[0], st.decode_moments[1])  # fmt: skip
             if prev is not None:
+                steps = cur[5] - prev[5]
                 s = control.sample_between(t0=prev[0], t1=cur[0], batch0=prev[1], batch1=cur[1],
                                            tokens0=prev[2], tokens1=cur[2], steps_on0=prev[3],
                                            steps_on1=cur[3], steps_off0=prev[4],
-                                           steps_off1=cur[4])  # fmt: skip
+                                           steps_off1=cur[4],
+                                           mean_batch=(cur[6] - prev[6]) / steps if steps
+                                           else None)  # fmt: skip
                 if s:
                     samples.append(s)
             prev = cur
@@ -252,7 +290,7 @@ def pod(name: str, *, running: int = 0, threshold: int | None = 8, pool: str = "
                       threshold_known=True)  # fmt: skip
     p = PodState(name, f"http://{name}", EngineClient(f"http://{name}", None),  # type: ignore[arg-type]
                  control.Decision(threshold, "", -math.inf))  # fmt: skip
-    p.record(Scrape(at, load, 0.0))
+    p.record(Scrape(at, load))
     p.healthy, p.pool = healthy, pool  # type: ignore[assignment]
     return p
 

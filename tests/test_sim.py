@@ -187,6 +187,10 @@ async def test_metrics_parse_with_prometheus_parser(
     assert metrics["sglang:num_requests_total"] == 1
     assert metrics["sglang:prompt_tokens_total"] == 3
     assert metrics["sglang:spec_decode_steps_total{mode=off}"] == 19
+    # The per-step sums SGLang 0.5.17 reports in /v1/loads: 19 decode steps at batch 1.
+    loads = (await http.get(pods.urls[0] + "/v1/loads?include=core", headers=headers)).json()
+    steps, batch, step_us, _, _, generated = loads["loads"][0]["decode_moments"]
+    assert (steps, batch, generated) == (19, 19, 19) and step_us > 0
     assert metrics["sglang:spec_decode_steps_total{mode=on}"] == 0
     assert metrics["sglang:time_to_first_token_seconds_count"] == 1
     for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:gen_throughput",

@@ -185,7 +185,7 @@ def test_synthetic_pair_acceptance_by_construction() -> None:
     assert synthetic.acceptance(12.0, 0.0, steps=3) == (1.0, 4.0)  # greedy: always accepted
     p, length = synthetic.acceptance(11.8, 1.0, steps=3)
     assert p == pytest.approx(1 / (1 + 31999 * math.exp(-11.8)))
-    assert length == pytest.approx(1 + p + p**2 + p**3)
+    assert length == pytest.approx(1 + p**2 + p**3 + p**4)  # the first draft needs two repeats
     lengths = [synthetic.acceptance(12.0, t, steps=3)[1] for t in (0.8, 0.9, 1.0, 1.2)]
     assert lengths == sorted(lengths, reverse=True)  # hotter sampling, fewer accepted
     target, draft = synthetic.configs(3072, 28, 24, 8, 8192)

@@ -79,9 +79,12 @@ def sample_between(
     steps_on1: float,
     steps_off0: float,
     steps_off1: float,
+    mean_batch: float | None = None,
 ) -> Sample | None:
     """A sample from two consecutive scrapes, or None when the interval says nothing about one
-    mode at one batch size (idle, mixed modes, batch moving, counters reset)."""
+    mode at one batch size (idle, mixed modes, batch moving, counters reset). `mean_batch`, the
+    engine's mean decode batch over the interval where it reports one, replaces the mean of the
+    two scrapes' batch sizes."""
     dt = t1 - t0
     d_tokens = tokens1 - tokens0
     d_on, d_off = steps_on1 - steps_on0, steps_off1 - steps_off0
@@ -92,7 +95,8 @@ def sample_between(
     fraction = d_on / (d_on + d_off)
     if STEADY_MODE_FRACTION > fraction > 1 - STEADY_MODE_FRACTION:
         return None
-    return Sample(t1, (batch0 + batch1) / 2, d_tokens / dt, fraction)
+    batch = mean_batch if mean_batch is not None and mean_batch > 0 else (batch0 + batch1) / 2
+    return Sample(t1, batch, d_tokens / dt, fraction)
 
 
 def pool_samples(per_pod: Sequence[Sequence[Sample]], limit: int = POOLED_SAMPLES) -> list[Sample]:

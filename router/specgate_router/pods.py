@@ -55,7 +55,6 @@ class CircuitBreaker:
 class Scrape:
     at: float
     load: EngineLoad
-    generation_tokens: float
 
 
 @dataclass
@@ -122,12 +121,15 @@ class PodState:
             return
         if prev.load.decode_steps_on is None or prev.load.decode_steps_off is None:
             return
+        steps = load.decode_steps - prev.load.decode_steps
         sample = control.sample_between(
             t0=prev.at, t1=scrape.at,
             batch0=prev.load.running, batch1=load.running,
-            tokens0=prev.generation_tokens, tokens1=scrape.generation_tokens,
+            tokens0=prev.load.decode_tokens, tokens1=load.decode_tokens,
             steps_on0=prev.load.decode_steps_on, steps_on1=load.decode_steps_on,
             steps_off0=prev.load.decode_steps_off, steps_off1=load.decode_steps_off,
+            mean_batch=(load.decode_batch_sum - prev.load.decode_batch_sum) / steps
+            if steps > 0 else None,
         )  # fmt: skip
         if sample is not None:
             self.samples.append(sample)

@@ -19,8 +19,7 @@ from typing import Any
 
 import httpx
 
-from specgate import contract
-from specgate.engine_client import EngineClient, EngineError, EngineLoad
+from specgate.engine_client import EngineClient, EngineError
 from specgate_router import control
 from specgate_router import settings as settings_mod
 from specgate_router.metrics import RouterMetrics
@@ -162,25 +161,15 @@ class RouterState:
         timeout = self.settings.control.scrape_timeout_seconds
         try:
             async with asyncio.timeout(timeout):
-                outcome = await asyncio.gather(
-                    pod.client.loads(timeout),
-                    pod.client.counter(contract.METRIC_GEN_TOKENS, timeout),
-                    return_exceptions=True,
-                )
+                load = await pod.client.loads(timeout)
         except TimeoutError:
             pod.scrape_failed(f"no answer within {timeout}s", unreachable=False)
             return
-        errors = [e for e in outcome if isinstance(e, BaseException)]
-        if errors:
-            error = errors[0]
-            if not isinstance(error, EngineError):
-                raise error
+        except EngineError as error:
             pod.scrape_failed(str(error), unreachable=error.unreachable)
             return
-        load, generated = outcome
-        assert isinstance(load, EngineLoad) and isinstance(generated, float)
         first = pod.last is None
-        pod.record(Scrape(self.clock(), load, generated))
+        pod.record(Scrape(self.clock(), load))
         if first and load.threshold_known and self.settings.control.mode == "dynamic":
             # A new leader or a restarted router continues from what the pod runs with.
             pod.decision = control.Decision(load.threshold, "adopted from the pod", -math.inf)

@@ -71,13 +71,16 @@ class EngineStats:
 
     requests: int = 0
     prompt_tokens: int = 0
-    generation_tokens: int = 0
+    generation_tokens: int = 0  # as SGLang counts it: when a request finishes
     decode_steps_on: int = 0
     decode_steps_off: int = 0
     prefill_steps: int = 0
     spec_request_steps: int = 0  # (request, speculating step) pairs
     spec_accepted_tokens: int = 0  # accepted drafts over those pairs
     busy_seconds: float = 0.0
+    decode_moments: list[float] = field(default_factory=lambda: [0.0] * 6)
+    """SGLang's per-step sums (contract.DECODE_MOMENTS): steps, batch, step microseconds,
+    batch squared, batch x microseconds, generated tokens."""
     ttft: Histogram = field(default_factory=Histogram)
     e2e: Histogram = field(default_factory=Histogram)
     itl: Histogram = field(default_factory=Histogram)
@@ -125,9 +128,10 @@ class EngineCore:
         self.stats.prompt_tokens += request.prompt_tokens
 
     def abort(self, request: SimRequest) -> None:
-        """Drop a request whose client went away."""
+        """Drop a request whose client went away (SGLang counts its tokens as it finishes)."""
         if request in self.running:
             self.running.remove(request)
+            self.stats.generation_tokens += request.generated
         elif request in self.waiting:
             self.waiting.remove(request)
 
@@ -185,6 +189,11 @@ class EngineCore:
             stats.spec_accepted_tokens += sum(r.accepted_steps[-1] for r in live)
         else:
             stats.decode_steps_off += 1
+        if step.kind == "decode":
+            b, us = float(step.batch), step.duration * 1e6
+            generated = sum(n for r, n in step.tokens if r in running and n > 0)
+            for i, v in enumerate((1.0, b, us, b * b, b * us, float(generated))):
+                stats.decode_moments[i] += v
         finished = []
         for req, n in step.tokens:
             if req not in running or n <= 0:
@@ -195,9 +204,9 @@ class EngineCore:
             else:
                 stats.itl.observe(step.duration / n)
             req.generated += n
-            stats.generation_tokens += n
             done = req.remaining <= 0
             if done:
+                stats.generation_tokens += req.generated
                 req.finished_at = end
                 finished.append(req)
                 stats.e2e.observe(end - req.arrival)

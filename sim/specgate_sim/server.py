@@ -209,6 +209,7 @@ def create_app(pod: SimPod) -> FastAPI:
             "token_usage": core.token_usage(),
             "gen_throughput": pod.gen_throughput(),
             "utilization": 1.0 if core.has_work() else 0.0,
+            "decode_moments": list(stats.decode_moments) if stats.decode_moments[0] else None,
         }
         if sections & {"spec", "all"}:
             accept = stats.accept_length()
