@@ -1,21 +1,35 @@
 #!/usr/bin/env bash
-# Run the GPU verification on a machine with one GPU, Python 3.12 and torch 2.11 but no SGLang:
-# unpack the SGLang 0.5.17 archive (../shared/gpu/build_site.sh builds it), apply the patch,
-# run verify.py. With SGLang already installed, run verify.py directly after `apply-patch.sh`.
-#   bash worker-image/gputest/run-on-gpu.sh [site312.tar.xz] [out-dir] [verify|speed] [args...]
+# Run a GPU check on a machine with a GPU, Python 3.12 and torch 2.11 but no SGLang: unpack the
+# SGLang 0.5.17 archive (../shared/gpu/build_site.sh builds it) into /tmp/site once, apply the
+# patch, then run one script. With SGLang already installed, run the scripts directly after
+# `apply-patch.sh`.
+#   bash worker-image/gputest/run-on-gpu.sh [site312.tar.xz] [out-dir] [SCRIPT] [args...]
+# SCRIPT: verify (default), speed, recovery (scripts beside this one), a path from the
+# repository root (bench/gpu_envelope.py), or `none` to only set up. Several may run at once
+# once one has set up.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ARCHIVE=${1:-.gpu/site312.tar.xz}
 OUTDIR=${2:-${OUT:-out}/gputest}
 SITE=/tmp/site
-rm -rf "$SITE" && mkdir -p "$SITE" "$OUTDIR"
-xz -dc -T0 "$ARCHIVE" | tar -x -C "$SITE"
-for p in worker-image/patches/*.patch; do
-  (cd "$SITE" && patch -p1 --forward --quiet) < "$p"
-done
-export PYTHONPATH=$SITE CUDA_HOME=/usr/local/cuda PYTHONUNBUFFERED=1
+mkdir -p "$OUTDIR"
+if [ ! -f "$SITE/.specgate-patched" ]; then
+  rm -rf "$SITE" && mkdir -p "$SITE"
+  xz -dc -T0 "$ARCHIVE" | tar -x -C "$SITE"
+  for p in worker-image/patches/*.patch; do
+    (cd "$SITE" && patch -p1 --forward --quiet) < "$p"
+  done
+  touch "$SITE/.specgate-patched"
+  # Compiled kernels from an earlier run (checks-2gpu.sh packs them), if carried along.
+  if [ -f .gpu/kcache.tar.xz ]; then tar -xJf .gpu/kcache.tar.xz -C /tmp; fi
+fi
+REPO=$(pwd)
+export PYTHONPATH=$SITE:$REPO:$REPO/router CUDA_HOME=/usr/local/cuda PYTHONUNBUFFERED=1
 export TRITON_CACHE_DIR=/tmp/kcache/triton TVM_FFI_CACHE_DIR=/tmp/kcache/tvm XDG_CACHE_HOME=/tmp/kcache
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUTDIR/gpu.txt"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUTDIR/gpu.txt"
 SCRIPT=${3:-verify}
-cd worker-image/gputest
-python3 "$SCRIPT.py" --out "$OUTDIR" "${@:4}"
+case "$SCRIPT" in
+  none) exit 0 ;;
+  */*) exec python3 "$SCRIPT" --out "$OUTDIR" "${@:4}" ;;
+  *) cd worker-image/gputest && exec python3 "$SCRIPT.py" --out "$OUTDIR" "${@:4}" ;;
+esac

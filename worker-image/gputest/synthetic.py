@@ -8,10 +8,12 @@ and every other logit is about 0: the target repeats its last token with probabi
     p = e^(c/T) / (e^(c/T) + vocab - 1)        at sampling temperature T,
 
 and greedily always does. The draft's fc picks the first auxiliary state and its lm_head is E,
-so it always proposes that same token. A drafted token is then accepted with probability p,
-and the accept length with k draft steps is 1 + p + ... + p^k (4.0 greedy at 3 steps). The
-request temperature sets it, with no new weights. The compute cost is that of a real model of
-the same shape: zero weights are multiplied like any others.
+so it proposes the token whose embedding that state is: the input at the last verified
+position, not the bonus token sampled there. The first draft is right only when the bonus token
+repeated (p) and is then accepted with probability p; each later one, proposing the same token
+again, with p. So the accept length with k draft steps is 1 + p^2 + p^3 + ... + p^(k+1) (4.0
+greedy at 3 steps). The request temperature sets it, with no new weights. The compute cost is
+that of a real model of the same shape: zero weights are multiplied like any others.
 
 The draft's KV cache does not affect its predictions (its attention output is zero). So this
 pair cannot show whether the draft KV cache stayed in sync after speculation was off; the
@@ -57,7 +59,7 @@ def acceptance(c: float, temperature: float, steps: int) -> tuple[float, float]:
     else:
         z = c / temperature
         p = 1.0 / (1.0 + (VOCAB - 1) * math.exp(-z))
-    return p, sum(p**j for j in range(steps + 1))
+    return p, 1.0 + sum(p ** (j + 1) for j in range(1, steps + 1))
 
 
 def write_pair(out: Path, target: dict[str, Any], draft: dict[str, Any], c: float,

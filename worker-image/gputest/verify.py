@@ -157,6 +157,25 @@ def wait_healthy(port: int, proc: subprocess.Popen[bytes], timeout: float = 420)
     raise RuntimeError(f"server on :{port} not healthy after {timeout}s")
 
 
+MEMORY_SIZED = "Memory pool end"
+"""SGLang's log line once a server has sized its KV pool. A server profiles the free memory of
+its GPU when it starts, so a second server on the same GPU starts after this line: two that
+profile at once can each count memory the other then takes."""
+
+
+def wait_for_log(
+    path: Path, text: str, proc: subprocess.Popen[bytes], timeout: float = 300
+) -> None:
+    started = time.time()
+    while time.time() - started < timeout:
+        if path.exists() and text in path.read_text(errors="replace"):
+            return
+        if proc.poll() is not None:
+            raise RuntimeError(f"{path.name}: server exited with {proc.returncode}")
+        time.sleep(1)
+    raise RuntimeError(f"{path.name}: no {text!r} after {timeout}s")
+
+
 def generate(port: int, ids: list[int], new: int) -> list[int]:
     status, body = call(port, "/generate", {
         "input_ids": ids, "sampling_params": {"max_new_tokens": new, "temperature": 0.0,
@@ -320,11 +339,15 @@ def main() -> int:
     parser.add_argument(
         "--defer", action="store_true", help="the patched server defers off-step draft extends"
     )
+    parser.add_argument("--port", type=int, default=30100, help="patched server; plain at +100")
+    parser.add_argument("--mem-fraction", type=float, default=0.35, help="of each GPU per server")
     args = parser.parse_args()
     common = [*COMMON, "--tp-size", str(args.tp)]
+    common[common.index("--mem-fraction-static") + 1] = str(args.mem_fraction)
+    spec_port, plain_port = args.port, args.port + 100
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    models = Path("/tmp/specgate-models")
+    models = Path(f"/tmp/specgate-models-{spec_port}")  # per run: runs may share a machine
     (models / "target").mkdir(parents=True, exist_ok=True)
     (models / "draft").mkdir(parents=True, exist_ok=True)
     (models / "target" / "config.json").write_text(json.dumps(LLAMA))
@@ -336,20 +359,21 @@ def main() -> int:
         spec_args = [*common, "--model-path", str(models / "target"), *EAGLE,
                      "--speculative-draft-model-path", str(models / "draft"),
                      "--speculative-disable-batch-threshold", "2"]  # fmt: skip
-        spec = start("patched-eagle3", spec_args, 30100, out, DEFER_ENV if args.defer else None)
+        spec = start("patched-eagle3", spec_args, spec_port, out, DEFER_ENV if args.defer else None)
         procs.append(spec)
-        results["startup_seconds_patched"] = round(wait_healthy(30100, spec), 1)
+        results["startup_seconds_patched"] = round(wait_healthy(spec_port, spec), 1)
         log(f"patched server healthy after {results['startup_seconds_patched']}s")
         plain = None
         if "identity" in checks:  # started second: two servers profiling memory at once race
-            plain = start("plain", [*common, "--model-path", str(models / "target")], 30200, out)
+            plain = start("plain", [*common, "--model-path", str(models / "target")], plain_port,
+                          out)  # fmt: skip
             procs.append(plain)
         if "control" in checks:
-            results["control"] = check_control(30100)
+            results["control"] = check_control(spec_port)
             log(json.dumps(results["control"]))
         if plain is not None:
-            results["startup_seconds_plain"] = round(wait_healthy(30200, plain), 1)
-            results["identity"] = check_identity(30100, 30200)
+            results["startup_seconds_plain"] = round(wait_healthy(plain_port, plain), 1)
+            results["identity"] = check_identity(spec_port, plain_port)
             log(json.dumps(results["identity"]))
     except Exception as exc:  # report what happened, with the server logs' tails
         results["error"] = f"{type(exc).__name__}: {exc}"

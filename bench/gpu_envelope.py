@@ -1,0 +1,396 @@
+"""The GPU envelope: output tok/s and TPOT of four servers side by side, closed loop.
+
+On the synthetic 3B-class pair (worker-image/gputest/synthetic.py: acceptance known by
+construction, set by the request temperature), four servers run at once:
+
+  plain           (a) SGLang 0.5.17 without speculation
+  always-on       (b) EAGLE-3, no threshold
+  upstream-0step  (c) EAGLE-3 + upstream --speculative-adaptive, drafting off above batch 8
+  specgate        (d) EAGLE-3 + the specgate patch, behind specgate's router, which learns
+                      and pushes the threshold (it starts at 8)
+
+and, where asked (--extra), patched servers pinned off (patched-off) or pinned off with the
+deferred draft extend (patched-off-deferred), measured at --extra-levels only.
+
+At every concurrency c the windows alternate between the servers (the order rotates each
+repeat), so a host that drifts during the run slows all of them alike. Each window: c
+closed-loop clients (32-token prompts, 64-192 new tokens, ignore_eos), output tok/s counted as
+each request's share of tokens inside the window, and per-request time per output token
+(e2e latency / tokens: with 32-token prompts the first token is one short prefill) for the
+requests that finish inside it. Each engine's own `decode_moments` give the window's accept
+length and mean batch. Before the sweep, --learn-seconds of load stepping through batch sizes
+around the threshold let the router fit its cost lines, as live traffic would.
+
+Results go to OUT/envelope.json after every window (a run cut short keeps what it measured);
+bench/envelope_report.py turns them into the table and plot. --engine sim runs the same
+orchestration against simulated pods on the CPU (a rehearsal; its figures mean nothing).
+
+    bash worker-image/gputest/run-on-gpu.sh SITE OUT bench/gpu_envelope.py \\
+        --levels 16,32,64,128 --repeat 3 --learn-seconds 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "worker-image" / "gputest"))
+
+import verify  # type: ignore[import-not-found]  # noqa: E402
+from speed import SHAPE  # type: ignore[import-not-found]  # noqa: E402
+from synthetic import acceptance  # type: ignore[import-not-found]  # noqa: E402
+
+SERVERS = ("plain", "always-on", "upstream-0step", "specgate")
+EXTRAS = ("patched-off", "patched-off-deferred")
+ROUTER_PORT = 30800
+LEARN_PATTERN = (4, 8, 12, 16, 24, 32, 48, 32, 24, 16, 12, 8)
+"""Closed-loop client counts the router sees before the sweep, a few seconds each."""
+
+
+@dataclass
+class Server:
+    name: str
+    port: int
+    gpu: str
+    args: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def client_port(self) -> int:
+        """Where the clients send: the router for specgate, the engine for the others."""
+        return ROUTER_PORT if self.name == "specgate" else self.port
+
+
+def engine_args(name: str, common: list[str], eagle: list[str], adaptive: Path) -> list[str]:
+    return {
+        "plain": common,
+        "always-on": [*common, *eagle],
+        "upstream-0step": [*common, *eagle, "--speculative-adaptive",
+                           "--speculative-adaptive-config", str(adaptive)],
+        "specgate": [*common, *eagle, "--speculative-disable-batch-threshold", "8"],
+        "patched-off": [*common, *eagle, "--speculative-disable-batch-threshold", "0"],
+        "patched-off-deferred": [*common, *eagle, "--speculative-disable-batch-threshold", "0"],
+    }[name]  # fmt: skip
+
+
+SIM_THRESHOLD = {"plain": "0", "always-on": "none", "upstream-0step": "8", "specgate": "8",
+                 "patched-off": "0", "patched-off-deferred": "0"}  # fmt: skip
+
+
+def get_json(url: str, timeout: float = 10) -> Any:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {verify.KEY}"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def moments(port: int) -> list[float]:
+    """The engine's decode_moments plus its speculating/plain step counters."""
+    load = get_json(f"http://127.0.0.1:{port}/v1/loads?include=core,spec")["loads"][0]
+    spec = load.get("speculative") or {}
+    sums = list(load.get("decode_moments") or [0.0] * 6)
+    steps = [float(spec.get(k) or 0) for k in ("decode_steps_on", "decode_steps_off")]
+    return [*sums, *steps]
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def window(server: Server, clients: int, seconds: float, warmup: float, temperature: float,
+           seed: int) -> dict[str, Any]:  # fmt: skip
+    """One closed-loop window against one server."""
+    spans: list[tuple[float, float, int]] = []
+    errors: list[int] = []
+    lock = threading.Lock()
+    window_start = time.time() + warmup
+    stop_at = window_start + seconds
+
+    def client(i: int) -> None:
+        rng = random.Random(seed * 1000 + i)
+        while time.time() < stop_at:
+            ids = [rng.randrange(3, 32000) for _ in range(32)]
+            sampling = {"max_new_tokens": rng.randrange(64, 193), "temperature": temperature,
+                        "ignore_eos": True}  # fmt: skip
+            began = time.time()
+            status, body = verify.call(server.client_port, "/generate",
+                                       {"input_ids": ids, "sampling_params": sampling})  # fmt: skip
+            with lock:
+                if status == 200 and isinstance(body, dict):
+                    spans.append((began, time.time(), len(body["output_ids"])))
+                else:
+                    errors.append(status)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    time.sleep(max(0.0, window_start - time.time()))
+    before = moments(server.port)
+    time.sleep(max(0.0, stop_at - time.time()))
+    after = moments(server.port)
+    for t in threads:
+        t.join()
+    d = [a - b for a, b in zip(after, before, strict=True)]
+    tokens = sum(
+        n * max(0.0, min(end, stop_at) - max(began, window_start)) / max(end - began, 1e-9)
+        for began, end, n in spans
+    )
+    tpot = [1000 * (end - began) / n for began, end, n in spans
+            if window_start <= end <= stop_at and n > 0]  # fmt: skip
+    p50, p99 = percentile(tpot, 0.5), percentile(tpot, 0.99)
+    return {
+        "tok_s": round(tokens / seconds, 1),
+        "requests": len(tpot),
+        "tpot_ms_p50": round(p50, 3) if p50 is not None else None,
+        "tpot_ms_p99": round(p99, 3) if p99 is not None else None,
+        "errors": len(errors),
+        "mean_batch": round(d[1] / d[0], 2) if d[0] else None,
+        "accept_length": round(d[5] / d[1], 3) if d[1] else None,
+        "steps_on": d[6],
+        "steps_off": d[7],
+    }
+
+
+def router_view() -> dict[str, Any]:
+    try:
+        pods = get_json(f"http://127.0.0.1:{ROUTER_PORT}/specgate/pods")["pods"]
+    except OSError as exc:
+        return {"error": str(exc)}
+    view: dict[str, Any] = pods[0] if pods else {}
+    return view
+
+
+def start_router(server: Server, out: Path, sim: bool) -> subprocess.Popen[bytes]:
+    config = out / "router.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "backends": [f"http://127.0.0.1:{server.port}"],
+                "engineApiKey": verify.KEY,
+                "control": {
+                    "threshold": 8,
+                    "maxThreshold": 128,
+                    "cooldownSeconds": 5,
+                    "hysteresis": 1,
+                    "minSamples": 4,
+                },
+            }
+        )
+    )  # fmt: skip  (JSON is YAML)
+    cmd = [sys.executable, "-c", "import sys; from specgate.cli import main; sys.exit(main())",
+           "router", "--config", str(config), "--host", "127.0.0.1",
+           "--port", str(ROUTER_PORT), "--log-level", "warning"]  # fmt: skip
+    if sim:
+        cmd = [str(Path(sys.executable).parent / "specgate"), *cmd[3:]]
+    log = open(out / "router.log", "wb")  # noqa: SIM115 (the router process writes it)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{ROUTER_PORT}/readyz", timeout=2):
+                return proc
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError(f"router exited with {proc.returncode}") from None
+            time.sleep(0.5)
+    raise RuntimeError("router not ready after 60 s")
+
+
+def launch(servers: list[Server], out: Path, sim: bool) -> None:
+    """Start every server: GPUs in parallel, the servers of one GPU one after another, each
+    once the previous one has sized its memory (verify.MEMORY_SIZED)."""
+
+    def one_gpu(group: list[Server]) -> None:
+        for i, server in enumerate(group):
+            if sim:
+                cmd = [str(Path(sys.executable).parent / "specgate"), "sim", "--port",
+                       str(server.port), "--api-key", verify.KEY, "--threshold",
+                       SIM_THRESHOLD[server.name], "--max-running-requests", "128", "--seed",
+                       str(server.port)]  # fmt: skip
+                with open(out / f"{server.name}.log", "wb") as log:
+                    server.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+                continue
+            env = {**server.env, "CUDA_VISIBLE_DEVICES": server.gpu}
+            server.proc = verify.start(server.name, server.args, server.port, out, env)
+            if i + 1 < len(group):
+                verify.wait_for_log(out / f"{server.name}.log", verify.MEMORY_SIZED, server.proc)
+
+    groups: dict[str, list[Server]] = {}
+    for server in servers:
+        groups.setdefault(server.gpu, []).append(server)
+    failures: list[BaseException] = []
+
+    def guarded(group: list[Server]) -> None:
+        try:
+            one_gpu(group)
+        except BaseException as exc:  # reported by the caller
+            failures.append(exc)
+
+    threads = [threading.Thread(target=guarded, args=(g,)) for g in groups.values()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failures:
+        raise failures[0]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="envelope-results")
+    parser.add_argument("--levels", default="1,2,4,8,16,32,64,128")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=4.0, help="measured part of a window")
+    parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--c", type=float, default=12.0, help="synthetic pair: the repeat logit")
+    parser.add_argument("--learn-seconds", type=float, default=0.0)
+    parser.add_argument("--extra", default="", help=f"comma-separated, of {', '.join(EXTRAS)}")
+    parser.add_argument("--extra-levels", default="16,64")
+    parser.add_argument("--deadline", type=float, default=560.0,
+                        help="stop starting windows this many seconds after start")  # fmt: skip
+    parser.add_argument("--mem-fraction", type=float, default=0.3)
+    parser.add_argument("--engine", choices=["sglang", "sim"], default="sglang")
+    args = parser.parse_args()
+    began = time.time()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    sim = args.engine == "sim"
+    levels = [int(c) for c in args.levels.split(",")]
+    extras = [e for e in args.extra.split(",") if e]
+    if bad := set(extras) - set(EXTRAS):
+        parser.error(f"--extra: unknown {sorted(bad)}; choose from {', '.join(EXTRAS)}")
+    extra_levels = [int(c) for c in args.extra_levels.split(",")] if extras else []
+    top = max(levels + extra_levels)
+    models = Path("/tmp/specgate-models-synthetic")
+    if not sim:
+        shape = ["--hidden", SHAPE["hidden_size"], "--layers", SHAPE["num_hidden_layers"],
+                 "--heads", SHAPE["num_attention_heads"], "--kv-heads",
+                 SHAPE["num_key_value_heads"], "--intermediate", SHAPE["intermediate_size"],
+                 "--c", args.c]  # fmt: skip
+        subprocess.run([sys.executable, "synthetic.py", str(models), *map(str, shape)],
+                       check=True, timeout=600, cwd=REPO / "worker-image" / "gputest")  # fmt: skip
+        verify.log(f"synthetic pair written after {time.time() - began:.0f}s")
+    adaptive = out / "adaptive-off-above-8.json"
+    adaptive.write_text(json.dumps({"1": {"candidate_steps": [3]}, "9": {"candidate_steps": [0]}}))
+    common = [*verify.COMMON, "--model-path", str(models / "target"),
+              "--max-running-requests", str(top)]  # fmt: skip
+    del common[common.index("--load-format") : common.index("--load-format") + 2]
+    common[common.index("--cuda-graph-max-bs-decode") + 1] = str(top)
+    common[common.index("--mem-fraction-static") + 1] = str(args.mem_fraction)
+    eagle = [*verify.EAGLE, "--speculative-draft-model-path", str(models / "draft")]
+    gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")
+    names = [*SERVERS, *extras]
+    servers = [
+        Server(
+            name,
+            30300 + i,
+            gpus[i % len(gpus)],
+            engine_args(name, common, eagle, adaptive),
+            verify.DEFER_ENV if name.endswith("-deferred") else {},
+        )
+        for i, name in enumerate(names)
+    ]
+    results: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d"), "engine": args.engine,
+        "shape": "Llama 3B-class (hidden 3072, 28 layers, GQA 24/8), synthetic pair, bf16",
+        "temperature": args.temperature, "c": args.c,
+        "predicted_accept_length": round(acceptance(args.c, args.temperature, 3)[1], 3),
+        "levels": levels, "repeat": args.repeat, "seconds": args.seconds,
+        "warmup": args.warmup, "extra": extras, "extra_levels": extra_levels,
+        "servers": {s.name: {"port": s.port, "gpu": s.gpu} for s in servers},
+        "windows": [], "router_log": [],
+    }  # fmt: skip
+    path = out / "envelope.json"
+
+    def save() -> None:
+        path.write_text(json.dumps(results, indent=1))
+
+    router = None
+    try:
+        launch(servers, out, sim)
+        for s in servers:
+            assert s.proc is not None
+            s_up = verify.wait_healthy(s.port, s.proc, timeout=480)
+            results["servers"][s.name]["healthy_after_s"] = round(time.time() - began, 1)
+            verify.log(f"{s.name} healthy (waited {s_up:.0f}s more)")
+        router = start_router(servers[3], out, sim)
+        specgate = servers[3]
+        learn_until = time.time() + args.learn_seconds
+        step = 0
+        while time.time() < learn_until:
+            c = LEARN_PATTERN[step % len(LEARN_PATTERN)]
+            got = window(specgate, c, 3.0, 0.5, args.temperature, seed=10_000 + step)
+            view = router_view()
+            results["router_log"].append({"t": round(time.time() - began, 1), "phase": "learn",
+                                          "clients": c, "mean_batch": got["mean_batch"],
+                                          "threshold": view.get("threshold"),
+                                          "reason": view.get("reason")})  # fmt: skip
+            verify.log(f"learn c={c}: {got['tok_s']} tok/s, router {results['router_log'][-1]}")
+            step += 1
+        save()
+        plan = [(c, rep, names[:4]) for c in levels for rep in range(args.repeat)]
+        plan += [(c, rep, extras) for c in extra_levels for rep in range(args.repeat)]
+        by_name = {s.name: s for s in servers}
+        for c, rep, group in plan:
+            turn = group[rep % len(group) :] + group[: rep % len(group)]
+            for name in turn:
+                needed = args.warmup + args.seconds + 8
+                if time.time() - began + needed > args.deadline:
+                    results["stopped_early"] = f"deadline reached before {name} c={c}"
+                    raise TimeoutError
+                got = window(by_name[name], c, args.seconds, args.warmup, args.temperature,
+                             seed=c * 100 + rep)  # fmt: skip
+                got.update(server=name, c=c, rep=rep)
+                if name == "specgate":
+                    view = router_view()
+                    got["threshold"] = view.get("threshold")
+                    results["router_log"].append({"t": round(time.time() - began, 1),
+                                                  "phase": "sweep", "clients": c,
+                                                  "threshold": view.get("threshold"),
+                                                  "reason": view.get("reason")})  # fmt: skip
+                results["windows"].append(got)
+                save()
+                verify.log(f"{name} c={c} rep={rep}: {got}")
+    except TimeoutError:
+        verify.log(results["stopped_early"])
+    except Exception as exc:
+        results["error"] = f"{type(exc).__name__}: {exc}"
+        verify.log(results["error"])
+    finally:
+        for proc in [router, *(s.proc for s in servers)]:
+            if proc is not None:
+                proc.terminate()
+        for proc in [router, *(s.proc for s in servers)]:
+            if proc is not None:
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        results["wall_seconds"] = round(time.time() - began, 1)
+        save()
+    rates: dict[str, dict[int, list[float]]] = {}
+    for w in results["windows"]:
+        rates.setdefault(w["server"], {}).setdefault(w["c"], []).append(w["tok_s"])
+    for name, by_c in rates.items():
+        print(name, json.dumps({c: statistics.median(v) for c, v in by_c.items()}))
+    return 0 if "error" not in results else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,205 @@
+"""Check 3 of the worker-image issue, as far as the synthetic pair allows, and the pair's
+acceptance measured against what synthetic.py predicts.
+
+On the 3B-class synthetic pair (synthetic.py), a patched server runs eight clients with long
+requests while the threshold goes unset (always speculate) -> 0 -> unset -> 0 -> unset, a few
+seconds each. The accept length of each window comes from SGLang's per-step `decode_moments` in
+/v1/loads (tokens generated per request per decode step; 1.0 exactly while speculation is off),
+so it is measured over the window itself and not over the server's lifetime. Pass: every window
+after speculation comes back is within 5% of the window before the first switch, at every
+temperature.
+
+What it can and cannot catch: the pair's draft predicts from the target's hidden state, so a
+draft that resumes from a wrong or stale hidden state after an off stretch loses acceptance
+here. Its attention output is zero, so a draft KV cache left out of sync would not show
+(GPU-RESULTS.md, check 3).
+
+    python3 recovery.py --out results/ [--defer-too] [--temperatures 0,0.9,1.0]
+    --defer-too: a second server with SGLANG_SPEC_DEFER_OFF_DRAFT_EXTEND=1 (on the next GPU
+    when there is one) runs the same schedule at the same time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from speed import DRAFT, SHAPE
+from synthetic import acceptance
+from verify import (
+    COMMON,
+    DEFER_ENV,
+    EAGLE,
+    MEMORY_SIZED,
+    call,
+    log,
+    spec_loads,
+    start,
+    wait_healthy,
+)
+
+CLIENTS = 8
+SCHEDULE = [  # (threshold, seconds); None: always speculate
+    (None, 3.0), (0, 3.0), (None, 1.0), (None, 2.0), (0, 3.0), (None, 1.0), (None, 2.0),
+]  # fmt: skip
+
+
+def moments(port: int) -> tuple[float, float, float, int, int]:
+    """(decode steps, sum of batch sizes, generated tokens, steps on, steps off) so far."""
+    status, body = call(port, "/v1/loads?include=core,spec")
+    assert status == 200, body
+    load = body["loads"][0]  # type: ignore[index]
+    steps, batch, _, _, _, generated = load.get("decode_moments") or [0.0] * 6
+    spec = load.get("speculative") or {}
+    return steps, batch, generated, spec.get("decode_steps_on", 0), spec.get("decode_steps_off", 0)
+
+
+def run_schedule(port: int, temperature: float) -> list[dict]:
+    stop = threading.Event()
+
+    def client(i: int) -> None:
+        while not stop.is_set():
+            ids = [(i * 7919 + k * 104729) % 31000 + 3 for k in range(32)]
+            sampling = {"max_new_tokens": 3000, "temperature": temperature, "ignore_eos": True}
+            call(port, "/generate", {"input_ids": ids, "sampling_params": sampling}, timeout=300)
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(CLIENTS)]
+    for t in threads:
+        t.start()
+    time.sleep(2.0)  # every client past its prefill
+    windows = []
+    try:
+        for threshold, seconds in SCHEDULE:
+            status, body = call(port, "/set_internal_state", {
+                "server_args": {"speculative_disable_batch_threshold": threshold}})  # fmt: skip
+            assert status == 200, body
+            before = moments(port)
+            time.sleep(seconds)
+            after = moments(port)
+            d = [a - b for a, b in zip(after, before, strict=True)]
+            windows.append({
+                "threshold": threshold, "seconds": seconds, "decode_steps": d[0],
+                "mean_batch": round(d[1] / d[0], 2) if d[0] else None,
+                "accept_length": round(d[2] / d[1], 3) if d[1] else None,
+                "steps_on": d[3], "steps_off": d[4],
+            })  # fmt: skip
+            log(f":{port} T={temperature} {windows[-1]}")
+    finally:
+        stop.set()
+        call(port, "/abort_request", {"abort_all": True})
+        for t in threads:
+            t.join(timeout=60)
+    return windows
+
+
+def judge(windows: list[dict]) -> dict:
+    base = windows[0]["accept_length"]
+    after = [w["accept_length"] for i, w in enumerate(windows)
+             if i > 0 and w["threshold"] is None]  # fmt: skip
+    off = [w["accept_length"] for w in windows if w["threshold"] == 0]
+    return {
+        "before_first_switch": base,
+        "after_switching_back": after,
+        "worst_ratio": round(min(a / base for a in after), 3) if base and all(after) else None,
+        "off_windows": off,
+        "passed": bool(base)
+        and all(a and abs(a / base - 1) <= 0.05 for a in after)
+        and all(o == 1.0 for o in off),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default="recovery-results")
+    parser.add_argument("--temperatures", default="0,0.9,1.0")
+    parser.add_argument("--c", type=float, default=12.0, help="synthetic pair: the repeat logit")
+    parser.add_argument("--defer-too", action="store_true")
+    parser.add_argument("--mem-fraction", type=float, default=0.3)
+    parser.add_argument("--port", type=int, default=32100)
+    parser.add_argument(
+        "--after-log",
+        type=Path,
+        help="start the servers once this server log says its memory is sized (or 300 s on): "
+        "other servers starting on the same GPUs, a tensor-parallel one above all, would "
+        "otherwise see memory move under them",
+    )
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    models = Path("/tmp/specgate-models-synthetic")
+    shape = ["--hidden", SHAPE["hidden_size"], "--layers", SHAPE["num_hidden_layers"],
+             "--heads", SHAPE["num_attention_heads"], "--kv-heads", SHAPE["num_key_value_heads"],
+             "--intermediate", SHAPE["intermediate_size"], "--c", args.c]  # fmt: skip
+    started = time.time()
+    subprocess.run([sys.executable, "synthetic.py", str(models), *map(str, shape)],
+                   check=True, timeout=600)  # fmt: skip
+    log(f"synthetic pair written in {time.time() - started:.0f}s")
+    while args.after_log and time.time() - started < 300:
+        if args.after_log.exists() and MEMORY_SIZED in args.after_log.read_text(errors="replace"):
+            break
+        time.sleep(1)
+    assert DRAFT["num_hidden_layers"] == 1
+    common = [*COMMON, "--model-path", str(models / "target"), *EAGLE,
+              "--speculative-draft-model-path", str(models / "draft"),
+              "--max-running-requests", "16"]  # fmt: skip
+    del common[common.index("--load-format") : common.index("--load-format") + 2]
+    common[common.index("--mem-fraction-static") + 1] = str(args.mem_fraction)
+    gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")
+    variants = {"patched": None, **({"patched-deferred": DEFER_ENV} if args.defer_too else {})}
+    results: dict = {"date": time.strftime("%Y-%m-%d"), "c": args.c, "clients": CLIENTS,
+                     "schedule": SCHEDULE, "servers": {}}  # fmt: skip
+    procs = {}
+    try:
+        for i, (name, env) in enumerate(variants.items()):
+            env = {**(env or {}), "CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]}
+            procs[name] = start(name, [*common, "--speculative-disable-batch-threshold", "0"],
+                                args.port + i, out, env)  # fmt: skip
+        for i, name in enumerate(variants):
+            results[f"startup_seconds_{name}"] = round(wait_healthy(args.port + i, procs[name]), 1)
+
+        def measure(i: int, name: str) -> None:
+            per_t = results["servers"].setdefault(name, {})
+            for t in (float(x) for x in args.temperatures.split(",")):
+                windows = run_schedule(args.port + i, t)
+                per_t[str(t)] = {"predicted_accept_length": round(acceptance(args.c, t, 3)[1], 3),
+                                 "windows": windows, **judge(windows)}  # fmt: skip
+            per_t["lifetime_loads"] = spec_loads(args.port + i)
+
+        threads = [threading.Thread(target=measure, args=(i, n)) for i, n in enumerate(variants)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    except Exception as exc:
+        results["error"] = f"{type(exc).__name__}: {exc}"
+        log(results["error"])
+    finally:
+        for p in procs.values():
+            p.terminate()
+        for p in procs.values():
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    verdicts = [v["passed"] for s in results["servers"].values() for k, v in s.items()
+                if isinstance(v, dict) and "passed" in v]  # fmt: skip
+    results["all_passed"] = bool(verdicts) and all(verdicts) and "error" not in results
+    (out / "recovery.json").write_text(json.dumps(results, indent=1))
+    print(json.dumps({k: v for k, v in results.items() if k != "servers"}, indent=1))
+    for name, per_t in results["servers"].items():
+        for t, v in per_t.items():
+            if isinstance(v, dict) and "passed" in v:
+                print(f"{name} T={t}: predicted {v['predicted_accept_length']}, before "
+                      f"{v['before_first_switch']}, after {v['after_switching_back']}, "
+                      f"off {v['off_windows']}, passed {v['passed']}")  # fmt: skip
+    return 0 if results["all_passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
