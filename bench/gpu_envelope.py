@@ -175,7 +175,7 @@ def router_view() -> dict[str, Any]:
     return view
 
 
-def start_router(server: Server, out: Path, sim: bool) -> subprocess.Popen[bytes]:
+def start_router(server: Server, out: Path) -> subprocess.Popen[bytes]:
     config = out / "router.yaml"
     config.write_text(
         json.dumps(
@@ -192,11 +192,12 @@ def start_router(server: Server, out: Path, sim: bool) -> subprocess.Popen[bytes
             }
         )
     )  # fmt: skip  (JSON is YAML)
-    cmd = [sys.executable, "-c", "import sys; from specgate.cli import main; sys.exit(main())",
-           "router", "--config", str(config), "--host", "127.0.0.1",
+    # The router's own entry point: `specgate router` would import every component's CLI.
+    code = ("import argparse, sys; from specgate_router import main as m; "
+            "p = argparse.ArgumentParser(); m.add_arguments(p); "
+            "sys.exit(m.run(p.parse_args(sys.argv[1:])))")  # fmt: skip
+    cmd = [sys.executable, "-c", code, "--config", str(config), "--host", "127.0.0.1",
            "--port", str(ROUTER_PORT), "--log-level", "warning"]  # fmt: skip
-    if sim:
-        cmd = [str(Path(sys.executable).parent / "specgate"), *cmd[3:]]
     log = open(out / "router.log", "wb")  # noqa: SIM115 (the router process writes it)
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.time() + 60
@@ -329,7 +330,7 @@ def main() -> int:
             s_up = verify.wait_healthy(s.port, s.proc, timeout=480)
             results["servers"][s.name]["healthy_after_s"] = round(time.time() - began, 1)
             verify.log(f"{s.name} healthy (waited {s_up:.0f}s more)")
-        router = start_router(servers[3], out, sim)
+        router = start_router(servers[3], out)
         specgate = servers[3]
         learn_until = time.time() + args.learn_seconds
         step = 0
@@ -344,8 +345,12 @@ def main() -> int:
             verify.log(f"learn c={c}: {got['tok_s']} tok/s, router {results['router_log'][-1]}")
             step += 1
         save()
-        plan = [(c, rep, names[:4]) for c in levels for rep in range(args.repeat)]
-        plan += [(c, rep, extras) for c in extra_levels for rep in range(args.repeat)]
+        # The extras join the four at the levels they share, so their ratios to plain are
+        # side by side too; levels only they run come last.
+        plan = [(c, rep, names[:4] + (extras if c in extra_levels else []))
+                for c in levels for rep in range(args.repeat)]  # fmt: skip
+        plan += [(c, rep, extras) for c in extra_levels if c not in levels
+                 for rep in range(args.repeat)]  # fmt: skip
         by_name = {s.name: s for s in servers}
         for c, rep, group in plan:
             turn = group[rep % len(group) :] + group[: rep % len(group)]

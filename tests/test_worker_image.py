@@ -185,7 +185,11 @@ def test_synthetic_pair_acceptance_by_construction() -> None:
     assert synthetic.acceptance(12.0, 0.0, steps=3) == (1.0, 4.0)  # greedy: always accepted
     p, length = synthetic.acceptance(11.8, 1.0, steps=3)
     assert p == pytest.approx(1 / (1 + 31999 * math.exp(-11.8)))
-    assert length == pytest.approx(1 + p**2 + p**3 + p**4)  # the first draft needs two repeats
+    share = p / (p + 1 - p**4)  # rounds that start after a repeated bonus token
+    assert length == pytest.approx(share * (1 + p + p**2 + p**3) + (1 - share))
+    # What the H200 measured with the 3B pair (c = 12): 2.22-2.36 at T = 1.0, 3.15-3.37 at 0.9.
+    assert synthetic.acceptance(12.0, 1.0, steps=3)[1] == pytest.approx(2.31, abs=0.01)
+    assert synthetic.acceptance(12.0, 0.9, steps=3)[1] == pytest.approx(3.28, abs=0.01)
     lengths = [synthetic.acceptance(12.0, t, steps=3)[1] for t in (0.8, 0.9, 1.0, 1.2)]
     assert lengths == sorted(lengths, reverse=True)  # hotter sampling, fewer accepted
     target, draft = synthetic.configs(3072, 28, 24, 8, 8192)
@@ -193,6 +197,30 @@ def test_synthetic_pair_acceptance_by_construction() -> None:
     assert draft["architectures"] == ["LlamaForCausalLMEagle3"]
     assert draft["num_hidden_layers"] == 1
     assert draft["draft_vocab_size"] == target["vocab_size"] == synthetic.VOCAB
+
+
+def test_recovery_judge_on_the_recorded_gpu_run() -> None:
+    """Check 3 as judged from the H200 run's log (both draft-extend paths, three temperatures),
+    and the judge failing a draft that came back 10% worse."""
+    for sibling in ("verify", "synthetic", "speed"):  # what recovery.py imports beside it
+        _gputest_module(sibling)
+    recovery = _gputest_module("recovery")
+    log = (
+        ROOT / "worker-image" / "gputest" / "results" / "recovery-2026-11-30-2xh200.log"
+    ).read_text()
+    runs = recovery.windows_from_log(log)
+    assert len(runs) == 6  # two servers x three temperatures
+    for windows in runs.values():
+        assert recovery.judge(windows)["passed"]
+    windows = [dict(w) for w in runs[(32100, 0.0)]]
+    for w in windows[2:]:
+        if w["threshold"] is None:
+            w["accept_length"] *= 0.9
+    assert not recovery.judge(windows)["passed"]
+    # A switch that does not land: an "off" window that mostly speculated.
+    stuck = [dict(w) for w in runs[(32100, 0.0)]]
+    stuck[1].update(steps_on=600, steps_off=75)
+    assert not recovery.judge(stuck)["passed"]
 
 
 def test_deferred_draft_counts_flush_and_forget_reused_slots(patched_site: Path) -> None:

@@ -98,20 +98,47 @@ def run_schedule(port: int, temperature: float) -> list[dict]:
     return windows
 
 
+def speculating_accept_length(window: dict) -> float | None:
+    """Tokens per request per speculating step in a window. A window also holds the few steps
+    the switch took to land, and an off step yields exactly one token per request, so at a
+    steady batch those steps come out exactly."""
+    on, off, per_step = window["steps_on"], window["steps_off"], window["accept_length"]
+    if not on or per_step is None:
+        return None
+    return (per_step * (on + off) - off) / on
+
+
 def judge(windows: list[dict]) -> dict:
-    base = windows[0]["accept_length"]
-    after = [w["accept_length"] for i, w in enumerate(windows)
+    """Passed: every window after speculation comes back within 5% of the first window's
+    accept length (over speculating steps), and the off windows ran >= 95% of steps off."""
+    base = speculating_accept_length(windows[0])
+    after = [speculating_accept_length(w) for i, w in enumerate(windows)
              if i > 0 and w["threshold"] is None]  # fmt: skip
-    off = [w["accept_length"] for w in windows if w["threshold"] == 0]
+    off_share = [w["steps_off"] / max(1, w["steps_on"] + w["steps_off"])
+                 for w in windows if w["threshold"] == 0]  # fmt: skip
+    ok = bool(base) and all(a is not None and abs(a / base - 1) <= 0.05 for a in after)  # type: ignore[operator]
     return {
-        "before_first_switch": base,
-        "after_switching_back": after,
-        "worst_ratio": round(min(a / base for a in after), 3) if base and all(after) else None,
-        "off_windows": off,
-        "passed": bool(base)
-        and all(a and abs(a / base - 1) <= 0.05 for a in after)
-        and all(o == 1.0 for o in off),
+        "before_first_switch": round(base, 3) if base else None,
+        "after_switching_back": [round(a, 3) if a else None for a in after],
+        "worst_ratio": round(min(a / base for a in after), 3)  # type: ignore[operator]
+        if ok and after
+        else None,
+        "off_step_share": [round(x, 3) for x in off_share],
+        "passed": ok and all(x >= 0.95 for x in off_share),
     }
+
+
+def windows_from_log(text: str) -> dict[tuple[int, float], list[dict]]:
+    """The windows a run logged, by (port, temperature): to judge a run again."""
+    import ast
+    import re
+
+    found: dict[tuple[int, float], list[dict]] = {}
+    for line in text.splitlines():
+        m = re.match(r"\[[\d:]+\] :(\d+) T=([\d.]+) (\{.*\})$", line.strip())
+        if m:
+            found.setdefault((int(m[1]), float(m[2])), []).append(ast.literal_eval(m[3]))
+    return found
 
 
 def main() -> int:
@@ -129,7 +156,13 @@ def main() -> int:
         "other servers starting on the same GPUs, a tensor-parallel one above all, would "
         "otherwise see memory move under them",
     )
+    parser.add_argument("--rejudge", type=Path, help="judge the windows of this run's log")
     args = parser.parse_args()
+    if args.rejudge:
+        logged = windows_from_log(args.rejudge.read_text())
+        verdicts = {f":{port} T={t}": judge(w) for (port, t), w in logged.items()}
+        print(json.dumps(verdicts, indent=1))
+        return 0 if verdicts and all(v["passed"] for v in verdicts.values()) else 1
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     models = Path("/tmp/specgate-models-synthetic")
@@ -197,7 +230,7 @@ def main() -> int:
             if isinstance(v, dict) and "passed" in v:
                 print(f"{name} T={t}: predicted {v['predicted_accept_length']}, before "
                       f"{v['before_first_switch']}, after {v['after_switching_back']}, "
-                      f"off {v['off_windows']}, passed {v['passed']}")  # fmt: skip
+                      f"off-step share {v['off_step_share']}, passed {v['passed']}")  # fmt: skip
     return 0 if results["all_passed"] else 1
 
 

@@ -9,11 +9,19 @@ and every other logit is about 0: the target repeats its last token with probabi
 
 and greedily always does. The draft's fc picks the first auxiliary state and its lm_head is E,
 so it proposes the token whose embedding that state is: the input at the last verified
-position, not the bonus token sampled there. The first draft is right only when the bonus token
-repeated (p) and is then accepted with probability p; each later one, proposing the same token
-again, with p. So the accept length with k draft steps is 1 + p^2 + p^3 + ... + p^(k+1) (4.0
-greedy at 3 steps). The request temperature sets it, with no new weights. The compute cost is
-that of a real model of the same shape: zero weights are multiplied like any others.
+position, not the bonus token sampled there. With SGLang's target-only verify (a draft token d
+is accepted with the target's probability of d; after a rejection the bonus token is sampled
+with d excluded) a verify round is a two-state chain:
+  R (the bonus token repeated): each draft is accepted with p, so the round yields
+    1 + p + ... + p^k tokens; the next round is R again only if all k drafts and the new
+    bonus repeat (p^(k+1)); a rejection excludes the repeat, so its bonus does not repeat;
+  N (it did not): the first draft is wrong, the round yields 1 token, and its bonus repeats
+    with p.
+The stationary share of R is p / (p + 1 - p^(k+1)), and the accept length follows (4.0 greedy
+at 3 steps; on the GPU, T = 1.0 and 0.9 at c = 12 predict 2.31 and 3.28 against 2.22-2.36 and
+3.15-3.37 measured, worker-image/gputest/results/recovery-*.log). The request temperature sets
+it, with no new weights. The compute cost is that of a real model of the same shape: zero
+weights are multiplied like any others.
 
 The draft's KV cache does not affect its predictions (its attention output is zero). So this
 pair cannot show whether the draft KV cache stayed in sync after speculation was off; the
@@ -21,7 +29,8 @@ worker-image issue's check 3 needs a pair whose draft reads its context.
 
 Needs torch and safetensors (SGLang's own dependencies) and a GPU to write quickly:
     python3 synthetic.py OUT_DIR [--hidden 3072 --layers 28 ...]
-STATUS: written 2026-11-30 and not yet run; GPU-RESULTS.md says when it has been.
+Run on the GPU machine on 2026-11-30 (recovery.py, bench/gpu_envelope.py): the 3B pair is
+written in about 17 s.
 """
 
 from __future__ import annotations
@@ -59,7 +68,10 @@ def acceptance(c: float, temperature: float, steps: int) -> tuple[float, float]:
     else:
         z = c / temperature
         p = 1.0 / (1.0 + (VOCAB - 1) * math.exp(-z))
-    return p, 1.0 + sum(p ** (j + 1) for j in range(1, steps + 1))
+    if p == 1.0:
+        return p, float(1 + steps)
+    repeated = p / (p + 1 - p ** (steps + 1))  # stationary share of rounds in state R
+    return p, repeated * sum(p**j for j in range(steps + 1)) + (1 - repeated)
 
 
 def write_pair(out: Path, target: dict[str, Any], draft: dict[str, Any], c: float,
