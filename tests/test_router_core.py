@@ -52,6 +52,27 @@ def test_controller_converges_to_the_true_crossover(start: int) -> None:
     assert decision.threshold == PROFILE.crossover_batch()
 
 
+def test_the_h200_learning_run_moves_the_threshold_up() -> None:
+    """Replayed from the GPU envelope's learning phase (bench/results/gpu-envelope-high-c.log):
+    closed loops of 4 and 8 clients speculating, 12-48 plain, threshold 8. The engine ran at a
+    mean batch of 0.96c, so only one batch size fell on each side of the threshold's window
+    and the router kept 8 for the whole run, while EAGLE-3 out-ran plain decoding at every
+    batch measured. The window now widens until it can fit; the noisy plain line (16 clients
+    slower than 12) is steeper than the speculating one, and speculation is cheaper at the
+    boundary, so the threshold moves up."""
+    measured = [(3.84, 1714.3, 1.0), (7.7, 2713.2, 1.0), (11.82, 1980.0, 0.0),
+                (15.83, 1824.9, 0.0), (23.75, 2252.6, 0.0), (31.69, 3336.1, 0.0),
+                (47.56, 4455.0, 0.0)]  # fmt: skip
+    repeated = [m for m in measured for _ in range(5)]  # a 3 s window: about 5 scrapes
+    samples = [control.Sample(i * 0.5, b, tok_s, on) for i, (b, tok_s, on) in enumerate(repeated)]
+    params = ControlSettings(threshold=8, max_threshold=128, cooldown_seconds=5, hysteresis=1)
+    estimate, why = control.estimate_threshold(samples, current=8, now=20.0, params=params)
+    assert estimate is not None and estimate > 8, why
+    decision = control.decide(samples=samples, previous=control.Decision(8, "", -math.inf),
+                              now=20.0, fresh=True, params=params)  # fmt: skip
+    assert decision.threshold == estimate == 15
+
+
 def test_each_move_is_at_most_a_halving_or_doubling() -> None:
     decision = control.Decision(64, "initial", -math.inf)
     decision = control.decide(samples=analytic_samples(64), previous=decision, now=1.0,

@@ -108,9 +108,18 @@ def pool_samples(per_pod: Sequence[Sequence[Sample]], limit: int = POOLED_SAMPLE
     return [s for samples in per_pod for s in list(samples)[-share:]]
 
 
-def window(threshold: int) -> tuple[float, float, float]:
+WIDENINGS = (1, 2, 4)
+"""How far the window around the threshold may widen when both modes have samples near it but
+at too few batch sizes to fit. On the H200 a closed loop of c clients ran at a mean batch of
+0.96c, so clients stepping 4, 8, 12, 16 put one batch size on each side of a threshold of 8,
+and the controller never moved. A mode missing near the threshold does not widen the window:
+its samples would come from far away and old (a ramp), and lines extrapolated from those
+swung a steady pod's threshold back and forth."""
+
+
+def window(threshold: int, widen: int = 1) -> tuple[float, float, float]:
     """(lowest speculating batch, boundary, highest plain batch) of the samples that count."""
-    width = max(2.0, threshold / 2)
+    width = max(2.0, threshold / 2) * widen
     return max(1.0, threshold - width), threshold + 0.5, threshold + 1 + width
 
 
@@ -147,20 +156,31 @@ def fit(
 def estimate_threshold(
     samples: Sequence[Sample], *, current: int, now: float, params: ControlSettings
 ) -> tuple[int | None, str]:
-    """(estimated threshold, why), or (None, why not) when the data near `current` cannot say."""
-    low, boundary, high = window(current)
-    on = fit(samples, speculating=True, now=now, batch_range=(low, boundary))
-    off = fit(samples, speculating=False, now=now, batch_range=(boundary, high))
+    """(estimated threshold, why), or (None, why not) when the data near `current` cannot say.
+    Both modes need samples in the window around `current`; the window widens (WIDENINGS)
+    until they span three or more batch sizes in all."""
     need = params.min_samples
-    if on is None or off is None or on.samples < need or off.samples < need:
-        have_on = on.samples if on else 0
-        have_off = off.samples if off else 0
-        return None, (
-            f"learning: {have_on} speculating samples at batch {low:.0f}-{current} and "
-            f"{have_off} plain at {current + 1}-{high:.0f}, need {need} of each"
-        )
-    if on.distinct_batches + off.distinct_batches < 3:
-        return None, "learning: batch sizes too uniform to fit both modes"
+    for widen in WIDENINGS:
+        low, boundary, high = window(current, widen)
+        on = fit(samples, speculating=True, now=now, batch_range=(low, boundary))
+        off = fit(samples, speculating=False, now=now, batch_range=(boundary, high))
+        if widen == 1 and (on is None or off is None or on.samples < need or off.samples < need):
+            have_on = on.samples if on else 0
+            have_off = off.samples if off else 0
+            return None, (
+                f"learning: {have_on} speculating samples at batch {low:.0f}-{current} and "
+                f"{have_off} plain at {current + 1}-{high:.0f}, need {need} of each"
+            )
+        assert on is not None and off is not None  # a wider window holds what a narrower held
+        if on.distinct_batches + off.distinct_batches < 3:
+            why = (
+                f"learning: batch sizes {low:.0f}-{high:.0f} too uniform to fit both modes "
+                f"({on.distinct_batches} speculating, {off.distinct_batches} plain)"
+            )
+        else:
+            break
+    else:
+        return None, why
     # The threshold only moves across batch sizes seen running: from just under the smallest
     # speculating batch to the largest plain one. Extrapolating a line beyond its data let
     # stale samples from a ramp push a pod at a steady batch back and forth for ever.
@@ -169,11 +189,13 @@ def estimate_threshold(
     # y_on(b) < y_off(b)  <=>  b * (beta_on - beta_off) < alpha_off - alpha_on
     gain, slope = off.alpha - on.alpha, on.beta - off.beta
     if slope <= 0:
-        if gain > 0:
+        # Speculation gains (or keeps) ground as the batch grows, so whichever mode is cheaper
+        # at the boundary stays cheaper above it: noisy samples on a busy host give such lines.
+        if on.at(boundary) < off.at(boundary):
             return highest, (
-                f"speculation pays at every batch size seen near the threshold (up to {highest})"
+                f"speculation pays at every batch size seen above the threshold (up to {highest})"
             )
-        return lowest, f"speculation pays at no batch size seen near the threshold (from {lowest})"
+        return lowest, f"speculation does not pay at the threshold (from {lowest})"
     crossover = gain / slope
     if crossover < lowest:
         return lowest, f"speculation stops paying below batch {lowest} ({crossover:.1f})"
