@@ -55,8 +55,10 @@ from synthetic import acceptance  # type: ignore[import-not-found]  # noqa: E402
 SERVERS = ("plain", "always-on", "upstream-0step", "specgate")
 EXTRAS = ("patched-off", "patched-off-deferred")
 ROUTER_PORT = 30800
-LEARN_PATTERN = (4, 8, 12, 16, 24, 32, 48, 32, 24, 16, 12, 8)
-"""Closed-loop client counts the router sees before the sweep, a few seconds each."""
+LEARN_PATTERN = (4, 8, 12, 16, 24, 32, 48, 64, 96, 64, 48, 32, 24, 16, 12, 8)
+"""Closed-loop client counts the router sees before the sweep, 3 s each. The threshold moves at
+most to 2T+1 per cooldown and needs samples of both modes around each new value, so from 8 to
+past 64 takes three moves and batches up to about 1.5x the target."""
 
 
 @dataclass

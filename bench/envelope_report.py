@@ -1,0 +1,311 @@
+"""The GPU envelope's table and plot, and the simulator calibrated on it.
+
+Reads the windows bench/gpu_envelope.py saved (bench/results/gpu-envelope-*.json), and writes
+  gpu_envelope.md    per concurrency: median output tok/s of each server with the spread of its
+                     windows, TPOT p50/p99, accept length, the threshold specgate's router had
+                     pushed, and X_d / max(X_a, X_b);
+  gpu_envelope.png   the four curves (and the pinned-off servers), with the calibrated
+                     simulator's plain and speculating curves dashed;
+  gpu_envelope.json  the same figures;
+and, with --write-profile, the simulator profile fitted to the sweep
+(sim/specgate_sim/profiles/h200-3b-synthetic.json). The fit: the profile's step costs by
+least squares on log tok/s of the plain and always-on medians (the simulator's own
+closed-loop runs, 32-token prompts and 128 new tokens as in the sweep), the acceptance from the
+measured accept length. Its error is reported against every server-level median the simulator
+models: plain, always-on, and the patched server pinned off.
+
+    .venv/bin/python bench/envelope_report.py [--write-profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from specgate_sim.engine import closed_loop_throughput
+from specgate_sim.profile import Profile
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PROFILE_PATH = (
+    Path(__file__).resolve().parent.parent / "sim/specgate_sim/profiles/h200-3b-synthetic.json"
+)
+NAMES = {
+    "plain": "(a) no speculation",
+    "always-on": "(b) EAGLE-3 always on",
+    "upstream-0step": "(c) upstream adaptive, off above 8",
+    "specgate": "(d) patched + specgate router",
+    "patched-off": "patched, pinned off",
+    "patched-off-deferred": "patched, pinned off, deferred draft extend",
+}
+FITTED = ("overhead_s", "weights_s", "kv_s_per_request", "compute_s_per_token",
+          "draft_overhead_s", "draft_s_per_request")  # fmt: skip
+SIM_THRESHOLD: dict[str, int | None] = {"plain": 0, "always-on": None, "patched-off": 0}
+"""Servers the simulator models, by the threshold that reproduces them (its off step is a plain
+decode step: sync cost 0, which the patched-off / plain ratio supports)."""
+
+Stats = dict[str, dict[int, dict[str, Any]]]
+
+
+def load_windows(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    return [w for p in paths for w in json.loads(p.read_text())["windows"]]
+
+
+def summarise(windows: Sequence[dict[str, Any]]) -> Stats:
+    """Per server and concurrency: median and spread of the windows' figures."""
+    grouped: dict[str, dict[int, list[dict[str, Any]]]] = {}
+    for w in windows:
+        grouped.setdefault(w["server"], {}).setdefault(w["c"], []).append(w)
+    stats: Stats = {}
+    for server, by_c in grouped.items():
+        for c, ws in sorted(by_c.items()):
+            rates = [w["tok_s"] for w in ws]
+
+            def med(key: str, ws: list[dict[str, Any]] = ws) -> float | None:
+                values = [w[key] for w in ws if w.get(key) is not None]
+                return round(statistics.median(values), 3) if values else None
+
+            stats.setdefault(server, {})[c] = {
+                "tok_s": round(statistics.median(rates), 1),
+                "min": min(rates), "max": max(rates), "windows": len(ws),
+                "tpot_ms_p50": med("tpot_ms_p50"), "tpot_ms_p99": med("tpot_ms_p99"),
+                "accept_length": med("accept_length"),
+                "thresholds": sorted({w["threshold"] for w in ws if "threshold" in w}),
+                "speculating_windows": sum(1 for w in ws if w.get("steps_on")),
+            }  # fmt: skip
+    return stats
+
+
+def envelope_ratio(stats: Stats) -> dict[int, float]:
+    """X_d / max(X_a, X_b) wherever all three ran."""
+    out = {}
+    for c, d in stats.get("specgate", {}).items():
+        a, b = stats.get("plain", {}).get(c), stats.get("always-on", {}).get(c)
+        if a and b:
+            out[c] = round(d["tok_s"] / max(a["tok_s"], b["tok_s"]), 3)
+    return out
+
+
+def off_ratios(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Speculation off against plain decoding, within one run only (its windows alternate, so
+    the ratio is side by side): the patched server pinned off, and specgate's windows in which
+    no step speculated."""
+    rows = []
+    for run, windows in runs.items():
+        plain: dict[int, list[float]] = {}
+        off: dict[tuple[str, int], list[float]] = {}
+        for w in windows:
+            if w["server"] == "plain":
+                plain.setdefault(w["c"], []).append(w["tok_s"])
+            elif w["server"].startswith("patched-off") or (
+                w["server"] == "specgate" and w.get("steps_on") == 0 and w.get("steps_off")
+            ):
+                off.setdefault((w["server"], w["c"]), []).append(w["tok_s"])
+        for (server, c), rates in sorted(off.items()):
+            if c in plain:
+                rows.append({"run": run, "server": server, "c": c,
+                             "windows": f"{len(rates)} / {len(plain[c])}",
+                             "off_tok_s": statistics.median(rates),
+                             "plain_tok_s": statistics.median(plain[c]),
+                             "ratio": round(statistics.median(rates)
+                                            / statistics.median(plain[c]), 3)})  # fmt: skip
+    return rows
+
+
+def accept_rate(accept_length: float, steps: int) -> float:
+    """The per-token rate a whose chain 1 + a + ... + a^steps gives this accept length."""
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if sum(mid**j for j in range(steps + 1)) < accept_length else (lo, mid)
+    return round((lo + hi) / 2, 4)
+
+
+def simulate(profile: Profile, server: str, c: int) -> float:
+    return closed_loop_throughput(profile, c, threshold=SIM_THRESHOLD[server], output_tokens=128,
+                                  prompt_tokens=32, requests_per_client=6)  # fmt: skip
+
+
+def with_costs(base: Profile, values: Sequence[float]) -> Profile:
+    step = base.step.model_copy(update=dict(zip(FITTED, values, strict=True)))
+    return base.model_copy(update={"step": step})
+
+
+def nelder_mead(f: Callable[[list[float]], float], x0: list[float], iterations: int) -> list[float]:
+    """Minimise f from x0 (a plain Nelder-Mead: no SciPy in the project's dependencies)."""
+    n = len(x0)
+    simplex = [x0] + [[x + (0.5 if i == j else 0.0) for j, x in enumerate(x0)] for i in range(n)]
+    scored = sorted((f(x), x) for x in simplex)
+    for _ in range(iterations):
+        (best, xb), (worst, xw) = scored[0], scored[-1]
+        centre = [sum(x[i] for _, x in scored[:-1]) / n for i in range(n)]
+
+        def towards(t: float, xw: list[float] = xw, centre: list[float] = centre) -> list[float]:
+            return [ci + t * (wi - ci) for ci, wi in zip(centre, xw, strict=True)]
+
+        reflected = towards(-1.0)
+        fr = f(reflected)
+        if fr < best:
+            expanded = towards(-2.0)
+            fe = f(expanded)
+            scored[-1] = (fe, expanded) if fe < fr else (fr, reflected)
+        elif fr < scored[-2][0]:
+            scored[-1] = (fr, reflected)
+        else:
+            contracted = towards(0.5)
+            fc = f(contracted)
+            if fc < worst:
+                scored[-1] = (fc, contracted)
+            else:  # shrink towards the best point
+                scored = [scored[0]] + [
+                    (f(y), y) for y in ([b + 0.5 * (x - b) for b, x in zip(xb, x2, strict=True)]
+                                        for _, x2 in scored[1:])
+                ]  # fmt: skip
+        scored.sort(key=lambda s: s[0])
+    return scored[0][1]
+
+
+def fit_profile(stats: Stats, base: Profile, iterations: int = 300, restarts: int = 3) -> Profile:
+    """Step costs by least squares on log tok/s of the plain and always-on medians."""
+    points = [(s, c, row["tok_s"]) for s in ("plain", "always-on")
+              for c, row in stats.get(s, {}).items()]  # fmt: skip
+    accept = statistics.median(row["accept_length"] for row in stats["always-on"].values())
+    base = base.model_copy(update={"acceptance": base.acceptance.model_copy(
+        update={"per_token_rate": accept_rate(accept, base.num_steps)})})  # fmt: skip
+    start = [math.log(max(getattr(base.step, k), 1e-7)) for k in FITTED]
+
+    def loss(logs: list[float]) -> float:
+        profile = with_costs(base, [math.exp(v) for v in logs])
+        return sum((math.log(simulate(profile, s, c)) - math.log(x)) ** 2 for s, c, x in points)
+
+    for _ in range(restarts):  # a fresh simplex around the best point escapes a collapsed one
+        start = nelder_mead(loss, start, iterations)
+    return with_costs(base, [math.exp(v) for v in start])
+
+
+def sim_error(profile: Profile, stats: Stats) -> dict[str, Any]:
+    rows = []
+    for server in SIM_THRESHOLD:
+        for c, row in sorted(stats.get(server, {}).items()):
+            simulated = simulate(profile, server, c)
+            rows.append({"server": server, "c": c, "measured": row["tok_s"],
+                         "simulated": round(simulated, 1),
+                         "error": round(simulated / row["tok_s"] - 1, 3)})  # fmt: skip
+    mape = statistics.mean(abs(r["error"]) for r in rows) if rows else math.nan
+    grid = sorted(set(stats.get("plain", {})) & set(stats.get("always-on", {})))
+    wins = [c for c in grid if stats["always-on"][c]["tok_s"] > stats["plain"][c]["tok_s"]]
+    return {"points": rows, "mape": round(mape, 3), "grid": grid,
+            "measured_speculation_wins_at": wins,
+            "simulated_crossover_batch": profile.crossover_batch()}  # fmt: skip
+
+
+def table(stats: Stats, ratio: dict[int, float]) -> str:
+    levels = sorted({c for by_c in stats.values() for c in by_c})
+    lines = ["| c | " + " | ".join(NAMES[s] for s in NAMES if s in stats)
+             + " | X_d / max(X_a, X_b) |",
+             "|---" * (2 + sum(s in stats for s in NAMES)) + "|"]  # fmt: skip
+    for c in levels:
+        cells = []
+        for server in (s for s in NAMES if s in stats):
+            row = stats[server].get(c)
+            if row is None:
+                cells.append("")
+                continue
+            extra = f"; T={'/'.join(map(str, row['thresholds']))}" if row["thresholds"] else ""
+            accept = row["accept_length"]
+            cells.append(
+                f"**{row['tok_s']:,.0f}** ({row['min']:,.0f}-{row['max']:,.0f}, n={row['windows']})"
+                f"<br>TPOT {row['tpot_ms_p50']}/{row['tpot_ms_p99']} ms"
+                + (f"<br>accept {accept:.2f}" if accept and accept > 1.01 else "")
+                + extra
+            )
+        lines.append(f"| {c} | " + " | ".join(cells) + f" | {ratio.get(c, '')} |")
+    return "\n".join(lines)
+
+
+def plot(stats: Stats, profile: Profile | None, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+    for server, label in NAMES.items():
+        if server not in stats:
+            continue
+        cs = sorted(stats[server])
+        rows = [stats[server][c] for c in cs]
+        y = [r["tok_s"] for r in rows]
+        err = [[r["tok_s"] - r["min"] for r in rows], [r["max"] - r["tok_s"] for r in rows]]
+        left.errorbar(cs, y, yerr=err, marker="o", capsize=3, label=label)
+        right.plot(cs, [r["tpot_ms_p50"] for r in rows], marker="o", label=label)
+    if profile is not None:
+        grid = [1, 2, 4, 8, 16, 32, 64, 128]
+        for server, style in (("plain", "k--"), ("always-on", "k:")):
+            left.plot(grid, [simulate(profile, server, c) for c in grid], style, linewidth=1,
+                      label=f"simulator, {server}")  # fmt: skip
+    for ax, ylabel in ((left, "output tok/s (median, min-max)"), (right, "TPOT p50 (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency (closed-loop clients)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    left.set_yscale("log")
+    left.legend(fontsize=7)
+    fig.suptitle("H200, 3B-class synthetic pair (accept length ~3.3), SGLang 0.5.17 + specgate")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("inputs", nargs="*", type=Path)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--write-profile", action="store_true")
+    args = parser.parse_args(argv)
+    inputs = args.inputs or sorted(RESULTS.glob("gpu-envelope-*.json"))
+    stats = summarise(load_windows(inputs))
+    side_by_side = off_ratios({p.name: load_windows([p]) for p in inputs})
+    ratio = envelope_ratio(stats)
+    profile = None
+    if PROFILE_PATH.exists() and not args.write_profile:
+        profile = Profile.model_validate(json.loads(PROFILE_PATH.read_text()))
+    elif args.write_profile:
+        base = Profile.model_validate(json.loads(PROFILE_PATH.read_text())) \
+            if PROFILE_PATH.exists() else None  # fmt: skip
+        if base is None:
+            raise SystemExit(f"{PROFILE_PATH} is missing: it holds the metadata to fit into")
+        profile = fit_profile(stats, base)
+        data = profile.model_dump(by_alias=True)
+        data["step"] = {k: round(v, 8) for k, v in data["step"].items()}
+        PROFILE_PATH.write_text(json.dumps(data, indent=2) + "\n")
+    error = sim_error(profile, stats) if profile else None
+    md = (
+        table(stats, ratio)
+        + "\n\nSpeculation off against plain, side by side (one run's windows):\n\n"
+    )
+    md += "| run | server | c | windows (off / plain) | off tok/s | plain tok/s | ratio |\n"
+    md += "|---|---|---|---|---|---|---|\n" + "".join(
+        f"| {r['run']} | {r['server']} | {r['c']} | {r['windows']} | {r['off_tok_s']:,.0f} | "
+        f"{r['plain_tok_s']:,.0f} | {r['ratio']} |\n" for r in side_by_side)  # fmt: skip
+    print(md)
+    if error:
+        print(f"\nsimulator ({profile.name if profile else ''}): MAPE {error['mape']:.1%} over "
+              f"{len(error['points'])} medians; speculation wins (measured) at c = "
+              f"{error['measured_speculation_wins_at']}, simulated crossover batch "
+              f"{error['simulated_crossover_batch']}")  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gpu_envelope.md").write_text(md + "\n")
+    summary = {"inputs": [p.name for p in inputs], "stats": stats, "ratio": ratio,
+               "off_vs_plain_side_by_side": side_by_side, "simulator": error}  # fmt: skip
+    (args.out / "gpu_envelope.json").write_text(json.dumps(summary, indent=1) + "\n")
+    plot(stats, profile, args.out / "gpu_envelope.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

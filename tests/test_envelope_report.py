@@ -1,0 +1,106 @@
+"""bench/envelope_report.py: the GPU envelope's figures and the simulator calibrated on them.
+The GPU run itself (bench/gpu_envelope.py) is rehearsed on the simulator in
+test_gpu_envelope_rehearsal below; its real figures are in BENCHMARKS.md."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from specgate_sim import profile as profiles
+
+from .conftest import ROOT, load_module
+
+
+@pytest.fixture(scope="module")
+def report() -> ModuleType:
+    return load_module(ROOT / "bench" / "envelope_report.py", "envelope_report")
+
+
+def window(server: str, c: int, tok_s: float, **kw: object) -> dict[str, object]:
+    accept = kw.pop("accept", 1.0)
+    return {"server": server, "c": c, "tok_s": tok_s, "tpot_ms_p50": 1000 * c / tok_s,
+            "tpot_ms_p99": 1500 * c / tok_s, "accept_length": accept, **kw}  # fmt: skip
+
+
+def test_the_envelope_ratio_is_specgate_over_the_better_static_server(report: ModuleType) -> None:
+    windows = [
+        window("plain", 1, 300), window("plain", 1, 340), window("plain", 1, 320),
+        window("always-on", 1, 600, accept=3.2), window("always-on", 1, 500, accept=3.3),
+        window("specgate", 1, 570, threshold=8, steps_on=100, steps_off=0),
+        window("plain", 64, 5000), window("always-on", 64, 4000, accept=3.2),
+        window("specgate", 64, 4900, threshold=8, steps_on=0, steps_off=300),
+        window("patched-off", 64, 4750, steps_on=0, steps_off=300),
+    ]  # fmt: skip
+    stats = report.summarise(windows)
+    assert stats["plain"][1]["tok_s"] == 320 and stats["plain"][1]["min"] == 300
+    assert stats["always-on"][1]["tok_s"] == 550  # the median of two
+    assert stats["specgate"][64]["thresholds"] == [8]
+    assert report.envelope_ratio(stats) == {1: round(570 / 550, 3), 64: round(4900 / 5000, 3)}
+    rows = report.off_ratios({"run": windows})
+    # specgate counts as off only where no step speculated (c = 64, not c = 1)
+    assert [(r["server"], r["c"], r["ratio"]) for r in rows] == [
+        ("patched-off", 64, 0.95), ("specgate", 64, 0.98)]  # fmt: skip
+
+
+def test_accept_rate_inverts_the_chain(report: ModuleType) -> None:
+    for rate in (0.5, 0.765, 0.87):
+        length = sum(rate**j for j in range(4))
+        assert report.accept_rate(length, 3) == pytest.approx(rate, abs=1e-3)
+
+
+def test_fitting_recovers_a_profile_from_its_own_curves(report: ModuleType) -> None:
+    """Curves made by a known profile, fitted from costs off by 2x: the fit finds costs that
+    reproduce them (the measured sweep is noisier; BENCHMARKS.md gives its error)."""
+    truth = profiles.load("rtx-pro-6000-x8")
+    accept = truth.mean_accept_length()
+    windows = [window(server, c, report.simulate(truth, server, c), accept=accept)
+               for server in ("plain", "always-on") for c in (1, 8, 64)]  # fmt: skip
+    stats = report.summarise(windows)
+    start = report.with_costs(truth, [2 * getattr(truth.step, k) for k in report.FITTED])
+    assert report.sim_error(start, stats)["mape"] > 0.2
+    fitted = report.fit_profile(stats, start, iterations=80, restarts=1)
+    error = report.sim_error(fitted, stats)
+    assert error["mape"] < 0.05, error["points"]
+    assert error["measured_speculation_wins_at"] == [1]  # this profile's crossover is at 6
+    assert 1 <= fitted.crossover_batch() < 8
+
+
+def test_the_committed_report_matches_the_committed_sweep(
+    report: ModuleType, tmp_path: Path
+) -> None:
+    """Regenerating the report from bench/results/gpu-envelope-*.json gives the committed table."""
+    assert report.main(["--out", str(tmp_path)]) == 0
+    committed = (ROOT / "bench" / "results" / "gpu_envelope.md").read_text()
+    assert (tmp_path / "gpu_envelope.md").read_text() == committed
+    summary = json.loads((tmp_path / "gpu_envelope.json").read_text())
+    assert summary["simulator"]["mape"] == pytest.approx(0.125, abs=0.01)
+    assert (tmp_path / "gpu_envelope.png").stat().st_size > 20_000
+
+
+def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
+    """bench/gpu_envelope.py's orchestration against simulated pods and the real router: every
+    server measured at every level, the router in front of specgate, results saved."""
+    import subprocess
+
+    out = tmp_path / "envelope"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "gpu_envelope.py"), "--engine", "sim", "--out",
+         str(out), "--levels", "1,4", "--repeat", "2", "--seconds", "1", "--warmup", "0.3",
+         "--learn-seconds", "2", "--extra", "patched-off", "--extra-levels", "4"],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    result = json.loads((out / "envelope.json").read_text())
+    seen = {(w["server"], w["c"]) for w in result["windows"]}
+    assert seen == {(s, c) for s in ("plain", "always-on", "upstream-0step", "specgate")
+                    for c in (1, 4)} | {("patched-off", 4)}  # fmt: skip
+    assert len(result["windows"]) == 2 * (4 * 2 + 1)
+    specgate = [w for w in result["windows"] if w["server"] == "specgate"]
+    assert all(w["threshold"] == 8 and w["errors"] == 0 for w in specgate)
+    assert all(w["tok_s"] > 0 for w in result["windows"])
+    assert result["router_log"] and "error" not in result
