@@ -23,6 +23,8 @@ from specgate_router.settings import (
 from specgate_sim import profile as profiles
 from specgate_sim.engine import EngineCore, SimRequest
 
+from .conftest import ROOT, load_module
+
 PROFILE = profiles.load("rtx-pro-6000-x8")
 PARAMS = ControlSettings(hysteresis=0, cooldown_seconds=0)
 
@@ -238,6 +240,24 @@ def _closed_loop_with_controller(
                 core.set_threshold(new.threshold)
             decision = new
     return changes, core
+
+
+def test_the_envelope_learning_phase_climbs_on_the_h200_profile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """bench/gpu_envelope.py's learning phase (3 s per client count) on the simulator profile
+    fitted to the H200 sweep, where speculation pays up to batch 128: the controller climbs in
+    doubling steps and is past 64 within 90 s, so a 90 s learning phase reaches the region the
+    sweep measures."""
+    envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
+    monkeypatch.setitem(globals(), "PROFILE", profiles.load("h200-3b-synthetic"))
+    pattern = envelope.LEARN_PATTERN
+    schedule = [(3.0 * i, pattern[i % len(pattern)]) for i in range(30)]
+    params = ControlSettings(threshold=8, max_threshold=128, cooldown_seconds=5, hysteresis=1)
+    changes, _ = _closed_loop_with_controller(schedule, params, seconds=90)
+    thresholds = [t for _, t in changes]
+    assert thresholds == sorted(thresholds), changes  # it only climbs
+    assert thresholds[-1] is not None and thresholds[-1] > 64, changes
 
 
 def test_controller_on_the_simulated_engine_finds_the_crossover() -> None:

@@ -158,7 +158,7 @@ def estimate_threshold(
 ) -> tuple[int | None, str]:
     """(estimated threshold, why), or (None, why not) when the data near `current` cannot say.
     Both modes need samples in the window around `current`; the window widens (WIDENINGS)
-    until they span three or more batch sizes in all."""
+    until each mode spans two or more batch sizes."""
     need = params.min_samples
     for widen in WIDENINGS:
         low, boundary, high = window(current, widen)
@@ -172,10 +172,12 @@ def estimate_threshold(
                 f"{have_off} plain at {current + 1}-{high:.0f}, need {need} of each"
             )
         assert on is not None and off is not None  # a wider window holds what a narrower held
-        if on.distinct_batches + off.distinct_batches < 3:
+        if on.distinct_batches < 2 or off.distinct_batches < 2:
+            # A line through one batch size is flat: compared with the other mode's slope it
+            # puts the crossover anywhere (a varying load then swung the threshold 7 <-> 12).
             why = (
                 f"learning: batch sizes {low:.0f}-{high:.0f} too uniform to fit both modes "
-                f"({on.distinct_batches} speculating, {off.distinct_batches} plain)"
+                f"({on.distinct_batches} speculating, {off.distinct_batches} plain; need 2 each)"
             )
         else:
             break
