@@ -9,8 +9,12 @@ construction, set by the request temperature), four servers run at once:
   specgate        (d) EAGLE-3 + the specgate patch, behind specgate's router, which learns
                       and pushes the threshold (it starts at 8)
 
-and, where asked (--extra), patched servers pinned off (patched-off) or pinned off with the
-deferred draft extend (patched-off-deferred), measured at --extra-levels only.
+and, where asked (--extra), patched servers pinned off (patched-off), pinned off with the
+deferred draft extend (patched-off-deferred), or at threshold 8 with no router (patched-8),
+measured at --extra-levels only. --switch-first switches specgate's engine off and back once
+before the sweep: at batch 1-2 the patched and the adaptive servers ran 20-30% under
+always-on without ever having switched state, and specgate against patched-8 side by side
+tells whether one switch (which re-applies the speculating state) removes that.
 
 At every concurrency c the windows alternate between the servers (the order rotates each
 repeat), so a host that drifts during the run slows all of them alike. Each window: c
@@ -26,7 +30,9 @@ bench/envelope_report.py turns them into the table and plot. --engine sim runs t
 orchestration against simulated pods on the CPU (a rehearsal; its figures mean nothing).
 
     bash worker-image/gputest/run-on-gpu.sh SITE OUT bench/gpu_envelope.py \\
-        --levels 16,32,64,128 --repeat 3 --learn-seconds 60
+        --levels 16,32,64,128 --repeat 3 --temperature 0.9 --learn-seconds 90
+(about 2.5 min of start-up, 1.5 min of learning, 6 s per window: 48 windows fit one 10-minute
+job; the low levels, which need no learning, are a second job.)
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ from speed import SHAPE  # type: ignore[import-not-found]  # noqa: E402
 from synthetic import acceptance  # type: ignore[import-not-found]  # noqa: E402
 
 SERVERS = ("plain", "always-on", "upstream-0step", "specgate")
-EXTRAS = ("patched-off", "patched-off-deferred")
+EXTRAS = ("patched-off", "patched-off-deferred", "patched-8")
 ROUTER_PORT = 30800
 LEARN_PATTERN = (4, 8, 12, 16, 24, 32, 48, 64, 96, 64, 48, 32, 24, 16, 12, 8)
 """Closed-loop client counts the router sees before the sweep, 3 s each. The threshold moves at
@@ -84,12 +90,13 @@ def engine_args(name: str, common: list[str], eagle: list[str], adaptive: Path) 
                            "--speculative-adaptive-config", str(adaptive)],
         "specgate": [*common, *eagle, "--speculative-disable-batch-threshold", "8"],
         "patched-off": [*common, *eagle, "--speculative-disable-batch-threshold", "0"],
+        "patched-8": [*common, *eagle, "--speculative-disable-batch-threshold", "8"],
         "patched-off-deferred": [*common, *eagle, "--speculative-disable-batch-threshold", "0"],
     }[name]  # fmt: skip
 
 
 SIM_THRESHOLD = {"plain": "0", "always-on": "none", "upstream-0step": "8", "specgate": "8",
-                 "patched-off": "0", "patched-off-deferred": "0"}  # fmt: skip
+                 "patched-off": "0", "patched-off-deferred": "0", "patched-8": "8"}  # fmt: skip
 
 
 def get_json(url: str, timeout: float = 10) -> Any:
@@ -263,6 +270,11 @@ def main() -> int:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--c", type=float, default=12.0, help="synthetic pair: the repeat logit")
     parser.add_argument("--learn-seconds", type=float, default=0.0)
+    parser.add_argument(
+        "--switch-first",
+        action="store_true",
+        help="switch specgate's engine off and back once before the sweep",
+    )
     parser.add_argument("--extra", default="", help=f"comma-separated, of {', '.join(EXTRAS)}")
     parser.add_argument("--extra-levels", default="16,64")
     parser.add_argument("--deadline", type=float, default=560.0,
@@ -334,6 +346,14 @@ def main() -> int:
             verify.log(f"{s.name} healthy (waited {s_up:.0f}s more)")
         router = start_router(servers[3], out)
         specgate = servers[3]
+        if args.switch_first:
+            for value in (0, 8):
+                status, body = verify.call(specgate.port, "/set_internal_state", {
+                    "server_args": {"speculative_disable_batch_threshold": value}})  # fmt: skip
+                assert status == 200, body
+                got = window(specgate, 4, 1.0, 0.3, args.temperature, seed=99)
+                verify.log(f"switch-first: threshold {value}: {got}")
+            results["switched_first"] = True
         learn_until = time.time() + args.learn_seconds
         step = 0
         while time.time() < learn_until:

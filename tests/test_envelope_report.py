@@ -91,15 +91,17 @@ def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "gpu_envelope.py"), "--engine", "sim", "--out",
          str(out), "--levels", "1,4", "--repeat", "2", "--seconds", "1", "--warmup", "0.3",
-         "--learn-seconds", "2", "--extra", "patched-off", "--extra-levels", "4"],
+         "--learn-seconds", "2", "--extra", "patched-off,patched-8", "--extra-levels", "4",
+         "--switch-first"],
         capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     result = json.loads((out / "envelope.json").read_text())
     seen = {(w["server"], w["c"]) for w in result["windows"]}
     assert seen == {(s, c) for s in ("plain", "always-on", "upstream-0step", "specgate")
-                    for c in (1, 4)} | {("patched-off", 4)}  # fmt: skip
-    assert len(result["windows"]) == 2 * (4 * 2 + 1)
+                    for c in (1, 4)} | {("patched-off", 4), ("patched-8", 4)}  # fmt: skip
+    assert len(result["windows"]) == 2 * (4 * 2 + 2)
+    assert result["switched_first"] is True
     specgate = [w for w in result["windows"] if w["server"] == "specgate"]
     assert all(w["threshold"] == 8 and w["errors"] == 0 for w in specgate)
     assert all(w["tok_s"] > 0 for w in result["windows"])
