@@ -112,7 +112,8 @@ class PodMetrics(Collector):
         yield counter("sglang:num_requests", "Number of requests received.", stats.requests)
         yield counter("sglang:prompt_tokens", "Number of prefill tokens processed.",
                       stats.prompt_tokens)  # fmt: skip
-        yield counter("sglang:generation_tokens", "Number of generation tokens processed.",
+        yield counter(contract.METRIC_GEN_TOKENS.removesuffix("_total"),
+                      "Number of generation tokens processed.",
                       stats.generation_tokens)  # fmt: skip
         yield histogram("sglang:time_to_first_token_seconds", "Time to first token.", stats.ttft)
         yield histogram("sglang:e2e_request_latency_seconds", "End-to-end latency.", stats.e2e)
