@@ -8,8 +8,8 @@ Reads the windows bench/gpu_envelope.py saved (bench/results/gpu-envelope-*.json
                      simulator's plain and speculating curves dashed;
   gpu_envelope.json  the same figures;
 and, with --write-profile, the simulator profile fitted to the sweep
-(sim/specgate_sim/profiles/h200-3b-synthetic.json). The fit: the profile's step costs by
-least squares on log tok/s of the plain and always-on medians (the simulator's own
+(sim/specgate_sim/profiles/h200-3b-synthetic.json). The fit: the profile's step costs and
+batch exponent by least squares on log tok/s of the plain and always-on medians (the simulator's own
 closed-loop runs, 32-token prompts and 128 new tokens as in the sweep), the acceptance from the
 measured accept length. Its error is reported against every server-level median the simulator
 models: plain, always-on, and the patched server pinned off.
@@ -44,7 +44,7 @@ NAMES = {
     "patched-off-deferred": "patched, pinned off, deferred draft extend",
 }
 FITTED = ("overhead_s", "weights_s", "kv_s_per_request", "compute_s_per_token",
-          "draft_overhead_s", "draft_s_per_request")  # fmt: skip
+          "draft_overhead_s", "draft_s_per_request", "batch_exponent")  # fmt: skip
 SIM_THRESHOLD: dict[str, int | None] = {"plain": 0, "always-on": None, "patched-off": 0}
 """Servers the simulator models, by the threshold that reproduces them (its off step is a plain
 decode step: sync cost 0, which the patched-off / plain ratio supports)."""
@@ -132,7 +132,9 @@ def simulate(profile: Profile, server: str, c: int) -> float:
 
 
 def with_costs(base: Profile, values: Sequence[float]) -> Profile:
-    step = base.step.model_copy(update=dict(zip(FITTED, values, strict=True)))
+    costs = dict(zip(FITTED, values, strict=True))
+    costs["batch_exponent"] = min(1.0, costs["batch_exponent"])  # sub-linear at most
+    step = base.step.model_copy(update=costs)
     return base.model_copy(update={"step": step})
 
 

@@ -247,8 +247,8 @@ def test_the_envelope_learning_phase_climbs_on_the_h200_profile(
 ) -> None:
     """bench/gpu_envelope.py's learning phase (3 s per client count) on the simulator profile
     fitted to the H200 sweep, where speculation pays up to batch 128: the controller climbs in
-    doubling steps and is past 64 within 90 s, so a 90 s learning phase reaches the region the
-    sweep measures."""
+    doubling steps to 64 within 90 s (the controller of the GPU run stayed at 8). It stops
+    there: above 64 the pattern shows plain decoding at one batch size only (96 clients)."""
     envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
     monkeypatch.setitem(globals(), "PROFILE", profiles.load("h200-3b-synthetic"))
     pattern = envelope.LEARN_PATTERN
@@ -257,7 +257,7 @@ def test_the_envelope_learning_phase_climbs_on_the_h200_profile(
     changes, _ = _closed_loop_with_controller(schedule, params, seconds=90)
     thresholds = [t for _, t in changes]
     assert thresholds == sorted(thresholds), changes  # it only climbs
-    assert thresholds[-1] is not None and thresholds[-1] > 64, changes
+    assert thresholds[-1] is not None and thresholds[-1] >= 64, changes
 
 
 def test_controller_on_the_simulated_engine_finds_the_crossover() -> None:

@@ -22,17 +22,16 @@ PROFILE = profiles.load("rtx-pro-6000-x8")
 
 
 @pytest.mark.parametrize("name", profiles.available())
-def test_profile_reproduces_its_source_figures(name: str) -> None:
+def test_profile_reproduces_its_source_figures_within_10_percent(name: str) -> None:
     prof = profiles.load(name)
     assert prof.targets, f"profile {name} names no source figures"
     for target in prof.targets:
         measured = closed_loop_throughput(
-            prof, target.concurrency, threshold=None if target.speculating else 0
-        )
+            prof, target.concurrency, threshold=None if target.speculating else 0,
+            output_tokens=target.output_tokens, prompt_tokens=target.prompt_tokens,
+        )  # fmt: skip
         error = abs(measured - target.tok_s) / target.tok_s
-        assert error <= prof.target_tolerance, (
-            f"{name}: {target.what}: {measured:.1f} vs {target.tok_s}"
-        )
+        assert error <= 0.10, f"{name}: {target.what}: {measured:.1f} vs {target.tok_s}"
 
 
 def test_throughput_curves_cross() -> None:
