@@ -5,7 +5,10 @@ construction, set by the request temperature), four servers run at once:
 
   plain           (a) SGLang 0.5.17 without speculation
   always-on       (b) EAGLE-3, no threshold
-  upstream-0step  (c) EAGLE-3 + upstream --speculative-adaptive, drafting off above batch 8
+  upstream-0step  (c) EAGLE-3 + upstream --speculative-adaptive, drafting off above batch 8,
+                      on unpatched SGLang where run-on-gpu.sh provides it
+                      ($SPECGATE_UPSTREAM_SITE), else on the patched one (which also changes
+                      adaptive mode: its draft-extend CUDA graphs get the right width)
   specgate        (d) EAGLE-3 + the specgate patch, behind specgate's router, which learns
                       and pushes the threshold (it starts at 8)
 
@@ -311,13 +314,20 @@ def main() -> int:
     eagle = [*verify.EAGLE, "--speculative-draft-model-path", str(models / "draft")]
     gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")
     names = [*SERVERS, *extras]
+    upstream_site = os.environ.get("SPECGATE_UPSTREAM_SITE")
+    envs: dict[str, dict[str, str]] = {name: {} for name in names}
+    for name in names:
+        if name.endswith("-deferred"):
+            envs[name] = dict(verify.DEFER_ENV)
+    if upstream_site and "upstream-0step" in envs:
+        envs["upstream-0step"]["PYTHONPATH"] = upstream_site
     servers = [
         Server(
             name,
             30300 + i,
             gpus[i % len(gpus)],
             engine_args(name, common, eagle, adaptive),
-            verify.DEFER_ENV if name.endswith("-deferred") else {},
+            envs[name],
         )
         for i, name in enumerate(names)
     ]
@@ -328,7 +338,7 @@ def main() -> int:
         "predicted_accept_length": round(acceptance(args.c, args.temperature, 3)[1], 3),
         "levels": levels, "repeat": args.repeat, "seconds": args.seconds,
         "warmup": args.warmup, "extra": extras, "extra_levels": extra_levels,
-        "servers": {s.name: {"port": s.port, "gpu": s.gpu} for s in servers},
+        "servers": {s.name: {"port": s.port, "gpu": s.gpu, "env": s.env} for s in servers},
         "windows": [], "router_log": [],
     }  # fmt: skip
     path = out / "envelope.json"

@@ -5,6 +5,7 @@ test_gpu_envelope_rehearsal below; its real figures are in BENCHMARKS.md."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -94,6 +95,7 @@ def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
          "--learn-seconds", "2", "--extra", "patched-off,patched-8", "--extra-levels", "4",
          "--switch-first"],
         capture_output=True, text=True, timeout=240,
+        env={**os.environ, "SPECGATE_UPSTREAM_SITE": "/opt/sglang-unpatched"},
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     result = json.loads((out / "envelope.json").read_text())
@@ -102,6 +104,10 @@ def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
                     for c in (1, 4)} | {("patched-off", 4), ("patched-8", 4)}  # fmt: skip
     assert len(result["windows"]) == 2 * (4 * 2 + 2)
     assert result["switched_first"] is True
+    # Upstream's adaptive baseline runs on unpatched SGLang where one is provided; nothing else.
+    envs = {name: server["env"] for name, server in result["servers"].items()}
+    assert envs["upstream-0step"] == {"PYTHONPATH": "/opt/sglang-unpatched"}
+    assert all("PYTHONPATH" not in env for name, env in envs.items() if name != "upstream-0step")
     specgate = [w for w in result["windows"] if w["server"] == "specgate"]
     assert all(w["threshold"] == 8 and w["errors"] == 0 for w in specgate)
     assert all(w["tok_s"] > 0 for w in result["windows"])

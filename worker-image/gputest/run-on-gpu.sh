@@ -20,11 +20,16 @@ if [ ! -f "$SITE/.specgate-patched" ]; then
     (cd "$SITE" && patch -p1 --forward --quiet) < "$p"
   done
   touch "$SITE/.specgate-patched"
+  # The same SGLang without the patch, for baselines that must be upstream's own code
+  # (bench/gpu_envelope.py runs upstream's --speculative-adaptive from it).
+  rm -rf "$SITE-upstream" && mkdir -p "$SITE-upstream"
+  xz -dc -T0 "$ARCHIVE" | tar -x -C "$SITE-upstream"
   # Compiled kernels from an earlier run (checks-2gpu.sh packs them), if carried along.
   if [ -f .gpu/kcache.tar.xz ]; then tar -xJf .gpu/kcache.tar.xz -C /tmp; fi
 fi
 REPO=$(pwd)
 export PYTHONPATH=$SITE:$REPO:$REPO/router CUDA_HOME=/usr/local/cuda PYTHONUNBUFFERED=1
+export SPECGATE_UPSTREAM_SITE=$SITE-upstream
 export TRITON_CACHE_DIR=/tmp/kcache/triton TVM_FFI_CACHE_DIR=/tmp/kcache/tvm XDG_CACHE_HOME=/tmp/kcache
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUTDIR/gpu.txt"
 SCRIPT=${3:-verify}
