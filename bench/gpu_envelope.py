@@ -58,7 +58,11 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "worker-image" / "gputest"))
 
 import verify  # type: ignore[import-not-found]  # noqa: E402
-from speed import SHAPE  # type: ignore[import-not-found]  # noqa: E402
+from speed import (  # type: ignore[import-not-found]  # noqa: E402
+    ADAPTIVE_OFF_ABOVE_8,
+    tokens_in_window,
+    write_synthetic_pair,
+)
 from synthetic import acceptance  # type: ignore[import-not-found]  # noqa: E402
 
 SERVERS = ("plain", "always-on", "upstream-0step", "specgate")
@@ -158,10 +162,7 @@ def window(server: Server, clients: int, seconds: float, warmup: float, temperat
     for t in threads:
         t.join()
     d = [a - b for a, b in zip(after, before, strict=True)]
-    tokens = sum(
-        n * max(0.0, min(end, stop_at) - max(began, window_start)) / max(end - began, 1e-9)
-        for began, end, n in spans
-    )
+    tokens = tokens_in_window(spans, window_start, stop_at)
     tpot = [1000 * (end - began) / n for began, end, n in spans
             if window_start <= end <= stop_at and n > 0]  # fmt: skip
     p50, p99 = percentile(tpot, 0.5), percentile(tpot, 0.99)
@@ -297,20 +298,17 @@ def main() -> int:
     top = max(levels + extra_levels)
     models = Path("/tmp/specgate-models-synthetic")
     if not sim:
-        shape = ["--hidden", SHAPE["hidden_size"], "--layers", SHAPE["num_hidden_layers"],
-                 "--heads", SHAPE["num_attention_heads"], "--kv-heads",
-                 SHAPE["num_key_value_heads"], "--intermediate", SHAPE["intermediate_size"],
-                 "--c", args.c]  # fmt: skip
-        subprocess.run([sys.executable, "synthetic.py", str(models), *map(str, shape)],
-                       check=True, timeout=600, cwd=REPO / "worker-image" / "gputest")  # fmt: skip
+        write_synthetic_pair(models, args.c)
         verify.log(f"synthetic pair written after {time.time() - began:.0f}s")
     adaptive = out / "adaptive-off-above-8.json"
-    adaptive.write_text(json.dumps({"1": {"candidate_steps": [3]}, "9": {"candidate_steps": [0]}}))
-    common = [*verify.COMMON, "--model-path", str(models / "target"),
-              "--max-running-requests", str(top)]  # fmt: skip
-    del common[common.index("--load-format") : common.index("--load-format") + 2]
-    common[common.index("--cuda-graph-max-bs-decode") + 1] = str(top)
-    common[common.index("--mem-fraction-static") + 1] = str(args.mem_fraction)
+    adaptive.write_text(json.dumps(ADAPTIVE_OFF_ABOVE_8))
+    common = verify.server_flags(
+        models / "target",
+        mem_fraction=args.mem_fraction,
+        max_running=top,
+        max_graph_batch=top,
+        dummy_weights=False,
+    )
     eagle = [*verify.EAGLE, "--speculative-draft-model-path", str(models / "draft")]
     gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")
     names = [*SERVERS, *extras]

@@ -178,6 +178,24 @@ def _gputest_module(name: str) -> ModuleType:
     return load_module(ROOT / "worker-image" / "gputest" / f"{name}.py", name)
 
 
+def test_server_flags_set_weights_memory_and_caps() -> None:
+    """The one place the GPU scripts turn verify.COMMON into a server's flags."""
+    verify = _gputest_module("verify")
+    dummy = verify.server_flags(Path("/m/target"), mem_fraction=0.25)
+    assert dummy[dummy.index("--load-format") + 1] == "dummy"
+    assert dummy[dummy.index("--model-path") + 1] == "/m/target"
+    assert dummy[dummy.index("--mem-fraction-static") + 1] == "0.25"
+    assert dummy[dummy.index("--cuda-graph-max-bs-decode") + 1] == "16"  # COMMON's default
+    assert "--max-running-requests" not in dummy
+    real = verify.server_flags(Path("/m/target"), mem_fraction=0.3, max_running=128,
+                               max_graph_batch=128, dummy_weights=False)  # fmt: skip
+    assert "--load-format" not in real and "dummy" not in real
+    assert real[real.index("--cuda-graph-max-bs-decode") + 1] == "128"
+    assert real[real.index("--max-running-requests") + 1] == "128"
+    assert real.count("--mem-fraction-static") == 1
+    assert verify.COMMON[verify.COMMON.index("--mem-fraction-static") + 1] == "0.35"  # unchanged
+
+
 def test_synthetic_pair_acceptance_by_construction() -> None:
     """The synthetic pair's predicted acceptance (its weights need torch and a GPU; this is the
     arithmetic the GPU run is compared against)."""

@@ -30,15 +30,15 @@ import threading
 import time
 from pathlib import Path
 
-from speed import DRAFT, SHAPE
+from speed import DRAFT, write_synthetic_pair
 from synthetic import acceptance
 from verify import (
-    COMMON,
     DEFER_ENV,
     EAGLE,
     MEMORY_SIZED,
     call,
     log,
+    server_flags,
     spec_loads,
     start,
     wait_healthy,
@@ -166,23 +166,17 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     models = Path("/tmp/specgate-models-synthetic")
-    shape = ["--hidden", SHAPE["hidden_size"], "--layers", SHAPE["num_hidden_layers"],
-             "--heads", SHAPE["num_attention_heads"], "--kv-heads", SHAPE["num_key_value_heads"],
-             "--intermediate", SHAPE["intermediate_size"], "--c", args.c]  # fmt: skip
     started = time.time()
-    subprocess.run([sys.executable, "synthetic.py", str(models), *map(str, shape)],
-                   check=True, timeout=600)  # fmt: skip
+    write_synthetic_pair(models, args.c)
     log(f"synthetic pair written in {time.time() - started:.0f}s")
     while args.after_log and time.time() - started < 300:
         if args.after_log.exists() and MEMORY_SIZED in args.after_log.read_text(errors="replace"):
             break
         time.sleep(1)
     assert DRAFT["num_hidden_layers"] == 1
-    common = [*COMMON, "--model-path", str(models / "target"), *EAGLE,
-              "--speculative-draft-model-path", str(models / "draft"),
-              "--max-running-requests", "16"]  # fmt: skip
-    del common[common.index("--load-format") : common.index("--load-format") + 2]
-    common[common.index("--mem-fraction-static") + 1] = str(args.mem_fraction)
+    common = [*server_flags(models / "target", mem_fraction=args.mem_fraction, max_running=16,
+                            dummy_weights=False),
+              *EAGLE, "--speculative-draft-model-path", str(models / "draft")]  # fmt: skip
     gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")
     variants = {"patched": None, **({"patched-deferred": DEFER_ENV} if args.defer_too else {})}
     results: dict = {"date": time.strftime("%Y-%m-%d"), "c": args.c, "clients": CLIENTS,

@@ -33,7 +33,7 @@ import threading
 import time
 from pathlib import Path
 
-from verify import COMMON, DEFER_ENV, EAGLE, call, log, spec_loads, start, wait_healthy
+from verify import DEFER_ENV, EAGLE, call, log, server_flags, spec_loads, start, wait_healthy
 
 SHAPE = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 3072,
@@ -45,6 +45,32 @@ SHAPE = {
 }  # fmt: skip
 DRAFT = {**SHAPE, "architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1,
          "draft_vocab_size": 32000}  # fmt: skip
+
+
+HERE = Path(__file__).resolve().parent
+ADAPTIVE_OFF_ABOVE_8 = {"1": {"candidate_steps": [3]}, "9": {"candidate_steps": [0]}}
+"""Upstream's --speculative-adaptive-config for the no-patch baseline: 3 draft steps up to
+batch 8, drafting off above."""
+
+
+def write_synthetic_pair(models: Path, c: float) -> None:
+    """synthetic.py's pair at SHAPE into `models`/{target,draft}, written by a child process so
+    that its CUDA memory is gone before the servers start."""
+    shape = ["--hidden", SHAPE["hidden_size"], "--layers", SHAPE["num_hidden_layers"],
+             "--heads", SHAPE["num_attention_heads"], "--kv-heads", SHAPE["num_key_value_heads"],
+             "--intermediate", SHAPE["intermediate_size"], "--c", c]  # fmt: skip
+    subprocess.run([sys.executable, str(HERE / "synthetic.py"), str(models), *map(str, shape)],
+                   check=True, timeout=600)  # fmt: skip
+
+
+def tokens_in_window(spans: list[tuple[float, float, int]], start: float, stop: float) -> float:
+    """Output tokens made inside [start, stop] by requests (began, ended, tokens), each request's
+    tokens spread evenly over its lifetime: counting only whole requests that finish in the
+    window quantises the rate to c x the mean output length per window."""
+    return sum(
+        n * max(0.0, min(end, stop) - max(began, start)) / max(end - began, 1e-9)
+        for began, end, n in spans
+    )
 
 
 def closed_loop(
@@ -89,11 +115,7 @@ def closed_loop(
         log(f"profile into {profile}: {status} {body}")
     for t in threads:
         t.join()
-    tokens = sum(
-        n * max(0.0, min(end, stop_at) - max(began, window_start)) / max(end - began, 1e-9)
-        for began, end, n in spans
-    )
-    return tokens / seconds
+    return tokens_in_window(spans, window_start, stop_at) / seconds
 
 
 def main() -> int:
@@ -138,30 +160,18 @@ def main() -> int:
         from synthetic import acceptance
 
         log(f"writing the synthetic pair (c={args.c}) into {models}")
-        # A child process, so that its CUDA memory is gone before the servers start.
-        shape = ["--hidden", SHAPE["hidden_size"], "--layers", SHAPE["num_hidden_layers"],
-                 "--heads", SHAPE["num_attention_heads"], "--kv-heads",
-                 SHAPE["num_key_value_heads"], "--intermediate", SHAPE["intermediate_size"],
-                 "--c", args.c]  # fmt: skip
-        subprocess.run([sys.executable, "synthetic.py", str(models), *map(str, shape)],
-                       check=True, timeout=600)  # fmt: skip
+        write_synthetic_pair(models, args.c)
         predicted = acceptance(args.c, args.temperature, steps=3)[1]
     else:
         for name, cfg in (("target", SHAPE), ("draft", DRAFT)):
             (models / name).mkdir(parents=True, exist_ok=True)
             (models / name / "config.json").write_text(json.dumps(cfg))
     adaptive_cfg = out / "adaptive-off-above-8.json"
-    adaptive_cfg.write_text(json.dumps({
-        "1": {"candidate_steps": [3]}, "9": {"candidate_steps": [0]}}))  # fmt: skip
-    common = [*COMMON, "--model-path", str(models / "target")]
-    if args.weights == "synthetic":
-        at = common.index("--load-format")
-        del common[at : at + 2]
-    common[common.index("--cuda-graph-max-bs-decode") + 1] = "64"  # graphs up to c=64
-    common[common.index("--mem-fraction-static") + 1] = "0.6"
-    # SGLang caps speculative servers at 48 running requests by default; the same cap for all
-    # keeps c=64 a comparison of step cost, not of admission.
-    common += ["--max-running-requests", "64"]
+    adaptive_cfg.write_text(json.dumps(ADAPTIVE_OFF_ABOVE_8))
+    # Graphs up to c=64. SGLang caps speculative servers at 48 running requests by default; the
+    # same cap for all keeps c=64 a comparison of step cost, not of admission.
+    common = server_flags(models / "target", mem_fraction=0.6, max_running=64,
+                          max_graph_batch=64, dummy_weights=args.weights == "dummy")  # fmt: skip
     eagle = [*EAGLE, "--speculative-draft-model-path", str(models / "draft")]
     servers = {
         "plain": common,

@@ -88,6 +88,28 @@ EAGLE = [
 ]
 
 
+def server_flags(
+    target: Path,
+    *,
+    mem_fraction: float,
+    max_running: int | None = None,
+    max_graph_batch: int | None = None,
+    dummy_weights: bool = True,
+) -> list[str]:
+    """COMMON for one target model: its weights (random with `dummy_weights`), its share of the
+    GPU, and where set the running-request cap and the largest decode CUDA-graph batch."""
+    flags = [*COMMON, "--model-path", str(target)]
+    if not dummy_weights:
+        at = flags.index("--load-format")
+        del flags[at : at + 2]
+    flags[flags.index("--mem-fraction-static") + 1] = str(mem_fraction)
+    if max_graph_batch is not None:
+        flags[flags.index("--cuda-graph-max-bs-decode") + 1] = str(max_graph_batch)
+    if max_running is not None:
+        flags += ["--max-running-requests", str(max_running)]
+    return flags
+
+
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -342,12 +364,12 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=30100, help="patched server; plain at +100")
     parser.add_argument("--mem-fraction", type=float, default=0.35, help="of each GPU per server")
     args = parser.parse_args()
-    common = [*COMMON, "--tp-size", str(args.tp)]
-    common[common.index("--mem-fraction-static") + 1] = str(args.mem_fraction)
     spec_port, plain_port = args.port, args.port + 100
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     models = Path(f"/tmp/specgate-models-{spec_port}")  # per run: runs may share a machine
+    common = [*server_flags(models / "target", mem_fraction=args.mem_fraction),
+              "--tp-size", str(args.tp)]  # fmt: skip
     (models / "target").mkdir(parents=True, exist_ok=True)
     (models / "draft").mkdir(parents=True, exist_ok=True)
     (models / "target" / "config.json").write_text(json.dumps(LLAMA))
@@ -356,8 +378,7 @@ def main() -> int:
     procs = []
     results: dict = {"date": time.strftime("%Y-%m-%d"), "tp": args.tp, "defer": args.defer}
     try:
-        spec_args = [*common, "--model-path", str(models / "target"), *EAGLE,
-                     "--speculative-draft-model-path", str(models / "draft"),
+        spec_args = [*common, *EAGLE, "--speculative-draft-model-path", str(models / "draft"),
                      "--speculative-disable-batch-threshold", "2"]  # fmt: skip
         spec = start("patched-eagle3", spec_args, spec_port, out, DEFER_ENV if args.defer else None)
         procs.append(spec)
@@ -365,8 +386,7 @@ def main() -> int:
         log(f"patched server healthy after {results['startup_seconds_patched']}s")
         plain = None
         if "identity" in checks:  # started second: two servers profiling memory at once race
-            plain = start("plain", [*common, "--model-path", str(models / "target")], plain_port,
-                          out)  # fmt: skip
+            plain = start("plain", common, plain_port, out)
             procs.append(plain)
         if "control" in checks:
             results["control"] = check_control(spec_port)
