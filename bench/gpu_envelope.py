@@ -13,11 +13,14 @@ construction, set by the request temperature), four servers run at once:
                       and pushes the threshold (it starts at 8)
 
 and, where asked (--extra), patched servers pinned off (patched-off), pinned off with the
-deferred draft extend (patched-off-deferred), or at threshold 8 with no router (patched-8),
-measured at --extra-levels only. --switch-first switches specgate's engine off and back once
-before the sweep: at batch 1-2 the patched and the adaptive servers ran 20-30% under
-always-on without ever having switched state, and specgate against patched-8 side by side
-tells whether one switch (which re-applies the speculating state) removes that.
+deferred draft extend (patched-off-deferred), or at threshold 8 with no router (patched-8), and
+EAGLE-3 always on from unpatched SGLang (upstream-always-on), measured at --extra-levels only.
+--servers picks a different main set; --tp N runs every server tensor-parallel over the first
+N GPUs. Two runs can share a host, one per GPU (CUDA_VISIBLE_DEVICES, --port-base, --out).
+--switch-first switches specgate's engine off and back once before the sweep: at batch 1-2 the
+patched and the adaptive servers ran 20-30% under always-on without ever having switched state,
+and specgate against patched-8 side by side tells whether one switch (which re-applies the
+speculating state) removes that.
 
 At every concurrency c the windows alternate between the servers (the order rotates each
 repeat), so a host that drifts during the run slows all of them alike. Each window: c
@@ -66,8 +69,11 @@ from speed import (  # type: ignore[import-not-found]  # noqa: E402
 from synthetic import acceptance  # type: ignore[import-not-found]  # noqa: E402
 
 SERVERS = ("plain", "always-on", "upstream-0step", "specgate")
-EXTRAS = ("patched-off", "patched-off-deferred", "patched-8")
-ROUTER_PORT = 30800
+EXTRAS = ("patched-off", "patched-off-deferred", "patched-8", "upstream-always-on")
+UPSTREAM = ("upstream-0step", "upstream-always-on")
+"""Servers that run unpatched SGLang where run-on-gpu.sh provides it ($SPECGATE_UPSTREAM_SITE)."""
+ROUTER_OFFSET = 500
+"""The router listens at --port-base + ROUTER_OFFSET; the servers at --port-base + 0, 1, ..."""
 LEARN_PATTERN = (4, 8, 12, 16, 24, 32, 48, 64, 96, 64, 48, 32, 24, 16, 12, 8)
 """Closed-loop client counts the router sees before the sweep, 3 s each. The threshold moves at
 most to 2T+1 per cooldown and needs samples of both modes around each new value, so from 8 to
@@ -81,18 +87,21 @@ class Server:
     gpu: str
     args: list[str]
     env: dict[str, str] = field(default_factory=dict)
+    router_port: int | None = None
+    """Where specgate's router listens in front of this server (specgate only)."""
     proc: subprocess.Popen[bytes] | None = None
 
     @property
     def client_port(self) -> int:
         """Where the clients send: the router for specgate, the engine for the others."""
-        return ROUTER_PORT if self.name == "specgate" else self.port
+        return self.router_port if self.router_port is not None else self.port
 
 
 def engine_args(name: str, common: list[str], eagle: list[str], adaptive: Path) -> list[str]:
     return {
         "plain": common,
         "always-on": [*common, *eagle],
+        "upstream-always-on": [*common, *eagle],
         "upstream-0step": [*common, *eagle, "--speculative-adaptive",
                            "--speculative-adaptive-config", str(adaptive)],
         "specgate": [*common, *eagle, "--speculative-disable-batch-threshold", "8"],
@@ -103,7 +112,8 @@ def engine_args(name: str, common: list[str], eagle: list[str], adaptive: Path) 
 
 
 SIM_THRESHOLD = {"plain": "0", "always-on": "none", "upstream-0step": "8", "specgate": "8",
-                 "patched-off": "0", "patched-off-deferred": "0", "patched-8": "8"}  # fmt: skip
+                 "patched-off": "0", "patched-off-deferred": "0", "patched-8": "8",
+                 "upstream-always-on": "none"}  # fmt: skip
 
 
 def get_json(url: str, timeout: float = 10) -> Any:
@@ -179,9 +189,9 @@ def window(server: Server, clients: int, seconds: float, warmup: float, temperat
     }
 
 
-def router_view() -> dict[str, Any]:
+def router_view(port: int) -> dict[str, Any]:
     try:
-        pods = get_json(f"http://127.0.0.1:{ROUTER_PORT}/specgate/pods")["pods"]
+        pods = get_json(f"http://127.0.0.1:{port}/specgate/pods")["pods"]
     except OSError as exc:
         return {"error": str(exc)}
     view: dict[str, Any] = pods[0] if pods else {}
@@ -189,6 +199,7 @@ def router_view() -> dict[str, Any]:
 
 
 def start_router(server: Server, out: Path) -> subprocess.Popen[bytes]:
+    assert server.router_port is not None
     config = out / "router.yaml"
     config.write_text(
         json.dumps(
@@ -210,19 +221,36 @@ def start_router(server: Server, out: Path) -> subprocess.Popen[bytes]:
             "p = argparse.ArgumentParser(); m.add_arguments(p); "
             "sys.exit(m.run(p.parse_args(sys.argv[1:])))")  # fmt: skip
     cmd = [sys.executable, "-c", code, "--config", str(config), "--host", "127.0.0.1",
-           "--port", str(ROUTER_PORT), "--log-level", "warning"]  # fmt: skip
+           "--port", str(server.router_port), "--log-level", "warning"]  # fmt: skip
     log = open(out / "router.log", "wb")  # noqa: SIM115 (the router process writes it)
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.time() + 60
     while time.time() < deadline:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{ROUTER_PORT}/readyz", timeout=2):
+            url = f"http://127.0.0.1:{server.router_port}/readyz"
+            with urllib.request.urlopen(url, timeout=2):
                 return proc
         except OSError:
             if proc.poll() is not None:
                 raise RuntimeError(f"router exited with {proc.returncode}") from None
             time.sleep(0.5)
     raise RuntimeError("router not ready after 60 s")
+
+
+def write_pair_once(models: Path, c: float) -> None:
+    """The synthetic pair in `models`, written by the first of the runs that share it; the
+    others wait on the lock and find it written for their --c."""
+    import fcntl
+
+    models.mkdir(parents=True, exist_ok=True)
+    done = models / "written-for-c"
+    with open(models / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if done.exists() and float(done.read_text()) == c:
+            return
+        done.unlink(missing_ok=True)
+        write_synthetic_pair(models, c)
+        done.write_text(repr(c))
 
 
 def launch(servers: list[Server], out: Path, sim: bool) -> None:
@@ -279,11 +307,25 @@ def main() -> int:
         action="store_true",
         help="switch specgate's engine off and back once before the sweep",
     )
+    parser.add_argument("--servers", default=",".join(SERVERS),
+                        help="comma-separated, the servers measured at every level")  # fmt: skip
     parser.add_argument("--extra", default="", help=f"comma-separated, of {', '.join(EXTRAS)}")
     parser.add_argument("--extra-levels", default="16,64")
     parser.add_argument("--deadline", type=float, default=560.0,
                         help="stop starting windows this many seconds after start")  # fmt: skip
     parser.add_argument("--mem-fraction", type=float, default=0.3)
+    parser.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        help="tensor-parallel size: every server spans the first --tp GPUs",
+    )
+    parser.add_argument("--port-base", type=int, default=30300,
+                        help="servers listen from here up, the router at +500 (two runs at once "
+                        "on one host need different bases)")  # fmt: skip
+    parser.add_argument("--models", type=Path, default=Path("/tmp/specgate-models-synthetic"),
+                        help="where the synthetic pair is written (once per --c: runs sharing "
+                        "it wait for the first to write it)")  # fmt: skip
     parser.add_argument("--engine", choices=["sglang", "sim"], default="sglang")
     args = parser.parse_args()
     began = time.time()
@@ -291,15 +333,21 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     sim = args.engine == "sim"
     levels = [int(c) for c in args.levels.split(",")]
+    known = (*SERVERS, *EXTRAS)
+    main_servers = [e for e in args.servers.split(",") if e]
     extras = [e for e in args.extra.split(",") if e]
-    if bad := set(extras) - set(EXTRAS):
-        parser.error(f"--extra: unknown {sorted(bad)}; choose from {', '.join(EXTRAS)}")
+    if bad := set(main_servers + extras) - set(known):
+        parser.error(f"--servers/--extra: unknown {sorted(bad)}; choose from {', '.join(known)}")
+    if not main_servers or len(set(main_servers + extras)) < len(main_servers + extras):
+        parser.error("--servers: name at least one server, and none twice (with --extra)")
+    if (args.switch_first or args.learn_seconds) and "specgate" not in main_servers:
+        parser.error("--switch-first and --learn-seconds need specgate in --servers")
     extra_levels = [int(c) for c in args.extra_levels.split(",")] if extras else []
     top = max(levels + extra_levels)
-    models = Path("/tmp/specgate-models-synthetic")
+    models = args.models
     if not sim:
-        write_synthetic_pair(models, args.c)
-        verify.log(f"synthetic pair written after {time.time() - began:.0f}s")
+        write_pair_once(models, args.c)
+        verify.log(f"synthetic pair ready after {time.time() - began:.0f}s")
     adaptive = out / "adaptive-off-above-8.json"
     adaptive.write_text(json.dumps(ADAPTIVE_OFF_ABOVE_8))
     common = verify.server_flags(
@@ -309,23 +357,30 @@ def main() -> int:
         max_graph_batch=top,
         dummy_weights=False,
     )
+    if args.tp > 1:
+        common += ["--tp-size", str(args.tp)]
     eagle = [*verify.EAGLE, "--speculative-draft-model-path", str(models / "draft")]
     gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")
-    names = [*SERVERS, *extras]
+    if args.tp > len(gpus):
+        parser.error(f"--tp {args.tp}: only {len(gpus)} GPUs in CUDA_VISIBLE_DEVICES")
+    # Tensor-parallel servers each span the same first --tp GPUs; single-GPU ones spread out.
+    placements = [",".join(gpus[: args.tp])] if args.tp > 1 else gpus
+    names = [*main_servers, *extras]
     upstream_site = os.environ.get("SPECGATE_UPSTREAM_SITE")
     envs: dict[str, dict[str, str]] = {name: {} for name in names}
     for name in names:
         if name.endswith("-deferred"):
             envs[name] = dict(verify.DEFER_ENV)
-    if upstream_site and "upstream-0step" in envs:
-        envs["upstream-0step"]["PYTHONPATH"] = upstream_site
+        if upstream_site and name in UPSTREAM:
+            envs[name]["PYTHONPATH"] = upstream_site
     servers = [
         Server(
             name,
-            30300 + i,
-            gpus[i % len(gpus)],
+            args.port_base + i,
+            placements[i % len(placements)],
             engine_args(name, common, eagle, adaptive),
             envs[name],
+            router_port=args.port_base + ROUTER_OFFSET if name == "specgate" else None,
         )
         for i, name in enumerate(names)
     ]
@@ -336,6 +391,7 @@ def main() -> int:
         "predicted_accept_length": round(acceptance(args.c, args.temperature, 3)[1], 3),
         "levels": levels, "repeat": args.repeat, "seconds": args.seconds,
         "warmup": args.warmup, "extra": extras, "extra_levels": extra_levels,
+        "tp": args.tp,
         "servers": {s.name: {"port": s.port, "gpu": s.gpu, "env": s.env} for s in servers},
         "windows": [], "router_log": [],
     }  # fmt: skip
@@ -352,9 +408,12 @@ def main() -> int:
             s_up = verify.wait_healthy(s.port, s.proc, timeout=480)
             results["servers"][s.name]["healthy_after_s"] = round(time.time() - began, 1)
             verify.log(f"{s.name} healthy (waited {s_up:.0f}s more)")
-        router = start_router(servers[3], out)
-        specgate = servers[3]
+        by_name = {s.name: s for s in servers}
+        specgate = by_name.get("specgate")
+        if specgate is not None:
+            router = start_router(specgate, out)
         if args.switch_first:
+            assert specgate is not None
             for value in (0, 8):
                 status, body = verify.call(specgate.port, "/set_internal_state", {
                     "server_args": {"speculative_disable_batch_threshold": value}})  # fmt: skip
@@ -365,9 +424,10 @@ def main() -> int:
         learn_until = time.time() + args.learn_seconds
         step = 0
         while time.time() < learn_until:
+            assert specgate is not None and specgate.router_port is not None
             c = LEARN_PATTERN[step % len(LEARN_PATTERN)]
             got = window(specgate, c, 3.0, 0.5, args.temperature, seed=10_000 + step)
-            view = router_view()
+            view = router_view(specgate.router_port)
             results["router_log"].append({"t": round(time.time() - began, 1), "phase": "learn",
                                           "clients": c, "mean_batch": got["mean_batch"],
                                           "threshold": view.get("threshold"),
@@ -377,11 +437,10 @@ def main() -> int:
         save()
         # The extras join the four at the levels they share, so their ratios to plain are
         # side by side too; levels only they run come last.
-        plan = [(c, rep, names[:4] + (extras if c in extra_levels else []))
+        plan = [(c, rep, main_servers + (extras if c in extra_levels else []))
                 for c in levels for rep in range(args.repeat)]  # fmt: skip
         plan += [(c, rep, extras) for c in extra_levels if c not in levels
                  for rep in range(args.repeat)]  # fmt: skip
-        by_name = {s.name: s for s in servers}
         for c, rep, group in plan:
             turn = group[rep % len(group) :] + group[: rep % len(group)]
             for name in turn:
@@ -393,7 +452,8 @@ def main() -> int:
                              seed=c * 100 + rep)  # fmt: skip
                 got.update(server=name, c=c, rep=rep)
                 if name == "specgate":
-                    view = router_view()
+                    assert specgate is not None and specgate.router_port is not None
+                    view = router_view(specgate.router_port)
                     got["threshold"] = view.get("threshold")
                     results["router_log"].append({"t": round(time.time() - began, 1),
                                                   "phase": "sweep", "clients": c,

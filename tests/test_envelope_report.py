@@ -85,20 +85,29 @@ def test_the_committed_report_matches_the_committed_sweep(
 
 def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
     """bench/gpu_envelope.py's orchestration against simulated pods and the real router: every
-    server measured at every level, the router in front of specgate, results saved."""
+    server measured at every level, the router in front of specgate, results saved. Two runs
+    share the host at once, as on a two-GPU machine (one per GPU): the second with its own
+    ports, a chosen server set and unpatched always-on."""
     import subprocess
 
-    out = tmp_path / "envelope"
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "gpu_envelope.py"), "--engine", "sim", "--out",
-         str(out), "--levels", "1,4", "--repeat", "2", "--seconds", "1", "--warmup", "0.3",
-         "--learn-seconds", "2", "--extra", "patched-off,patched-8", "--extra-levels", "4",
-         "--switch-first"],
-        capture_output=True, text=True, timeout=240,
-        env={**os.environ, "SPECGATE_UPSTREAM_SITE": "/opt/sglang-unpatched"},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    result = json.loads((out / "envelope.json").read_text())
+    def run(out: Path, *extra: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, str(ROOT / "bench" / "gpu_envelope.py"), "--engine", "sim", "--out",
+             str(out), "--repeat", "2", "--seconds", "1", "--warmup", "0.3", *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "SPECGATE_UPSTREAM_SITE": "/opt/sglang-unpatched"},
+        )  # fmt: skip
+
+    first = run(tmp_path / "first", "--levels", "1,4", "--learn-seconds", "2", "--extra",
+                "patched-off,patched-8", "--extra-levels", "4", "--switch-first")  # fmt: skip
+    second = run(tmp_path / "second", "--port-base", "31300", "--levels", "2",
+                 "--servers", "always-on,specgate", "--extra", "upstream-always-on",
+                 "--extra-levels", "2")  # fmt: skip
+    for proc in (first, second):
+        output, _ = proc.communicate(timeout=240)
+        assert proc.returncode == 0, output[-3000:]
+
+    result = json.loads((tmp_path / "first" / "envelope.json").read_text())
     seen = {(w["server"], w["c"]) for w in result["windows"]}
     assert seen == {(s, c) for s in ("plain", "always-on", "upstream-0step", "specgate")
                     for c in (1, 4)} | {("patched-off", 4), ("patched-8", 4)}  # fmt: skip
@@ -112,3 +121,25 @@ def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
     assert all(w["threshold"] == 8 and w["errors"] == 0 for w in specgate)
     assert all(w["tok_s"] > 0 for w in result["windows"])
     assert result["router_log"] and "error" not in result
+
+    second_result = json.loads((tmp_path / "second" / "envelope.json").read_text())
+    assert {(w["server"], w["c"]) for w in second_result["windows"]} == {
+        ("always-on", 2), ("specgate", 2), ("upstream-always-on", 2)}  # fmt: skip
+    ports = {name: s["port"] for name, s in second_result["servers"].items()}
+    assert ports == {"always-on": 31300, "specgate": 31301, "upstream-always-on": 31302}
+    assert second_result["servers"]["upstream-always-on"]["env"] == {
+        "PYTHONPATH": "/opt/sglang-unpatched"}  # fmt: skip
+    assert all(w["errors"] == 0 and w["tok_s"] > 0 for w in second_result["windows"])
+    assert "error" not in second_result
+
+
+def test_gpu_envelope_refuses_unknown_servers(tmp_path: Path) -> None:
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "gpu_envelope.py"), "--engine", "sim", "--out",
+         str(tmp_path), "--servers", "plain,fast-mode"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "--servers/--extra: unknown ['fast-mode']" in done.stderr
