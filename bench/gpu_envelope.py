@@ -139,8 +139,10 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def window(server: Server, clients: int, seconds: float, warmup: float, temperature: float,
-           seed: int) -> dict[str, Any]:  # fmt: skip
-    """One closed-loop window against one server."""
+           seed: int, profile: Path | None = None) -> dict[str, Any]:  # fmt: skip
+    """One closed-loop window against one server; with `profile`, a torch profile of 24 decode
+    steps is taken into that folder after the warm-up (the window's figures then carry the
+    profiler's overhead: they are not measurements)."""
     spans: list[tuple[float, float, int]] = []
     errors: list[int] = []
     lock = threading.Lock()
@@ -166,6 +168,10 @@ def window(server: Server, clients: int, seconds: float, warmup: float, temperat
     for t in threads:
         t.start()
     time.sleep(max(0.0, window_start - time.time()))
+    if profile is not None:
+        status, body = verify.call(server.port, "/start_profile", {
+            "output_dir": str(profile), "num_steps": 24, "activities": ["CPU", "GPU"]})  # fmt: skip
+        verify.log(f"profile of {server.name} c={clients} into {profile}: {status} {body}")
     before = moments(server.port)
     time.sleep(max(0.0, stop_at - time.time()))
     after = moments(server.port)
@@ -327,6 +333,9 @@ def main() -> int:
                         help="where the synthetic pair is written (once per --c: runs sharing "
                         "it wait for the first to write it)")  # fmt: skip
     parser.add_argument("--engine", choices=["sglang", "sim"], default="sglang")
+    parser.add_argument("--profile-levels", default="",
+                        help="after the sweep, a torch profile of 24 decode steps per server at "
+                        "each of these levels, summarised into OUT/profiles.txt")  # fmt: skip
     args = parser.parse_args()
     began = time.time()
     out = Path(args.out)
@@ -343,6 +352,7 @@ def main() -> int:
     if (args.switch_first or args.learn_seconds) and "specgate" not in main_servers:
         parser.error("--switch-first and --learn-seconds need specgate in --servers")
     extra_levels = [int(c) for c in args.extra_levels.split(",")] if extras else []
+    profile_levels = [int(c) for c in args.profile_levels.split(",") if c]
     top = max(levels + extra_levels)
     models = args.models
     if not sim:
@@ -366,6 +376,8 @@ def main() -> int:
     # Tensor-parallel servers each span the same first --tp GPUs; single-GPU ones spread out.
     placements = [",".join(gpus[: args.tp])] if args.tp > 1 else gpus
     names = [*main_servers, *extras]
+    profile_reserve = (args.warmup + args.seconds + 10) * len(names) * len(profile_levels)
+    profile_reserve += 30 if profile_levels else 0
     upstream_site = os.environ.get("SPECGATE_UPSTREAM_SITE")
     envs: dict[str, dict[str, str]] = {name: {} for name in names}
     for name in names:
@@ -444,7 +456,8 @@ def main() -> int:
         for c, rep, group in plan:
             turn = group[rep % len(group) :] + group[: rep % len(group)]
             for name in turn:
-                needed = args.warmup + args.seconds + 8
+                # The profiles after the sweep keep their time: a window each, and the summary.
+                needed = args.warmup + args.seconds + 8 + profile_reserve
                 if time.time() - began + needed > args.deadline:
                     results["stopped_early"] = f"deadline reached before {name} c={c}"
                     raise TimeoutError
@@ -462,6 +475,15 @@ def main() -> int:
                 results["windows"].append(got)
                 save()
                 verify.log(f"{name} c={c} rep={rep}: {got}")
+        for c in profile_levels if not sim else []:
+            for name in names:
+                window(by_name[name], c, args.seconds, args.warmup, args.temperature, seed=7,
+                       profile=out / "profiles" / f"{name}-c{c}")  # fmt: skip
+        if profile_levels and not sim:
+            summary = subprocess.run(
+                [sys.executable, str(REPO / "worker-image" / "gputest" / "profile_summary.py"),
+                 str(out / "profiles")], capture_output=True, text=True, timeout=300)  # fmt: skip
+            (out / "profiles.txt").write_text(summary.stdout + summary.stderr)
     except TimeoutError:
         verify.log(results["stopped_early"])
     except Exception as exc:
