@@ -275,16 +275,14 @@ class Fleet:
         started = time.perf_counter()
         samples = control.pool_samples([view.samples for view in self.views])
         self._update_pools(now, samples)
-        estimates: dict[int, tuple[int | None, str]] = {}
-        for view in self.views:
-            view.decision = control.decide(
-                samples=samples,
-                previous=view.decision,
-                now=now,
-                fresh=True,
-                params=self.control,
-                estimates=estimates,
-            )
+        decisions = control.decide_pods(
+            samples,
+            [control.PodInput(view.decision, view.samples, True, explore=view.pool != "latency")
+             for view in self.views],
+            now=now, params=self.control,
+        )  # fmt: skip
+        for view, decision in zip(self.views, decisions, strict=True):
+            view.decision = decision
         outcome.control_seconds.append(time.perf_counter() - started)
         for core, view in zip(self.cores, self.views, strict=True):
             if view.decision.threshold == core.threshold:

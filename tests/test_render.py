@@ -64,6 +64,7 @@ def full(schema: dict[str, Any]) -> api.SpecDecodeDeployment:
                 "maxThreshold": 40,
                 "hysteresis": 3,
                 "cooldownSeconds": 45,
+                "probeIntervalSeconds": 900,
             },
         },
         engine={
@@ -178,7 +179,7 @@ def test_every_spec_field_reaches_the_manifests(full: api.SpecDecodeDeployment) 
     assert PoolSettings.model_validate(config["pools"]).latency_tpot_target_ms == 15.0
     assert config["control"] == {
         "mode": "dynamic", "threshold": 12, "minThreshold": 2, "maxThreshold": 40,
-        "hysteresis": 3, "cooldownSeconds": 45,
+        "hysteresis": 3, "cooldownSeconds": 45, "probeIntervalSeconds": 900,
     }  # fmt: skip
     assert config["discovery"]["kubernetes"] == {
         "namespace": "default", "service": "demo-engine", "port": 31000,

@@ -3,6 +3,7 @@ classification, the circuit breaker and settings. No I/O; time is passed in."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from typing import Any
@@ -234,7 +235,7 @@ def _closed_loop_with_controller(
                     samples.append(s)
             prev = cur
             new = control.decide(samples=samples, previous=decision, now=now, fresh=True,
-                                 params=params)  # fmt: skip
+                                 params=params, own=samples)  # fmt: skip
             if new.threshold != decision.threshold:
                 changes.append((now, new.threshold))
                 core.set_threshold(new.threshold)
@@ -556,3 +557,122 @@ def test_a_tpot_target_sizes_the_latency_pool() -> None:
     assert control.plan_latency_pool(pods, [5] * 8, latency_batch=2, **kw) == set()
     # A target looser than the threshold changes nothing.
     assert len(control.plan_latency_pool(pods, [5] * 8, latency_batch=9, **kw) or ()) == 4
+
+
+# ---- probes: a load that holds away from the threshold ----
+
+PROBING = dict(cooldown_seconds=5, hysteresis=1, probe_interval_seconds=30, probe_seconds=3)
+
+
+def test_a_steady_load_above_the_threshold_probes_speculation_and_keeps_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The H200 sweep's failure: 64 clients, threshold 20, speculation 1.3x plain there. The
+    fit never sees speculation near 64; a probe does, and the pod keeps speculating. Later
+    probes of plain decoding change nothing and come ever less often."""
+    monkeypatch.setitem(globals(), "PROFILE", profiles.load("h200-3b-synthetic"))
+    params = ControlSettings(threshold=20, max_threshold=256, **PROBING)
+    changes, _ = _closed_loop_with_controller([(0.0, 64)], params, seconds=150)
+    first_at, first = changes[0]
+    assert first_at < 10 and first is not None and first >= 64 + 64 * control.PROBE_BAND
+    assert changes[-1][1] == first, changes  # every later probe went back
+    lowered = [t for t, value in changes if value is not None and value < 64]
+    assert len(lowered) >= 2, changes
+    gaps = [b - a for a, b in itertools.pairwise(lowered)]
+    assert all(gap > 1.5 * params.probe_interval_seconds for gap in gaps), changes
+
+
+def test_a_steady_load_under_a_too_high_threshold_probes_plain_decoding_and_keeps_it() -> None:
+    """On the RTX profile plain decoding delivers about 2x speculation at batch 40; a pod held
+    there under threshold 64 moves below 40 after one probe."""
+    params = ControlSettings(threshold=64, max_threshold=64, **PROBING)
+    changes, _ = _closed_loop_with_controller([(0.0, 40)], params, seconds=60)
+    assert changes and changes[0][0] < 10, changes
+    final = changes[-1][1]
+    assert final is not None and final < 40 - 40 * control.PROBE_BAND, changes
+
+
+def test_probes_that_change_nothing_back_off() -> None:
+    """4 clients on the RTX profile under threshold 8: speculation pays there. Each probe of
+    plain decoding goes back to 8, and the wait before the next doubles."""
+    params = ControlSettings(threshold=8, **PROBING)
+    changes, _ = _closed_loop_with_controller([(0.0, 4)], params, seconds=200)
+    probes = [t for t, value in changes if value != 8]
+    assert [value for _, value in changes][-1] == 8, changes
+    assert 2 <= len(probes) <= 4, changes  # waits of 30, 60, 120 s
+    gaps = [b - a for a, b in itertools.pairwise(probes)]
+    assert gaps == sorted(gaps) and gaps[-1] > 2 * params.probe_interval_seconds, changes
+
+
+def test_no_probes_when_turned_off() -> None:
+    params = ControlSettings(threshold=20, max_threshold=256,
+                             **{**PROBING, "probe_interval_seconds": 0})  # fmt: skip
+    changes, _ = _closed_loop_with_controller([(0.0, 40)], params, seconds=60)
+    assert changes == []
+
+
+def steady(batch: float, speculating: bool, *, start: float, end: float,
+           per_request: float = 10.0) -> list[control.Sample]:  # fmt: skip
+    """One pod's samples every 0.5 s at one batch in one mode, `per_request` tok/s each."""
+    n = round((end - start) / 0.5)
+    return [control.Sample(start + 0.5 * i, batch, per_request * batch, float(speculating))
+            for i in range(1, n + 1)]  # fmt: skip
+
+
+def test_only_one_pod_of_a_deployment_probes_at_a_time() -> None:
+    params = ControlSettings(threshold=8, max_threshold=128, **PROBING)
+    own = steady(48, False, start=0, end=10)
+    start = control.Decision(8, "initial", -math.inf)
+    pods = [control.PodInput(start, own, True), control.PodInput(start, own, True)]
+    decisions = control.decide_pods(own, pods, now=10, params=params)
+    assert [d.probe is not None for d in decisions] == [True, False]
+    assert decisions[0].threshold == math.ceil(48 + 48 * control.PROBE_BAND)
+    assert decisions[1] == replace_reason(start, decisions[1].reason)
+
+
+def replace_reason(decision: control.Decision, reason: str) -> control.Decision:
+    return control.Decision(decision.threshold, reason, decision.changed_at, decision.probe,
+                            decision.probe_wait)  # fmt: skip
+
+
+def test_a_mode_measured_at_the_batch_decides_without_a_probe() -> None:
+    """The pod ran speculation at batch 48 twenty seconds ago at twice the rate per request of
+    its plain decoding there now: it switches at once (no probe). A sibling's figures do not
+    count: it may serve another traffic mix."""
+    params = ControlSettings(threshold=8, max_threshold=128, **PROBING)
+    start = control.Decision(8, "initial", -math.inf)
+    plain = steady(48, False, start=60, end=70)
+    earlier = steady(48, True, start=40, end=50, per_request=20.0)
+    decision = control.decide(samples=plain + earlier, own=plain + earlier, now=70, fresh=True,
+                              params=params, previous=start)  # fmt: skip
+    assert decision.probe is None and decision.threshold == 56, decision
+    assert "2.00x" in decision.reason
+    sibling = control.decide(samples=plain + earlier, own=plain, now=70, fresh=True,
+                             params=params, previous=start)  # fmt: skip
+    assert sibling.probe is not None, sibling
+
+
+def test_pods_of_the_latency_pool_do_not_probe() -> None:
+    params = ControlSettings(threshold=8, max_threshold=128, **PROBING)
+    own = steady(6, True, start=0, end=10)
+    start = control.Decision(8, "initial", -math.inf)
+    pods = [control.PodInput(start, own, True, explore=False), control.PodInput(start, own, True)]
+    latency, mixed = control.decide_pods(own, pods, now=10, params=params)
+    assert latency.threshold == 8 and latency.probe is None
+    assert mixed.probe is not None and mixed.threshold == 4
+
+
+def test_a_probe_whose_load_moves_goes_back_without_backing_off() -> None:
+    params = ControlSettings(threshold=8, max_threshold=128, **PROBING)
+    own = steady(48, False, start=0, end=10)
+    started = control.decide(samples=own, own=own, now=10, fresh=True, params=params,
+                             previous=control.Decision(8, "initial", -math.inf))  # fmt: skip
+    assert started.probe is not None and started.threshold == 56
+    during = own + steady(20, True, start=10, end=30)  # the clients left: batch 20 now
+    held = control.decide(samples=during, own=during, now=15, fresh=True, params=params,
+                          previous=started)  # fmt: skip
+    assert held.threshold == 56 and held.probe == started.probe
+    ended = control.decide(samples=during, own=during, now=10 + 4 * params.probe_seconds + 1,
+                           fresh=True, params=params, previous=held)  # fmt: skip
+    assert ended.threshold == 8 and ended.probe is None and ended.probe_wait == 1.0
+    assert "inconclusive" in ended.reason

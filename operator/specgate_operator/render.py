@@ -286,6 +286,7 @@ def router_config(sdd: api.SpecDecodeDeployment) -> dict[str, Any]:
             "maxThreshold": control.max_threshold,
             "hysteresis": control.hysteresis,
             "cooldownSeconds": control.cooldown_seconds,
+            "probeIntervalSeconds": control.probe_interval_seconds,
         },
         "pools": {
             "minLatencyFraction": sdd.spec.router.pools.min_latency_fraction,

@@ -12,8 +12,17 @@ estimate is the largest such b. Each move is bounded to [T/2, 2T+1], so a far es
 approached in steps and re-measured on the way: a fixed-point iteration towards the crossover.
 
 Until both modes have enough samples near T at two or more batch sizes, the pod keeps its
-threshold. A new value is pushed only when it moves more than `hysteresis` from the current one
-and the pod's last change is `cooldownSeconds` old; stale metrics never produce a decision. In
+threshold. A load that holds steadily away from T never gives such samples: a pod running
+plain at batch 64 under T = 20 never measures speculation there. Such a pod probes: it runs
+the other mode at its batch for a few seconds (`probe`), keeps it when it delivers more per
+request, and otherwise goes back and waits twice as long before the next probe. Probes are rare
+(`probeIntervalSeconds` apart at least, one pod of a deployment at a time), and a mode the pod
+measured at that batch within the wait decides without one. Probes compare a pod with itself
+(siblings at the same batch may serve another traffic mix), and pods of the latency pool do not
+probe: their threshold is what the pool is sized by.
+
+A new value is pushed only when it moves more than `hysteresis` from the current one and the
+pod's last change is `cooldownSeconds` old; stale metrics never produce a decision. In
 dynamic mode the threshold stays >= 1: at 0 a pod would never speculate and the controller
 could never measure speculation again (use mode `off` for that).
 
@@ -25,7 +34,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from specgate_router.settings import ControlSettings
 
@@ -60,11 +70,36 @@ class Line:
         return self.alpha + self.beta * batch
 
 
+PROBE_BAND = 0.15
+"""Samples within this fraction of a batch size (at least one request) count as that batch."""
+PROBE_MARGIN = 0.05
+"""A mode replaces the running one at a batch when it delivers this much more per request."""
+PROBE_BACKOFF_LIMIT = 8
+"""A probe that changed nothing doubles the wait before the next, up to this many intervals."""
+PROBE_BASELINE_SECONDS = 60.0
+"""The running mode's samples from this long before a probe are what the probe is held to."""
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A pod running the other mode for a while at the batch it holds steadily."""
+
+    batch: float
+    speculating: bool  # the mode on trial
+    threshold: int  # the threshold that runs it at `batch`
+    previous: int | None  # the threshold to go back to
+    started: float
+    until: float  # judged from here, once it has min_samples samples ...
+    give_up: float  # ... or abandoned from here without a verdict
+
+
 @dataclass(frozen=True)
 class Decision:
     threshold: int | None  # None: always speculate
     reason: str
     changed_at: float  # when the threshold last changed (-inf: never)
+    probe: Probe | None = None
+    probe_wait: float = 1.0  # the wait before the next probe, in probe intervals
 
 
 def sample_between(
@@ -220,16 +255,21 @@ def decide(
     fresh: bool,
     params: ControlSettings,
     estimates: dict[int, tuple[int | None, str]] | None = None,
+    own: Sequence[Sample] = (),
+    may_probe: bool = True,
 ) -> Decision:
-    """The next threshold for one pod. Pods deciding from the same samples at the same time
-    can share `estimates` (keyed by current threshold): the fit is then made once per
-    distinct threshold, not once per pod."""
+    """The next threshold for one pod, from `samples` (pooled across its deployment) and, for
+    probes, `own` (its own; none: it does not probe). Pods deciding from the same samples at
+    the same time can share `estimates` (keyed by current threshold): the fit is then made
+    once per distinct threshold, not once per pod. `may_probe`: no other pod is probing."""
     if params.mode == "alwaysOn":
         return _keep_or(previous, None, "control.mode alwaysOn", now)
     if params.mode == "off":
         return _keep_or(previous, 0, "control.mode off", now)
     if not fresh:
-        return Decision(previous.threshold, "metrics stale: no decision", previous.changed_at)
+        return replace(previous, reason="metrics stale: no decision")
+    if previous.probe is not None:
+        return _continue_probe(own, previous, now, params)
     current = previous.threshold if previous.threshold is not None else params.max_threshold
     cached = estimates.get(current) if estimates is not None else None
     if cached is None:
@@ -237,15 +277,159 @@ def decide(
         if estimates is not None:
             estimates[current] = cached
     estimate, why = cached
-    if estimate is None:
-        return Decision(previous.threshold, why, previous.changed_at)
-    target = clamp(estimate, current, params)
-    if abs(target - current) <= params.hysteresis:
-        return Decision(current, f"{why}; within hysteresis of {current}", previous.changed_at)
-    if now - previous.changed_at < params.cooldown_seconds:
-        wait = params.cooldown_seconds - (now - previous.changed_at)
-        return Decision(current, f"{why}; cooling down {wait:.0f}s", previous.changed_at)
-    return Decision(target, why, now)
+    if estimate is not None:
+        target = clamp(estimate, current, params)
+        if abs(target - current) > params.hysteresis:
+            if now - previous.changed_at < params.cooldown_seconds:
+                wait = params.cooldown_seconds - (now - previous.changed_at)
+                return replace(previous, reason=f"{why}; cooling down {wait:.0f}s")
+            return Decision(target, why, now, probe_wait=previous.probe_wait)
+        why = f"{why}; within hysteresis of {current}"
+    explored = _explore(own, previous, now, params, may_probe=may_probe)
+    return explored if explored is not None else replace(previous, reason=why)
+
+
+class PodInput(NamedTuple):
+    """What `decide_pods` needs of one pod."""
+
+    previous: Decision
+    own: Sequence[Sample]  # its own samples
+    fresh: bool
+    explore: bool = True  # False in the latency pool
+
+
+def decide_pods(
+    pooled: Sequence[Sample], pods: Sequence[PodInput], *, now: float, params: ControlSettings
+) -> list[Decision]:
+    """`decide` for every pod of a deployment: fits shared between pods at the same threshold,
+    and one probe at a time, so a fleet that holds steady does not dip all at once."""
+    estimates: dict[int, tuple[int | None, str]] = {}
+    probing = any(pod.previous.probe is not None for pod in pods)
+    decisions = []
+    for pod in pods:
+        decision = decide(
+            samples=pooled, previous=pod.previous, now=now, fresh=pod.fresh, params=params,
+            estimates=estimates, own=pod.own if pod.explore else (), may_probe=not probing,
+        )  # fmt: skip
+        probing = probing or decision.probe is not None
+        decisions.append(decision)
+    return decisions
+
+
+# ---- probes: the load holds away from the threshold ----
+
+
+def band(batch: float) -> float:
+    return max(1.0, PROBE_BAND * batch)
+
+
+def steady_batch(
+    own: Sequence[Sample], *, now: float, params: ControlSettings
+) -> tuple[float, bool] | None:
+    """(batch, speculating) when the pod's samples of the last few scrapes all ran one mode at
+    one batch size (within `band`), else None."""
+    seconds = 2 * params.min_samples * params.scrape_interval_seconds
+    recent = [s for s in own if now - s.at <= seconds]
+    if len(recent) < params.min_samples:
+        return None
+    modes = {s.speculating_fraction >= STEADY_MODE_FRACTION for s in recent}
+    batches = sorted(s.batch for s in recent)
+    middle = batches[len(batches) // 2]
+    if len(modes) != 1 or any(abs(b - middle) > band(middle) for b in batches):
+        return None
+    return middle, modes.pop()
+
+
+def rate_per_request(
+    samples: Sequence[Sample], *, batch: float, speculating: bool, since: float,
+    until: float = math.inf,
+) -> tuple[float, int]:  # fmt: skip
+    """Mean output tok/s per running request of one mode's samples near `batch`, and how many."""
+    rates = [
+        s.tokens_per_second / s.batch
+        for s in samples
+        if (s.speculating_fraction >= STEADY_MODE_FRACTION) == speculating
+        and abs(s.batch - batch) <= band(batch)
+        and since <= s.at <= until
+    ]
+    return (sum(rates) / len(rates) if rates else 0.0), len(rates)
+
+
+def threshold_to_run(batch: float, *, speculating: bool, params: ControlSettings) -> int | None:
+    """The threshold closest to running `batch` (and its band) in the given mode, within the
+    resource's bounds; None when they allow none."""
+    if speculating:
+        value = math.ceil(batch + band(batch))
+        return value if value <= params.max_threshold else None
+    value = math.ceil(batch - band(batch)) - 1
+    return value if value >= max(1, params.min_threshold) else None
+
+
+def _mode(speculating: bool) -> str:
+    return "speculation" if speculating else "plain decoding"
+
+
+def _explore(
+    own: Sequence[Sample], previous: Decision, now: float, params: ControlSettings, *,
+    may_probe: bool,
+) -> Decision | None:  # fmt: skip
+    """For a pod holding one batch size in one mode: switch when it measured the other mode
+    delivering more there, probe it when it has not measured it there within the wait."""
+    if params.probe_interval_seconds <= 0 or now - previous.changed_at < params.cooldown_seconds:
+        return None
+    steady = steady_batch(own, now=now, params=params)
+    if steady is None:
+        return None
+    batch, speculating = steady
+    other = threshold_to_run(batch, speculating=not speculating, params=params)
+    if other is None:
+        return None
+    wait = params.probe_interval_seconds * previous.probe_wait
+    since = now - wait
+    here, n_here = rate_per_request(own, batch=batch, speculating=speculating, since=since)
+    there, n_there = rate_per_request(own, batch=batch, speculating=not speculating,
+                                      since=since)  # fmt: skip
+    need = params.min_samples
+    if n_here >= need and n_there >= need:
+        if there <= here * (1 + PROBE_MARGIN):
+            return None
+        why = (f"{_mode(not speculating)} delivers {there / here:.2f}x {_mode(speculating)} at "
+               f"batch {batch:.0f} (measured)")  # fmt: skip
+        return Decision(other, why, now, probe_wait=1.0)
+    if not may_probe or now - previous.changed_at < wait:
+        return None
+    probe = Probe(batch, not speculating, other, previous.threshold, now,
+                  now + params.probe_seconds, now + 4 * params.probe_seconds)  # fmt: skip
+    why = (f"probing {_mode(not speculating)} at batch {batch:.0f}: the load holds there and "
+           f"threshold {previous.threshold} never measures it")  # fmt: skip
+    return Decision(other, why, now, probe, previous.probe_wait)
+
+
+def _continue_probe(
+    own: Sequence[Sample], previous: Decision, now: float, params: ControlSettings
+) -> Decision:
+    probe = previous.probe
+    assert probe is not None
+    need = params.min_samples
+    tried, n_tried = rate_per_request(own, batch=probe.batch, speculating=probe.speculating,
+                                      since=probe.started)  # fmt: skip
+    if now < probe.until or (n_tried < need and now < probe.give_up):
+        return replace(previous, reason=f"probing {_mode(probe.speculating)} at batch "
+                       f"{probe.batch:.0f}: {n_tried} samples")  # fmt: skip
+    base, n_base = rate_per_request(
+        own, batch=probe.batch, speculating=not probe.speculating,
+        since=probe.started - PROBE_BASELINE_SECONDS, until=probe.started,
+    )  # fmt: skip
+    back = probe.previous
+    if n_tried < need or n_base < need:
+        why = f"probe inconclusive (the load moved: {n_tried} samples, {n_base} before); back"
+        return Decision(back, why, now, probe_wait=previous.probe_wait)
+    ratio = tried / base if base > 0 else math.inf
+    verdict = f"probe: {_mode(probe.speculating)} at batch {probe.batch:.0f} gave {ratio:.2f}x"
+    if ratio > 1 + PROBE_MARGIN:
+        return Decision(probe.threshold, f"{verdict}; keeping it", now, probe_wait=1.0)
+    backoff = min(PROBE_BACKOFF_LIMIT, 2 * previous.probe_wait)
+    return Decision(back, f"{verdict}; back to {back}", now, probe_wait=backoff)
 
 
 def _keep_or(previous: Decision, value: int | None, reason: str, now: float) -> Decision:

@@ -224,12 +224,15 @@ class RouterState:
         # at a batch size holds for its siblings, so every pod learns from all of them.
         samples = control.pool_samples([pod.samples for pod in self.live_pods()])
         self.update_pools(now, samples)
-        estimates: dict[int, tuple[int | None, str]] = {}
-        for pod in self.live_pods():
-            pod.decision = control.decide(
-                samples=samples, previous=pod.decision, now=now,
-                fresh=pod.fresh(now, params), params=params, estimates=estimates,
-            )  # fmt: skip
+        live = self.live_pods()
+        decisions = control.decide_pods(
+            samples,
+            [control.PodInput(pod.decision, pod.samples, pod.fresh(now, params),
+                              explore=pod.pool != "latency") for pod in live],
+            now=now, params=params,
+        )  # fmt: skip
+        for pod, decision in zip(live, decisions, strict=True):
+            pod.decision = decision
         if not self.is_leader:
             return
         for pod in self.live_pods():
