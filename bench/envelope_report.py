@@ -40,6 +40,7 @@ NAMES = {
     "always-on": "(b) EAGLE-3 always on",
     "upstream-0step": "(c) upstream adaptive, off above 8",
     "specgate": "(d) patched + specgate router",
+    "specgate-probes": "(d') the same, router probing",
     "patched-off": "patched, pinned off",
     "patched-off-deferred": "patched, pinned off, deferred draft extend",
 }
@@ -81,10 +82,10 @@ def summarise(windows: Sequence[dict[str, Any]]) -> Stats:
     return stats
 
 
-def envelope_ratio(stats: Stats) -> dict[int, float]:
-    """X_d / max(X_a, X_b) wherever all three ran."""
+def envelope_ratio(stats: Stats, routed: str = "specgate") -> dict[int, float]:
+    """X_d / max(X_a, X_b) wherever all three ran (`routed`: specgate or specgate-probes)."""
     out = {}
-    for c, d in stats.get("specgate", {}).items():
+    for c, d in stats.get(routed, {}).items():
         a, b = stats.get("plain", {}).get(c), stats.get("always-on", {}).get(c)
         if a and b:
             out[c] = round(d["tok_s"] / max(a["tok_s"], b["tok_s"]), 3)
@@ -103,7 +104,7 @@ def off_ratios(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
             if w["server"] == "plain":
                 plain.setdefault(w["c"], []).append(w["tok_s"])
             elif w["server"].startswith("patched-off") or (
-                w["server"] == "specgate" and w.get("steps_on") == 0 and w.get("steps_off")
+                w["server"].startswith("specgate") and w.get("steps_on") == 0 and w.get("steps_off")
             ):
                 off.setdefault((w["server"], w["c"]), []).append(w["tok_s"])
         for (server, c), rates in sorted(off.items()):
@@ -206,11 +207,13 @@ def sim_error(profile: Profile, stats: Stats) -> dict[str, Any]:
             "simulated_crossover_batch": profile.crossover_batch()}  # fmt: skip
 
 
-def table(stats: Stats, ratio: dict[int, float]) -> str:
+def table(stats: Stats, ratio: dict[int, float], probing: dict[int, float] | None = None) -> str:
+    """The envelope table; `probing`: X_d' of the router that probes, where it ran."""
     levels = sorted({c for by_c in stats.values() for c in by_c})
+    extra = " X_d' / max(X_a, X_b) |" if probing else ""
     lines = ["| c | " + " | ".join(NAMES[s] for s in NAMES if s in stats)
-             + " | X_d / max(X_a, X_b) |",
-             "|---" * (2 + sum(s in stats for s in NAMES)) + "|"]  # fmt: skip
+             + " | X_d / max(X_a, X_b) |" + extra,
+             "|---" * (2 + bool(probing) + sum(s in stats for s in NAMES)) + "|"]  # fmt: skip
     for c in levels:
         cells = []
         for server in (s for s in NAMES if s in stats):
@@ -226,7 +229,8 @@ def table(stats: Stats, ratio: dict[int, float]) -> str:
                 + (f"<br>accept {accept:.2f}" if accept and accept > 1.01 else "")
                 + extra
             )
-        lines.append(f"| {c} | " + " | ".join(cells) + f" | {ratio.get(c, '')} |")
+        tail = f" {probing.get(c, '')} |" if probing else ""
+        lines.append(f"| {c} | " + " | ".join(cells) + f" | {ratio.get(c, '')} |" + tail)
     return "\n".join(lines)
 
 
@@ -273,6 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stats = summarise(load_windows(inputs))
     side_by_side = off_ratios({p.name: load_windows([p]) for p in inputs})
     ratio = envelope_ratio(stats)
+    probing = envelope_ratio(stats, "specgate-probes")
     profile = None
     if PROFILE_PATH.exists() and not args.write_profile:
         profile = Profile.model_validate(json.loads(PROFILE_PATH.read_text()))
@@ -287,7 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         PROFILE_PATH.write_text(json.dumps(data, indent=2) + "\n")
     error = sim_error(profile, stats) if profile else None
     md = (
-        table(stats, ratio)
+        table(stats, ratio, probing)
         + "\n\nSpeculation off against plain, side by side (one run's windows):\n\n"
     )
     md += "| run | server | c | windows (off / plain) | off tok/s | plain tok/s | ratio |\n"
@@ -303,6 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu_envelope.md").write_text(md + "\n")
     summary = {"inputs": [p.name for p in inputs], "stats": stats, "ratio": ratio,
+               "ratio_router_probing": probing,
                "off_vs_plain_side_by_side": side_by_side, "simulator": error}  # fmt: skip
     (args.out / "gpu_envelope.json").write_text(json.dumps(summary, indent=1) + "\n")
     plot(stats, profile, args.out / "gpu_envelope.png")

@@ -69,7 +69,15 @@ from speed import (  # type: ignore[import-not-found]  # noqa: E402
 from synthetic import acceptance  # type: ignore[import-not-found]  # noqa: E402
 
 SERVERS = ("plain", "always-on", "upstream-0step", "specgate")
-EXTRAS = ("patched-off", "patched-off-deferred", "patched-8", "upstream-always-on")
+EXTRAS = (
+    "patched-off",
+    "patched-off-deferred",
+    "patched-8",
+    "upstream-always-on",
+    "specgate-probes",
+)
+ROUTED = ("specgate", "specgate-probes")
+"""Servers behind specgate's router; specgate-probes' router also probes (control.probe*)."""
 UPSTREAM = ("upstream-0step", "upstream-always-on")
 """Servers that run unpatched SGLang where run-on-gpu.sh provides it ($SPECGATE_UPSTREAM_SITE)."""
 ROUTER_OFFSET = 500
@@ -105,6 +113,7 @@ def engine_args(name: str, common: list[str], eagle: list[str], adaptive: Path) 
         "upstream-0step": [*common, *eagle, "--speculative-adaptive",
                            "--speculative-adaptive-config", str(adaptive)],
         "specgate": [*common, *eagle, "--speculative-disable-batch-threshold", "8"],
+        "specgate-probes": [*common, *eagle, "--speculative-disable-batch-threshold", "8"],
         "patched-off": [*common, *eagle, "--speculative-disable-batch-threshold", "0"],
         "patched-8": [*common, *eagle, "--speculative-disable-batch-threshold", "8"],
         "patched-off-deferred": [*common, *eagle, "--speculative-disable-batch-threshold", "0"],
@@ -113,7 +122,7 @@ def engine_args(name: str, common: list[str], eagle: list[str], adaptive: Path) 
 
 SIM_THRESHOLD = {"plain": "0", "always-on": "none", "upstream-0step": "8", "specgate": "8",
                  "patched-off": "0", "patched-off-deferred": "0", "patched-8": "8",
-                 "upstream-always-on": "none"}  # fmt: skip
+                 "upstream-always-on": "none", "specgate-probes": "8"}  # fmt: skip
 
 
 def get_json(url: str, timeout: float = 10) -> Any:
@@ -204,6 +213,10 @@ def router_view(port: int) -> dict[str, Any]:
     return view
 
 
+PROBES = {"probeIntervalSeconds": 60, "probeSeconds": 3, "maxThreshold": 256}
+"""specgate-probes' router: a probe at most once a minute per wait, room to speculate at 128."""
+
+
 def start_router(server: Server, out: Path) -> subprocess.Popen[bytes]:
     assert server.router_port is not None
     config = out / "router.yaml"
@@ -218,6 +231,7 @@ def start_router(server: Server, out: Path) -> subprocess.Popen[bytes]:
                     "cooldownSeconds": 5,
                     "hysteresis": 1,
                     "minSamples": 4,
+                    **(PROBES if server.name == "specgate-probes" else {}),
                 },
             }
         )
@@ -308,6 +322,10 @@ def main() -> int:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--c", type=float, default=12.0, help="synthetic pair: the repeat logit")
     parser.add_argument("--learn-seconds", type=float, default=0.0)
+    parser.add_argument("--learn-pattern", default=",".join(map(str, LEARN_PATTERN)),
+                        help="client counts of the learning phase, in turn")  # fmt: skip
+    parser.add_argument("--learn-hold", type=float, default=3.0,
+                        help="seconds each client count of the learning phase holds")  # fmt: skip
     parser.add_argument(
         "--switch-first",
         action="store_true",
@@ -349,10 +367,14 @@ def main() -> int:
         parser.error(f"--servers/--extra: unknown {sorted(bad)}; choose from {', '.join(known)}")
     if not main_servers or len(set(main_servers + extras)) < len(main_servers + extras):
         parser.error("--servers: name at least one server, and none twice (with --extra)")
-    if (args.switch_first or args.learn_seconds) and "specgate" not in main_servers:
-        parser.error("--switch-first and --learn-seconds need specgate in --servers")
+    routed = [n for n in main_servers + extras if n in ROUTED]
+    if len(routed) > 1:
+        parser.error(f"--servers/--extra: one of {', '.join(ROUTED)} at a time (one router)")
+    if (args.switch_first or args.learn_seconds) and not routed:
+        parser.error("--switch-first and --learn-seconds need a routed server (specgate)")
     extra_levels = [int(c) for c in args.extra_levels.split(",")] if extras else []
     profile_levels = [int(c) for c in args.profile_levels.split(",") if c]
+    learn_pattern = [int(c) for c in args.learn_pattern.split(",")]
     top = max(levels + extra_levels)
     models = args.models
     if not sim:
@@ -392,7 +414,7 @@ def main() -> int:
             placements[i % len(placements)],
             engine_args(name, common, eagle, adaptive),
             envs[name],
-            router_port=args.port_base + ROUTER_OFFSET if name == "specgate" else None,
+            router_port=args.port_base + ROUTER_OFFSET if name in ROUTED else None,
         )
         for i, name in enumerate(names)
     ]
@@ -421,7 +443,7 @@ def main() -> int:
             results["servers"][s.name]["healthy_after_s"] = round(time.time() - began, 1)
             verify.log(f"{s.name} healthy (waited {s_up:.0f}s more)")
         by_name = {s.name: s for s in servers}
-        specgate = by_name.get("specgate")
+        specgate = next((s for s in servers if s.name in ROUTED), None)
         if specgate is not None:
             router = start_router(specgate, out)
         if args.switch_first:
@@ -437,8 +459,8 @@ def main() -> int:
         step = 0
         while time.time() < learn_until:
             assert specgate is not None and specgate.router_port is not None
-            c = LEARN_PATTERN[step % len(LEARN_PATTERN)]
-            got = window(specgate, c, 3.0, 0.5, args.temperature, seed=10_000 + step)
+            c = learn_pattern[step % len(learn_pattern)]
+            got = window(specgate, c, args.learn_hold, 0.5, args.temperature, seed=10_000 + step)
             view = router_view(specgate.router_port)
             results["router_log"].append({"t": round(time.time() - began, 1), "phase": "learn",
                                           "clients": c, "mean_batch": got["mean_batch"],
@@ -464,7 +486,7 @@ def main() -> int:
                 got = window(by_name[name], c, args.seconds, args.warmup, args.temperature,
                              seed=c * 100 + rep)  # fmt: skip
                 got.update(server=name, c=c, rep=rep)
-                if name == "specgate":
+                if name in ROUTED:
                     assert specgate is not None and specgate.router_port is not None
                     view = router_view(specgate.router_port)
                     got["threshold"] = view.get("threshold")
