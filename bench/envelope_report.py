@@ -82,6 +82,28 @@ def summarise(windows: Sequence[dict[str, Any]]) -> Stats:
     return stats
 
 
+ROUTED = ("specgate", "specgate-probes")
+
+
+def compose(runs: dict[str, Stats]) -> tuple[Stats, dict[int, str]]:
+    """One run per concurrency: the last run (in name order, which is the order they ran) that
+    measured plain, always-on and a routed server there. The host's speed moved by up to 1.5x
+    between GPU jobs, so figures of one row must come from one job to stay side by side."""
+    stats: Stats = {}
+    source: dict[int, str] = {}
+    for name, run in sorted(runs.items()):
+        for c in sorted({c for by_c in run.values() for c in by_c}):
+            if all(c in run.get(s, {}) for s in ("plain", "always-on")) and any(
+                c in run.get(s, {}) for s in ROUTED
+            ):
+                source[c] = name
+    for c, name in source.items():
+        for server, by_c in runs[name].items():
+            if c in by_c:
+                stats.setdefault(server, {})[c] = by_c[c]
+    return stats, dict(sorted(source.items()))
+
+
 def envelope_ratio(stats: Stats, routed: str = "specgate") -> dict[int, float]:
     """X_d / max(X_a, X_b) wherever all three ran (`routed`: specgate or specgate-probes)."""
     out = {}
@@ -207,13 +229,19 @@ def sim_error(profile: Profile, stats: Stats) -> dict[str, Any]:
             "simulated_crossover_batch": profile.crossover_batch()}  # fmt: skip
 
 
-def table(stats: Stats, ratio: dict[int, float], probing: dict[int, float] | None = None) -> str:
-    """The envelope table; `probing`: X_d' of the router that probes, where it ran."""
+def table(
+    stats: Stats,
+    ratio: dict[int, float],
+    probing: dict[int, float] | None = None,
+    source: dict[int, str] | None = None,
+) -> str:
+    """The envelope table; `probing`: X_d' of the router that probes, where it ran; `source`:
+    the run each row comes from."""
     levels = sorted({c for by_c in stats.values() for c in by_c})
     extra = " X_d' / max(X_a, X_b) |" if probing else ""
-    lines = ["| c | " + " | ".join(NAMES[s] for s in NAMES if s in stats)
+    lines = ["| c | run | " + " | ".join(NAMES[s] for s in NAMES if s in stats)
              + " | X_d / max(X_a, X_b) |" + extra,
-             "|---" * (2 + bool(probing) + sum(s in stats for s in NAMES)) + "|"]  # fmt: skip
+             "|---" * (3 + bool(probing) + sum(s in stats for s in NAMES)) + "|"]  # fmt: skip
     for c in levels:
         cells = []
         for server in (s for s in NAMES if s in stats):
@@ -230,7 +258,8 @@ def table(stats: Stats, ratio: dict[int, float], probing: dict[int, float] | Non
                 + extra
             )
         tail = f" {probing.get(c, '')} |" if probing else ""
-        lines.append(f"| {c} | " + " | ".join(cells) + f" | {ratio.get(c, '')} |" + tail)
+        run = (source or {}).get(c, "").removeprefix("gpu-envelope-").removesuffix(".json")
+        lines.append(f"| {c} | {run} | " + " | ".join(cells) + f" | {ratio.get(c, '')} |" + tail)
     return "\n".join(lines)
 
 
@@ -274,10 +303,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--write-profile", action="store_true")
     args = parser.parse_args(argv)
     inputs = args.inputs or sorted(RESULTS.glob("gpu-envelope-*.json"))
-    stats = summarise(load_windows(inputs))
+    runs = {p.name: summarise(load_windows([p])) for p in inputs}
+    stats, source = compose(runs)
     side_by_side = off_ratios({p.name: load_windows([p]) for p in inputs})
     ratio = envelope_ratio(stats)
     probing = envelope_ratio(stats, "specgate-probes")
+    every_run = []
+    for name, run in runs.items():
+        by_routed = {r: envelope_ratio(run, r) for r in (*ROUTED, "upstream-0step")}
+        for c in sorted({c for ratios in by_routed.values() for c in ratios}):
+            every_run.append(
+                {"run": name, "c": c, **{r: ratios.get(c) for r, ratios in by_routed.items()}}
+            )
     profile = None
     if PROFILE_PATH.exists() and not args.write_profile:
         profile = Profile.model_validate(json.loads(PROFILE_PATH.read_text()))
@@ -292,8 +329,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         PROFILE_PATH.write_text(json.dumps(data, indent=2) + "\n")
     error = sim_error(profile, stats) if profile else None
     md = (
-        table(stats, ratio, probing)
-        + "\n\nSpeculation off against plain, side by side (one run's windows):\n\n"
+        table(stats, ratio, probing, source)
+        + "\n\nEvery run's ratios (each side by side within its run):\n\n"
+        + "| run | c | X_c / max(X_a, X_b) | X_d / max(X_a, X_b) | X_d' / max(X_a, X_b) |\n"
+        + "|---|---|---|---|---|\n"
+        + "".join(
+            f"| {r['run']} | {r['c']} | {r['upstream-0step'] or ''} | {r['specgate'] or ''} | "
+            f"{r['specgate-probes'] or ''} |\n"
+            for r in every_run
+        )
+        + "\nSpeculation off against plain, side by side (one run's windows):\n\n"
     )
     md += "| run | server | c | windows (off / plain) | off tok/s | plain tok/s | ratio |\n"
     md += "|---|---|---|---|---|---|---|\n" + "".join(
@@ -308,7 +353,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu_envelope.md").write_text(md + "\n")
     summary = {"inputs": [p.name for p in inputs], "stats": stats, "ratio": ratio,
-               "ratio_router_probing": probing,
+               "ratio_router_probing": probing, "row_source": source,
+               "every_run": every_run,
                "off_vs_plain_side_by_side": side_by_side, "simulator": error}  # fmt: skip
     (args.out / "gpu_envelope.json").write_text(json.dumps(summary, indent=1) + "\n")
     plot(stats, profile, args.out / "gpu_envelope.png")

@@ -56,7 +56,7 @@ def test_controller_converges_to_the_true_crossover(start: int) -> None:
 
 
 def test_the_h200_learning_run_moves_the_threshold_up() -> None:
-    """Replayed from the GPU envelope's learning phase (bench/results/gpu-envelope-high-c.log):
+    """Replayed from the GPU envelope's learning phase (bench/results/gpu-envelope-2-high-c.log):
     closed loops of 4 and 8 clients speculating, 12-48 plain, threshold 8. The engine ran at a
     mean batch of 0.96c, so only one batch size fell on each side of the threshold's window
     and the router kept 8 for the whole run, while EAGLE-3 out-ran plain decoding at every
@@ -247,18 +247,20 @@ def test_the_envelope_learning_phase_climbs_on_the_h200_profile(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """bench/gpu_envelope.py's learning phase (3 s per client count) on the simulator profile
-    fitted to the H200 sweep, where speculation pays up to batch 128: the controller climbs in
-    doubling steps to 64 within 90 s (the controller of the GPU run stayed at 8). It stops
-    there: above 64 the pattern shows plain decoding at one batch size only (96 clients)."""
+    fitted to the H200 sweeps, where speculation pays up to batch 128: the fit alone climbs in
+    doubling steps from 8 to 64 within 30 s, and then never falls below 32. On this profile
+    (step cost concave in the batch, exponent 0.34) it does not settle: under the pattern's
+    varying load it swings 32 <-> 64 every cooldown (a known weakness, BENCHMARKS.md); the
+    probes, not the fit, moved the GPU run's router."""
     envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
     monkeypatch.setitem(globals(), "PROFILE", profiles.load("h200-3b-synthetic"))
     pattern = envelope.LEARN_PATTERN
     schedule = [(3.0 * i, pattern[i % len(pattern)]) for i in range(30)]
     params = ControlSettings(threshold=8, max_threshold=128, cooldown_seconds=5, hysteresis=1)
     changes, _ = _closed_loop_with_controller(schedule, params, seconds=90)
-    thresholds = [t for _, t in changes]
-    assert thresholds == sorted(thresholds), changes  # it only climbs
-    assert thresholds[-1] is not None and thresholds[-1] >= 64, changes
+    climb = [t for at, t in changes if at < 30]
+    assert climb[:3] == [16, 32, 64], changes
+    assert all(t is not None and t >= 32 for _, t in changes[2:]), changes
 
 
 def test_controller_on_the_simulated_engine_finds_the_crossover() -> None:
