@@ -475,28 +475,30 @@ def main() -> int:
                 for c in levels for rep in range(args.repeat)]  # fmt: skip
         plan += [(c, rep, extras) for c in extra_levels if c not in levels
                  for rep in range(args.repeat)]  # fmt: skip
-        for c, rep, group in plan:
-            turn = group[rep % len(group) :] + group[: rep % len(group)]
-            for name in turn:
-                # The profiles after the sweep keep their time: a window each, and the summary.
-                needed = args.warmup + args.seconds + 8 + profile_reserve
-                if time.time() - began + needed > args.deadline:
-                    results["stopped_early"] = f"deadline reached before {name} c={c}"
-                    raise TimeoutError
-                got = window(by_name[name], c, args.seconds, args.warmup, args.temperature,
-                             seed=c * 100 + rep)  # fmt: skip
-                got.update(server=name, c=c, rep=rep)
-                if name in ROUTED:
-                    assert specgate is not None and specgate.router_port is not None
-                    view = router_view(specgate.router_port)
-                    got["threshold"] = view.get("threshold")
-                    results["router_log"].append({"t": round(time.time() - began, 1),
-                                                  "phase": "sweep", "clients": c,
-                                                  "threshold": view.get("threshold"),
-                                                  "reason": view.get("reason")})  # fmt: skip
-                results["windows"].append(got)
-                save()
-                verify.log(f"{name} c={c} rep={rep}: {got}")
+        # Windows one after another until the deadline; the profiles after the sweep keep
+        # their time (a window each, and the summary) and run even when the sweep is cut.
+        windows = [(c, rep, name) for c, rep, group in plan
+                   for name in group[rep % len(group) :] + group[: rep % len(group)]]  # fmt: skip
+        for c, rep, name in windows:
+            needed = args.warmup + args.seconds + 8 + profile_reserve
+            if time.time() - began + needed > args.deadline:
+                results["stopped_early"] = f"deadline reached before {name} c={c}"
+                verify.log(results["stopped_early"])
+                break
+            got = window(by_name[name], c, args.seconds, args.warmup, args.temperature,
+                         seed=c * 100 + rep)  # fmt: skip
+            got.update(server=name, c=c, rep=rep)
+            if name in ROUTED:
+                assert specgate is not None and specgate.router_port is not None
+                view = router_view(specgate.router_port)
+                got["threshold"] = view.get("threshold")
+                results["router_log"].append({"t": round(time.time() - began, 1),
+                                              "phase": "sweep", "clients": c,
+                                              "threshold": view.get("threshold"),
+                                              "reason": view.get("reason")})  # fmt: skip
+            results["windows"].append(got)
+            save()
+            verify.log(f"{name} c={c} rep={rep}: {got}")
         for c in profile_levels if not sim else []:
             for name in names:
                 window(by_name[name], c, args.seconds, args.warmup, args.temperature, seed=7,
@@ -506,8 +508,6 @@ def main() -> int:
                 [sys.executable, str(REPO / "worker-image" / "gputest" / "profile_summary.py"),
                  str(out / "profiles")], capture_output=True, text=True, timeout=300)  # fmt: skip
             (out / "profiles.txt").write_text(summary.stdout + summary.stderr)
-    except TimeoutError:
-        verify.log(results["stopped_early"])
     except Exception as exc:
         results["error"] = f"{type(exc).__name__}: {exc}"
         verify.log(results["error"])

@@ -46,7 +46,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -87,6 +87,7 @@ class Policy:
     threshold: int | None  # what every pod starts with (None: always speculate)
     dynamic: bool  # specgate's threshold controller and class pools
     description: str
+    probe_interval: float = 0.0  # the controller's probeIntervalSeconds (0: no probes)
 
 
 POLICIES = (
@@ -178,7 +179,8 @@ class Fleet:
     ) -> None:
         self.policy = policy
         self.control = ControlSettings(
-            threshold=8 if policy.threshold is None else policy.threshold
+            threshold=8 if policy.threshold is None else policy.threshold,
+            probe_interval_seconds=policy.probe_interval,
         )
         if not policy.dynamic:
             self.control = self.control.model_copy(
@@ -465,7 +467,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--stationary-minutes", type=float, default=20.0)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--probe-interval", type=float, default=0.0,
+                        help="specgate's probeIntervalSeconds (default 0: no probes)")  # fmt: skip
     args = parser.parse_args(argv)
+    policies = [replace(p, probe_interval=args.probe_interval) if p.dynamic else p
+                for p in POLICIES]  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     profile = load(PROFILE)
@@ -486,14 +492,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             seed=args.seed,
             progress=progress,
         )
-        for p in POLICIES
+        for p in policies
     }
     ratio, oracle = oracle_ratio(outcomes, "specgate")
 
     stationary_seconds = args.stationary_minutes * 60
     stationary = run(
         profile,
-        POLICIES[3],
+        policies[3],
         constant(3 * args.pods, 3 * args.pods),
         pods=args.pods,
         seconds=stationary_seconds,
@@ -504,7 +510,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     mixed = {
         p.name: run(profile, p, constant(4, 24), pods=2, seconds=600, seed=args.seed + 2)
-        for p in POLICIES
+        for p in policies
     }
     best_static = max(STATIC, key=lambda s: mixed[s].goodput_rps())
     mixed_ratio = mixed["specgate"].goodput_rps() / max(1e-9, mixed[best_static].goodput_rps())
@@ -514,7 +520,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs = {
             p.name: run(profile, p, constant(latency, throughput), pods=pods, seconds=300,
                         seed=args.seed + 3)
-            for p in POLICIES
+            for p in policies
         }  # fmt: skip
         best = max(STATIC, key=lambda s: runs[s].goodput_rps())
         ours = runs["specgate"]
