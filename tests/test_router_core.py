@@ -664,7 +664,7 @@ def test_pods_of_the_latency_pool_do_not_probe() -> None:
     assert mixed.probe is not None and mixed.threshold == 4
 
 
-def test_a_probe_whose_load_moves_goes_back_without_backing_off() -> None:
+def test_a_probe_whose_load_moves_goes_back_and_backs_off() -> None:
     params = ControlSettings(threshold=8, max_threshold=128, **PROBING)
     own = steady(48, False, start=0, end=10)
     started = control.decide(samples=own, own=own, now=10, fresh=True, params=params,
@@ -676,5 +676,5 @@ def test_a_probe_whose_load_moves_goes_back_without_backing_off() -> None:
     assert held.threshold == 56 and held.probe == started.probe
     ended = control.decide(samples=during, own=during, now=10 + 4 * params.probe_seconds + 1,
                            fresh=True, params=params, previous=held)  # fmt: skip
-    assert ended.threshold == 8 and ended.probe is None and ended.probe_wait == 1.0
+    assert ended.threshold == 8 and ended.probe is None and ended.probe_wait == 2.0
     assert "inconclusive" in ended.reason

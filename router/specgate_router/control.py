@@ -421,14 +421,16 @@ def _continue_probe(
         since=probe.started - PROBE_BASELINE_SECONDS, until=probe.started,
     )  # fmt: skip
     back = probe.previous
+    backoff = min(PROBE_BACKOFF_LIMIT, 2 * previous.probe_wait)
     if n_tried < need or n_base < need:
-        why = f"probe inconclusive (the load moved: {n_tried} samples, {n_base} before); back"
-        return Decision(back, why, now, probe_wait=previous.probe_wait)
+        # The load moved, or steps are too slow to give samples (fewer than two per scrape):
+        # either way the next probe is no likelier to tell, so it waits longer too.
+        why = f"probe inconclusive ({n_tried} samples, {n_base} before); back to {back}"
+        return Decision(back, why, now, probe_wait=backoff)
     ratio = tried / base if base > 0 else math.inf
     verdict = f"probe: {_mode(probe.speculating)} at batch {probe.batch:.0f} gave {ratio:.2f}x"
     if ratio > 1 + PROBE_MARGIN:
         return Decision(probe.threshold, f"{verdict}; keeping it", now, probe_wait=1.0)
-    backoff = min(PROBE_BACKOFF_LIMIT, 2 * previous.probe_wait)
     return Decision(back, f"{verdict}; back to {back}", now, probe_wait=backoff)
 
 
