@@ -88,7 +88,9 @@ ROUTED = ("specgate", "specgate-probes")
 def compose(runs: dict[str, Stats]) -> tuple[Stats, dict[int, str]]:
     """One run per concurrency: the last run (in name order, which is the order they ran) that
     measured plain, always-on and a routed server there. The host's speed moved by up to 1.5x
-    between GPU jobs, so figures of one row must come from one job to stay side by side."""
+    between GPU jobs, so figures of one row must come from one job to stay side by side. A
+    server that run did not measure comes from the last run that did, its row marked with that
+    run ("run"), and no ratio is taken across runs (`envelope_ratio`)."""
     stats: Stats = {}
     source: dict[int, str] = {}
     for name, run in sorted(runs.items()):
@@ -98,9 +100,10 @@ def compose(runs: dict[str, Stats]) -> tuple[Stats, dict[int, str]]:
             ):
                 source[c] = name
     for c, name in source.items():
-        for server, by_c in runs[name].items():
-            if c in by_c:
-                stats.setdefault(server, {})[c] = by_c[c]
+        for other, run in sorted(runs.items()):
+            for server, by_c in run.items():
+                if c in by_c and (other == name or c not in runs[name].get(server, {})):
+                    stats.setdefault(server, {})[c] = {**by_c[c], "run": other}
     return stats, dict(sorted(source.items()))
 
 
@@ -109,7 +112,7 @@ def envelope_ratio(stats: Stats, routed: str = "specgate") -> dict[int, float]:
     out = {}
     for c, d in stats.get(routed, {}).items():
         a, b = stats.get("plain", {}).get(c), stats.get("always-on", {}).get(c)
-        if a and b:
+        if a and b and len({row.get("run") for row in (a, b, d)}) == 1:
             out[c] = round(d["tok_s"] / max(a["tok_s"], b["tok_s"]), 3)
     return out
 
@@ -250,6 +253,8 @@ def table(
                 cells.append("")
                 continue
             extra = f"; T={'/'.join(map(str, row['thresholds']))}" if row["thresholds"] else ""
+            if source and row.get("run", source.get(c)) != source.get(c):
+                extra += f"; from {_short(row['run'])}"
             accept = row["accept_length"]
             cells.append(
                 f"**{row['tok_s']:,.0f}** ({row['min']:,.0f}-{row['max']:,.0f}, n={row['windows']})"
@@ -258,9 +263,13 @@ def table(
                 + extra
             )
         tail = f" {probing.get(c, '')} |" if probing else ""
-        run = (source or {}).get(c, "").removeprefix("gpu-envelope-").removesuffix(".json")
+        run = _short((source or {}).get(c, ""))
         lines.append(f"| {c} | {run} | " + " | ".join(cells) + f" | {ratio.get(c, '')} |" + tail)
     return "\n".join(lines)
+
+
+def _short(run: str) -> str:
+    return run.removeprefix("gpu-envelope-").removesuffix(".json")
 
 
 def plot(stats: Stats, profile: Profile | None, path: Path) -> None:
@@ -291,7 +300,10 @@ def plot(stats: Stats, profile: Profile | None, path: Path) -> None:
         ax.grid(alpha=0.3)
     left.set_yscale("log")
     left.legend(fontsize=7)
-    fig.suptitle("H200, 3B-class synthetic pair (accept length ~3.3), SGLang 0.5.17 + specgate")
+    fig.suptitle("H200, 3B-class synthetic pair (accept length ~3.3), SGLang 0.5.17 + specgate\n"
+                 "each concurrency from one GPU job where it could be (BENCHMARKS.md); servers "
+                 "that job lacked come from another, whose host ran up to 1.5x slower",
+                 fontsize=9)  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
