@@ -95,14 +95,15 @@ def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
             [sys.executable, str(ROOT / "bench" / "gpu_envelope.py"), "--engine", "sim", "--out",
              str(out), "--repeat", "2", "--seconds", "1", "--warmup", "0.3", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, "SPECGATE_UPSTREAM_SITE": "/opt/sglang-unpatched"},
+            env={**os.environ, "SPECGATE_UPSTREAM_SITE": "/opt/sglang-unpatched",
+                 "CUDA_VISIBLE_DEVICES": "0,1"},
         )  # fmt: skip
 
     first = run(tmp_path / "first", "--levels", "1,4", "--learn-seconds", "2", "--extra",
                 "patched-off,patched-8", "--extra-levels", "4", "--switch-first")  # fmt: skip
     second = run(tmp_path / "second", "--port-base", "31300", "--levels", "2",
-                 "--servers", "always-on,specgate", "--extra", "upstream-always-on",
-                 "--extra-levels", "2")  # fmt: skip
+                 "--servers", "always-on,specgate-probes", "--extra", "upstream-always-on",
+                 "--extra-levels", "2", "--tp", "2")  # fmt: skip
     for proc in (first, second):
         output, _ = proc.communicate(timeout=240)
         assert proc.returncode == 0, output[-3000:]
@@ -124,9 +125,16 @@ def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
 
     second_result = json.loads((tmp_path / "second" / "envelope.json").read_text())
     assert {(w["server"], w["c"]) for w in second_result["windows"]} == {
-        ("always-on", 2), ("specgate", 2), ("upstream-always-on", 2)}  # fmt: skip
+        ("always-on", 2), ("specgate-probes", 2), ("upstream-always-on", 2)}  # fmt: skip
     ports = {name: s["port"] for name, s in second_result["servers"].items()}
-    assert ports == {"always-on": 31300, "specgate": 31301, "upstream-always-on": 31302}
+    assert ports == {"always-on": 31300, "specgate-probes": 31301, "upstream-always-on": 31302}
+    # Tensor-parallel servers all span both GPUs; the first run spread its servers over them.
+    assert second_result["tp"] == 2
+    assert {s["gpu"] for s in second_result["servers"].values()} == {"0,1"}
+    assert {s["gpu"] for s in result["servers"].values()} == {"0", "1"}
+    # specgate-probes' router probes; specgate's does not.
+    assert '"probeIntervalSeconds": 60' in (tmp_path / "second" / "router.yaml").read_text()
+    assert "probeIntervalSeconds" not in (tmp_path / "first" / "router.yaml").read_text()
     assert second_result["servers"]["upstream-always-on"]["env"] == {
         "PYTHONPATH": "/opt/sglang-unpatched"}  # fmt: skip
     assert all(w["errors"] == 0 and w["tok_s"] > 0 for w in second_result["windows"])
