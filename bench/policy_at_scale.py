@@ -198,7 +198,8 @@ class Fleet:
             EngineCore(profile, threshold=policy.threshold, seed=seed * 1000 + i)
             for i in range(pods)
         ]
-        decision = control.Decision(policy.threshold, "benchmark start", -math.inf)
+        decision = control.Decision(policy.threshold, "benchmark start", -math.inf,
+                                    probe_after=self.control.probe_interval_seconds)  # fmt: skip
         # The transport (EngineClient) is what this benchmark leaves out.
         no_client = cast(EngineClient, None)
         self.views = [

@@ -674,3 +674,20 @@ def test_a_probe_whose_load_moves_goes_back_and_backs_off() -> None:
                            fresh=True, params=params, previous=held)  # fmt: skip
     assert ended.threshold == 8 and ended.probe is None and ended.probe_wait == 2.0
     assert "inconclusive" in ended.reason
+
+
+def test_a_pods_first_probe_waits_one_interval_and_the_load_must_hold_a_cooldown() -> None:
+    """Pools and the load settle after a router starts; a probe then misled the fit of the
+    mixed-traffic benchmark. And a batch held for a moment is not a load that holds."""
+    params = ControlSettings(threshold=8, max_threshold=128, **PROBING)  # cooldown 5 s
+    own = steady(48, False, start=0, end=40)
+    start = control.initial_decision(params, now=0.0)
+    early = control.decide(samples=own, own=own, now=20, fresh=True, params=params,
+                           previous=start)  # fmt: skip
+    assert early.probe is None and early.threshold == 8
+    late = control.decide(samples=own, own=own, now=31, fresh=True, params=params,
+                          previous=start)  # fmt: skip
+    assert late.probe is not None
+    moment = steady(48, False, start=27, end=31)  # 4 s of it, against a 5-s cooldown
+    assert control.steady_batch(moment, now=31, params=params) is None
+    assert control.steady_batch(own, now=31, params=params) == (48, False)

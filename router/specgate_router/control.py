@@ -100,6 +100,7 @@ class Decision:
     changed_at: float  # when the threshold last changed (-inf: never)
     probe: Probe | None = None
     probe_wait: float = 1.0  # the wait before the next probe, in probe intervals
+    probe_after: float = -math.inf  # no probe before this (a pod's first: one interval in)
 
 
 def sample_between(
@@ -326,12 +327,12 @@ def band(batch: float) -> float:
 def steady_batch(
     own: Sequence[Sample], *, now: float, params: ControlSettings
 ) -> tuple[float, bool] | None:
-    """(batch, speculating) when the pod's samples of the last few scrapes all ran one mode at
-    one batch size (within `band`), else None."""
-    seconds = 2 * params.min_samples * params.scrape_interval_seconds
+    """(batch, speculating) when the pod's samples of the last cooldown (at least the last few
+    scrapes) all ran one mode at one batch size (within `band`), else None."""
+    seconds = max(2 * params.min_samples * params.scrape_interval_seconds, params.cooldown_seconds)
     recent = [s for s in own if now - s.at <= seconds]
-    if len(recent) < params.min_samples:
-        return None
+    if len(recent) < params.min_samples or now - recent[0].at < 0.75 * seconds:
+        return None  # too few samples, or they do not span the window: not held long enough
     modes = {s.speculating_fraction >= STEADY_MODE_FRACTION for s in recent}
     batches = sorted(s.batch for s in recent)
     middle = batches[len(batches) // 2]
@@ -396,7 +397,7 @@ def _explore(
         why = (f"{_mode(not speculating)} delivers {there / here:.2f}x {_mode(speculating)} at "
                f"batch {batch:.0f} (measured)")  # fmt: skip
         return Decision(other, why, now, probe_wait=1.0)
-    if not may_probe or now - previous.changed_at < wait:
+    if not may_probe or now - previous.changed_at < wait or now < previous.probe_after:
         return None
     probe = Probe(batch, not speculating, other, previous.threshold, now,
                   now + params.probe_seconds, now + 4 * params.probe_seconds)  # fmt: skip
@@ -440,9 +441,13 @@ def _keep_or(previous: Decision, value: int | None, reason: str, now: float) -> 
     return Decision(value, reason, now)
 
 
-def initial_decision(params: ControlSettings) -> Decision:
+def initial_decision(params: ControlSettings, now: float = -math.inf) -> Decision:
+    """A pod's first decision at time `now`. Its first probe waits one probe interval: pools
+    and the load settle first, and a probe while they settle misleads the fit (BENCHMARKS.md
+    section 1)."""
     value: int | None = {"alwaysOn": None, "off": 0}.get(params.mode, params.threshold)
-    return Decision(value, "initial threshold from the resource", -math.inf)
+    return Decision(value, "initial threshold from the resource", -math.inf,
+                    probe_after=now + params.probe_interval_seconds)  # fmt: skip
 
 
 # ---- pools ----

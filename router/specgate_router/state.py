@@ -85,7 +85,7 @@ class RouterState:
                     name=name,
                     url=url,
                     client=self.engine(url),
-                    decision=control.initial_decision(self.settings.control),
+                    decision=control.initial_decision(self.settings.control, self.clock()),
                 )
             else:
                 pod.draining = False
@@ -172,7 +172,9 @@ class RouterState:
         pod.record(Scrape(self.clock(), load))
         if first and load.threshold_known and self.settings.control.mode == "dynamic":
             # A new leader or a restarted router continues from what the pod runs with.
-            pod.decision = control.Decision(load.threshold, "adopted from the pod", -math.inf)
+            probe_after = self.clock() + self.settings.control.probe_interval_seconds
+            pod.decision = control.Decision(load.threshold, "adopted from the pod", -math.inf,
+                                            probe_after=probe_after)  # fmt: skip
 
     # ---- control ----
 
