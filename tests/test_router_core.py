@@ -248,20 +248,18 @@ def test_the_envelope_learning_phase_climbs_on_the_h200_profile(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """bench/gpu_envelope.py's learning phase (3 s per client count) on the simulator profile
-    fitted to the H200 sweeps, where speculation pays up to batch 128: the fit alone climbs in
-    doubling steps from 8 to 64 within 30 s, and then never falls below 32. On this profile
-    (step cost concave in the batch, exponent 0.34) it does not settle: under the pattern's
-    varying load it swings 32 <-> 64 every cooldown (a known weakness, BENCHMARKS.md); the
-    probes, not the fit, moved the GPU run's router."""
+    fitted to the H200 sweeps, where speculation pays up to batch 128: the fit climbs in
+    doubling steps from 8 to 64 within 30 s and holds there for the rest of three minutes.
+    Above 64 it sees plain decoding only at 91-96 clients, too far to compare at the boundary;
+    before that rule it swung 64 -> 32 -> 64 every cooldown on lines extrapolated from there."""
     envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
     monkeypatch.setitem(globals(), "PROFILE", profiles.load("h200-3b-synthetic"))
     pattern = envelope.LEARN_PATTERN
-    schedule = [(3.0 * i, pattern[i % len(pattern)]) for i in range(30)]
+    schedule = [(3.0 * i, pattern[i % len(pattern)]) for i in range(60)]
     params = ControlSettings(threshold=8, max_threshold=128, cooldown_seconds=5, hysteresis=1)
-    changes, _ = _closed_loop_with_controller(schedule, params, seconds=90)
-    climb = [t for at, t in changes if at < 30]
-    assert climb[:3] == [16, 32, 64], changes
-    assert all(t is not None and t >= 32 for _, t in changes[2:]), changes
+    changes, _ = _closed_loop_with_controller(schedule, params, seconds=180)
+    assert [t for _, t in changes] == [16, 32, 64], changes
+    assert changes[-1][0] < 30, changes
 
 
 def test_controller_on_the_simulated_engine_finds_the_crossover() -> None:

@@ -229,6 +229,17 @@ def estimate_threshold(
     if slope <= 0:
         # Speculation gains (or keeps) ground as the batch grows, so whichever mode is cheaper
         # at the boundary stays cheaper above it: noisy samples on a busy host give such lines.
+        # Read at the boundary, a line whose samples all sit in the far half of its side is an
+        # extrapolation: plain samples at 91-96 alone put a threshold of 64 down to 32 and the
+        # next plain-free cooldown put it back (the H200 profile, every 5 s).
+        near_on = on.highest_batch >= boundary - (boundary - low) / 2
+        near_off = off.lowest_batch <= boundary + (high - boundary) / 2
+        if not (near_on and near_off):
+            return None, (
+                f"learning: speculating samples at {on.lowest_batch:.0f}-{on.highest_batch:.0f}"
+                f" and plain at {off.lowest_batch:.0f}-{off.highest_batch:.0f} are too far from"
+                f" threshold {current} to compare there"
+            )
         if on.at(boundary) < off.at(boundary):
             return highest, (
                 f"speculation pays at every batch size seen above the threshold (up to {highest})"
