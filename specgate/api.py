@@ -175,13 +175,12 @@ class SpeculationControl(_Model):
     requests away from the current value."""
     cooldown_seconds: int = Field(default=30, ge=0, le=3600)
     """Minimum time between two threshold changes on one pod."""
-    probe_interval_seconds: int = Field(default=0, ge=0, le=86400)
-    """Experimental. A pod whose load holds at one batch size away from its threshold never
-    measures the other mode there; with this set it runs the other mode for a few seconds at
-    most this often (one pod at a time, the wait doubling up to 8x while probes change nothing)
-    and keeps it when it delivers 5% more. 0 never probes. Off by default: in the simulated
-    mixed-traffic benchmark the samples a probe adds let the fit lower the latency pods'
-    threshold (BENCHMARKS.md)."""
+    probe_interval_seconds: int = Field(default=600, ge=0, le=86400)
+    """A pod whose load holds at one batch size away from its threshold never measures the
+    other mode there: it runs the other mode for a few seconds at most this often (the first
+    time one interval after the router starts; one pod at a time, never in the latency pool;
+    the wait doubling up to 8x while probes change nothing) and keeps it when it delivers 5%
+    more per request. 0 never probes."""
 
 
 class SpeculativeSpec(_Model):

@@ -52,10 +52,10 @@ class ControlSettings(_Model):
     push_retries: int = Field(default=3, ge=0, le=10)
     min_samples: int = Field(default=4, ge=2)
     """Observations per mode needed before the estimate replaces the initial threshold."""
-    probe_interval_seconds: float = Field(default=0.0, ge=0)
+    probe_interval_seconds: float = Field(default=600.0, ge=0)
     """A pod holding one batch size away from its threshold tries the other mode there at most
-    this often (doubling, up to 8x, while probes change nothing); 0 (the default) never
-    probes (see spec.speculative.control.probeIntervalSeconds)."""
+    this often (doubling, up to 8x, while probes change nothing); 0 never probes (see
+    spec.speculative.control.probeIntervalSeconds)."""
     probe_seconds: float = Field(default=5.0, gt=0)
     """How long a probe runs, at least."""
 
