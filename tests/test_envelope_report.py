@@ -79,7 +79,8 @@ def test_the_committed_report_matches_the_committed_sweep(
     committed = (ROOT / "bench" / "results" / "gpu_envelope.md").read_text()
     assert (tmp_path / "gpu_envelope.md").read_text() == committed
     summary = json.loads((tmp_path / "gpu_envelope.json").read_text())
-    assert summary["simulator"]["mape"] == pytest.approx(0.070, abs=0.01)
+    assert summary["simulator"]["mape"] == pytest.approx(0.048, abs=0.01)
+    assert summary["simulator_vs_table"]["mape"] > summary["simulator"]["mape"]  # host drift
     assert (tmp_path / "gpu_envelope.png").stat().st_size > 20_000
 
 

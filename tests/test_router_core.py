@@ -250,8 +250,9 @@ def test_the_envelope_learning_phase_climbs_on_the_h200_profile(
     """bench/gpu_envelope.py's learning phase (3 s per client count) on the simulator profile
     fitted to the H200 sweeps, where speculation pays up to batch 128: the fit climbs in
     doubling steps from 8 to 64 within 30 s and holds there for the rest of three minutes.
-    Above 64 it sees plain decoding only at 91-96 clients, too far to compare at the boundary;
-    before that rule it swung 64 -> 32 -> 64 every cooldown on lines extrapolated from there."""
+    Above 64 it sees plain decoding only at 91-96 clients, too far to compare at the boundary:
+    on a profile refitted to all four GPU jobs (batch exponent 0.34) the fit read such a line
+    at the boundary and swung 64 -> 32 -> 64 every cooldown, until that was ruled out."""
     envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
     monkeypatch.setitem(globals(), "PROFILE", profiles.load("h200-3b-synthetic"))
     pattern = envelope.LEARN_PATTERN
