@@ -468,8 +468,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--stationary-minutes", type=float, default=20.0)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", default="bench/results")
-    parser.add_argument("--probe-interval", type=float, default=0.0,
-                        help="specgate's probeIntervalSeconds (default 0: no probes)")  # fmt: skip
+    parser.add_argument("--probe-interval", type=float,
+                        default=ControlSettings().probe_interval_seconds,
+                        help="specgate's probeIntervalSeconds (0: no probes; default: the "
+                        "router's)")  # fmt: skip
     args = parser.parse_args(argv)
     policies = [replace(p, probe_interval=args.probe_interval) if p.dynamic else p
                 for p in POLICIES]  # fmt: skip
