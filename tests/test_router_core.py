@@ -640,7 +640,7 @@ def test_a_mode_measured_at_the_batch_decides_without_a_probe() -> None:
     start = control.Decision(8, "initial", -math.inf)
     plain = steady(48, False, start=60, end=70)
     earlier = steady(48, True, start=40, end=50, per_request=20.0)
-    decision = control.decide(samples=plain + earlier, own=plain + earlier, now=70, fresh=True,
+    decision = control.decide(samples=earlier + plain, own=earlier + plain, now=70, fresh=True,
                               params=params, previous=start)  # fmt: skip
     assert decision.probe is None and decision.threshold == 56, decision
     assert "2.00x" in decision.reason

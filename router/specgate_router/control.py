@@ -32,6 +32,7 @@ feed them time instead of sleeping.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -338,10 +339,13 @@ def band(batch: float) -> float:
 def steady_batch(
     own: Sequence[Sample], *, now: float, params: ControlSettings
 ) -> tuple[float, bool] | None:
-    """(batch, speculating) when the pod's samples of the last cooldown (at least the last few
-    scrapes) all ran one mode at one batch size (within `band`), else None."""
+    """(batch, speculating) when the pod's samples (in time order) of the last cooldown (at
+    least the last few scrapes) all ran one mode at one batch size (within `band`), else
+    None."""
     seconds = max(2 * params.min_samples * params.scrape_interval_seconds, params.cooldown_seconds)
-    recent = [s for s in own if now - s.at <= seconds]
+    # Samples are in time order: read back from the newest only (this runs for every pod on
+    # every control step, and a pod keeps up to 1200 samples).
+    recent = list(itertools.takewhile(lambda s: now - s.at <= seconds, reversed(own)))[::-1]
     if len(recent) < params.min_samples or now - recent[0].at < 0.75 * seconds:
         return None  # too few samples, or they do not span the window: not held long enough
     modes = {s.speculating_fraction >= STEADY_MODE_FRACTION for s in recent}
