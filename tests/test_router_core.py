@@ -690,3 +690,18 @@ def test_a_pods_first_probe_waits_one_interval_and_the_load_must_hold_a_cooldown
     moment = steady(48, False, start=27, end=31)  # 4 s of it, against a 5-s cooldown
     assert control.steady_batch(moment, now=31, params=params) is None
     assert control.steady_batch(own, now=31, params=params) == (48, False)
+
+
+def test_probe_outcome_names_what_the_router_counts() -> None:
+    params = ControlSettings(threshold=8, max_threshold=128, **PROBING)
+    own = steady(48, False, start=0, end=10)
+    start = control.Decision(8, "initial", -math.inf)
+    probing = control.decide(samples=own, own=own, now=10, fresh=True, params=params,
+                             previous=start)  # fmt: skip
+    assert control.probe_outcome(start, probing) == ("speculation", "started")
+    assert control.probe_outcome(probing, probing) is None
+    kept = control.Decision(probing.threshold, "kept", 20)
+    back = control.Decision(8, "back", 20)
+    assert control.probe_outcome(probing, kept) == ("speculation", "kept")
+    assert control.probe_outcome(probing, back) == ("speculation", "back")
+    assert control.probe_outcome(start, back) is None

@@ -308,3 +308,42 @@ async def test_metrics_endpoint_lists_every_pod_gauge(http: httpx.AsyncClient) -
     for name in ("specgate_pod_gen_throughput", "specgate_pod_in_flight", "specgate_pod_pool",
                  "specgate_pod_healthy"):  # fmt: skip
         assert f"{name}{{engine_pod=" in resp.text, name
+
+
+async def test_a_pod_held_away_from_its_threshold_is_probed(http: httpx.AsyncClient) -> None:
+    """Eight clients hold a pod at batch 8, plain under threshold 2: the router tries
+    speculation there (probe intervals of a second here), keeps it or goes back by what it
+    measured, and counts both ends in specgate_probes_total."""
+    async with sims(1, time_scale=10.0, threshold=2) as pods:
+        settings = router_settings(pods.urls)
+        settings["control"] = {**settings["control"], "threshold": 2,  # type: ignore[dict-item]
+                               "maxThreshold": 64, "cooldownSeconds": 0.5, "minSamples": 3,
+                               "probeIntervalSeconds": 1, "probeSeconds": 0.5}  # fmt: skip
+        async with run_router(settings) as r:
+            stop = asyncio.Event()
+
+            async def client() -> None:
+                while not stop.is_set():
+                    await http.post(r.url + CHAT, json=chat(max_tokens=200))
+
+            clients = [asyncio.create_task(client()) for _ in range(8)]
+            ended: list[str] = []
+            view: dict[str, object] = {}
+            try:
+                for _ in range(200):
+                    await asyncio.sleep(0.1)
+                    metrics = (await http.get(r.url + "/metrics")).text
+                    ended = [o for o in ("kept", "back")
+                             if f'mode="speculation",outcome="{o}"}} 1.0' in metrics]  # fmt: skip
+                    if ended:
+                        view = (await http.get(r.url + "/specgate/pods")).json()["pods"][0]
+                        break
+            finally:
+                stop.set()
+                await asyncio.gather(*clients, return_exceptions=True)
+    assert 'mode="speculation",outcome="started"} 1.0' in metrics, metrics[-3000:]
+    assert len(ended) == 1, metrics[-3000:]
+    # Kept: the pod speculates at batch 8 (threshold at least 8 and its band); back: 2 again.
+    threshold = view["decidedThreshold"]
+    assert isinstance(threshold, int)
+    assert threshold >= 10 if ended == ["kept"] else threshold == 2, view

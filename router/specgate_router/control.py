@@ -421,6 +421,19 @@ def _explore(
     return Decision(other, why, now, probe, previous.probe_wait)
 
 
+def probe_outcome(previous: Decision, new: Decision) -> tuple[str, str] | None:
+    """(mode tried: "speculation" | "plain", "started" | "kept" | "back") when `new` starts or
+    ends a probe, else None: what the router counts in specgate_probes_total."""
+    if new.probe is not None and previous.probe is None:
+        return ("speculation" if new.probe.speculating else "plain"), "started"
+    if previous.probe is not None and new.probe is None:
+        kept = new.threshold == previous.probe.threshold
+        return ("speculation" if previous.probe.speculating else "plain"), (
+            "kept" if kept else "back"
+        )
+    return None
+
+
 def _continue_probe(
     own: Sequence[Sample], previous: Decision, now: float, params: ControlSettings
 ) -> Decision:

@@ -110,6 +110,10 @@ class RouterMetrics:
             "specgate_threshold_changes", "Thresholds pushed to pods, by direction.",
             ["engine_pod", "direction"], registry=r,
         )  # fmt: skip
+        self.probes = Counter(
+            "specgate_probes", "Probes of the other mode at a batch held away from the threshold.",
+            ["engine_pod", "mode", "outcome"], registry=r,
+        )  # fmt: skip
         self.push_failures = Counter(
             "specgate_threshold_push_failures",
             "Failed threshold pushes.",

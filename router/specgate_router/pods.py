@@ -162,6 +162,15 @@ class PodState:
             "threshold": self.threshold,
             "decidedThreshold": self.decision.threshold,
             "reason": self.decision.reason,
+            "probe": None
+            if self.decision.probe is None
+            else {
+                "batch": self.decision.probe.batch,
+                "mode": "speculation" if self.decision.probe.speculating else "plain",
+                "threshold": self.decision.probe.threshold,
+                "returnsTo": self.decision.probe.previous,
+            },
+            "probeWait": self.decision.probe_wait,
             "lastChange": None
             if math.isinf(self.decision.changed_at)
             else self.decision.changed_at,

@@ -234,6 +234,8 @@ class RouterState:
             now=now, params=params,
         )  # fmt: skip
         for pod, decision in zip(live, decisions, strict=True):
+            if self.is_leader and (event := control.probe_outcome(pod.decision, decision)):
+                self.metrics.probes.labels(pod.name, *event).inc()
             pod.decision = decision
         if not self.is_leader:
             return
