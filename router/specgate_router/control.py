@@ -77,8 +77,6 @@ PROBE_MARGIN = 0.05
 """A mode replaces the running one at a batch when it delivers this much more per request."""
 PROBE_BACKOFF_LIMIT = 8
 """A probe that changed nothing doubles the wait before the next, up to this many intervals."""
-PROBE_BASELINE_SECONDS = 60.0
-"""The running mode's samples from this long before a probe are what the probe is held to."""
 
 
 @dataclass(frozen=True)
@@ -336,13 +334,19 @@ def band(batch: float) -> float:
     return max(1.0, PROBE_BAND * batch)
 
 
+def steady_window(params: ControlSettings) -> float:
+    """How long a pod must hold one batch in one mode to count as steady (a cooldown, at least
+    a few scrapes): also the baseline a probe is held to."""
+    return max(2 * params.min_samples * params.scrape_interval_seconds, params.cooldown_seconds)
+
+
 def steady_batch(
     own: Sequence[Sample], *, now: float, params: ControlSettings
 ) -> tuple[float, bool] | None:
     """(batch, speculating) when the pod's samples (in time order) of the last cooldown (at
     least the last few scrapes) all ran one mode at one batch size (within `band`), else
     None."""
-    seconds = max(2 * params.min_samples * params.scrape_interval_seconds, params.cooldown_seconds)
+    seconds = steady_window(params)
     # Samples are in time order: read back from the newest only (this runs for every pod on
     # every control step, and a pod keeps up to 1200 samples).
     recent = list(itertools.takewhile(lambda s: now - s.at <= seconds, reversed(own)))[::-1]
@@ -447,7 +451,7 @@ def _continue_probe(
                        f"{probe.batch:.0f}: {n_tried} samples")  # fmt: skip
     base, n_base = rate_per_request(
         own, batch=probe.batch, speculating=not probe.speculating,
-        since=probe.started - PROBE_BASELINE_SECONDS, until=probe.started,
+        since=probe.started - steady_window(params), until=probe.started,
     )  # fmt: skip
     back = probe.previous
     backoff = min(PROBE_BACKOFF_LIMIT, 2 * previous.probe_wait)
