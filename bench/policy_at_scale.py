@@ -198,8 +198,7 @@ class Fleet:
             EngineCore(profile, threshold=policy.threshold, seed=seed * 1000 + i)
             for i in range(pods)
         ]
-        decision = control.Decision(policy.threshold, "benchmark start", -math.inf,
-                                    probe_after=self.control.probe_interval_seconds)  # fmt: skip
+        decision = control.initial_decision(self.control, now=0.0)
         # The transport (EngineClient) is what this benchmark leaves out.
         no_client = cast(EngineClient, None)
         self.views = [
@@ -280,7 +279,7 @@ class Fleet:
         self._update_pools(now, samples)
         decisions = control.decide_pods(
             samples,
-            [control.PodInput(view.decision, view.samples, True, explore=view.pool != "latency")
+            [control.PodInput(view.decision, view.samples, True, view.pool)
              for view in self.views],
             now=now, params=self.control,
         )  # fmt: skip

@@ -653,7 +653,7 @@ def test_pods_of_the_latency_pool_do_not_probe() -> None:
     params = ControlSettings(threshold=8, max_threshold=128, **PROBING)
     own = steady(6, True, start=0, end=10)
     start = control.Decision(8, "initial", -math.inf)
-    pods = [control.PodInput(start, own, True, explore=False), control.PodInput(start, own, True)]
+    pods = [control.PodInput(start, own, True, "latency"), control.PodInput(start, own, True)]
     latency, mixed = control.decide_pods(own, pods, now=10, params=params)
     assert latency.threshold == 8 and latency.probe is None
     assert mixed.probe is not None and mixed.threshold == 4

@@ -306,7 +306,7 @@ class PodInput(NamedTuple):
     previous: Decision
     own: Sequence[Sample]  # its own samples
     fresh: bool
-    explore: bool = True  # False in the latency pool
+    pool: str = "mixed"  # latency pods do not probe: the pool is sized by their threshold
 
 
 def decide_pods(
@@ -320,7 +320,8 @@ def decide_pods(
     for pod in pods:
         decision = decide(
             samples=pooled, previous=pod.previous, now=now, fresh=pod.fresh, params=params,
-            estimates=estimates, own=pod.own if pod.explore else (), may_probe=not probing,
+            estimates=estimates, own=() if pod.pool == "latency" else pod.own,
+            may_probe=not probing,
         )  # fmt: skip
         probing = probing or decision.probe is not None
         decisions.append(decision)

@@ -14,6 +14,7 @@ import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -172,9 +173,8 @@ class RouterState:
         pod.record(Scrape(self.clock(), load))
         if first and load.threshold_known and self.settings.control.mode == "dynamic":
             # A new leader or a restarted router continues from what the pod runs with.
-            probe_after = self.clock() + self.settings.control.probe_interval_seconds
-            pod.decision = control.Decision(load.threshold, "adopted from the pod", -math.inf,
-                                            probe_after=probe_after)  # fmt: skip
+            initial = control.initial_decision(self.settings.control, self.clock())
+            pod.decision = replace(initial, threshold=load.threshold, reason="adopted from the pod")
 
     # ---- control ----
 
@@ -229,8 +229,8 @@ class RouterState:
         live = self.live_pods()
         decisions = control.decide_pods(
             samples,
-            [control.PodInput(pod.decision, pod.samples, pod.fresh(now, params),
-                              explore=pod.pool != "latency") for pod in live],
+            [control.PodInput(pod.decision, pod.samples, pod.fresh(now, params), pod.pool)
+             for pod in live],
             now=now, params=params,
         )  # fmt: skip
         for pod, decision in zip(live, decisions, strict=True):
