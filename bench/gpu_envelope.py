@@ -354,6 +354,9 @@ def main() -> int:
     parser.add_argument("--profile-levels", default="",
                         help="after the sweep, a torch profile of 24 decode steps per server at "
                         "each of these levels, summarised into OUT/profiles.txt")  # fmt: skip
+    parser.add_argument("--profile-servers", default="",
+                        help="comma-separated, the servers --profile-levels profiles (default: "
+                        "all)")  # fmt: skip
     args = parser.parse_args()
     began = time.time()
     out = Path(args.out)
@@ -374,6 +377,9 @@ def main() -> int:
         parser.error("--switch-first and --learn-seconds need a routed server (specgate)")
     extra_levels = [int(c) for c in args.extra_levels.split(",")] if extras else []
     profile_levels = [int(c) for c in args.profile_levels.split(",") if c]
+    profiled = [e for e in args.profile_servers.split(",") if e] or main_servers + extras
+    if bad := set(profiled) - set(main_servers + extras):
+        parser.error(f"--profile-servers: {sorted(bad)} not among --servers/--extra")
     learn_pattern = [int(c) for c in args.learn_pattern.split(",")]
     top = max(levels + extra_levels)
     models = args.models
@@ -398,7 +404,7 @@ def main() -> int:
     # Tensor-parallel servers each span the same first --tp GPUs; single-GPU ones spread out.
     placements = [",".join(gpus[: args.tp])] if args.tp > 1 else gpus
     names = [*main_servers, *extras]
-    profile_reserve = (args.warmup + args.seconds + 10) * len(names) * len(profile_levels)
+    profile_reserve = (args.warmup + args.seconds + 10) * len(profiled) * len(profile_levels)
     profile_reserve += 30 if profile_levels else 0
     upstream_site = os.environ.get("SPECGATE_UPSTREAM_SITE")
     envs: dict[str, dict[str, str]] = {name: {} for name in names}
@@ -500,7 +506,7 @@ def main() -> int:
             save()
             verify.log(f"{name} c={c} rep={rep}: {got}")
         for c in profile_levels if not sim else []:
-            for name in names:
+            for name in profiled:
                 window(by_name[name], c, args.seconds, args.warmup, args.temperature, seed=7,
                        profile=out / "profiles" / f"{name}-c{c}")  # fmt: skip
         if profile_levels and not sim:
