@@ -89,16 +89,32 @@ and 4 ran hours later on a host up to 1.5x faster, and one smooth profile cannot
 both (refitted to the composed table, three points stayed 11-19% off)."""
 
 
-def compose(runs: dict[str, Stats]) -> tuple[Stats, dict[int, str]]:
+START_THRESHOLD = 8
+"""The threshold bench/gpu_envelope.py starts the routed server at. Above it a router that saw
+no sustained load yet holds speculation off (it has nothing to learn from), so a job without a
+learning phase does not measure the router's choice there: compose() takes rows above it only
+from jobs with one (their routed windows still count in that job's own ratios)."""
+
+
+def learned(result: dict[str, Any]) -> bool:
+    """Whether a job's router had a learning phase before the sweep."""
+    return any(entry.get("phase") == "learn" for entry in result.get("router_log", []))
+
+
+def compose(runs: dict[str, Stats], learning: Iterable[str] = ()) -> tuple[Stats, dict[int, str]]:
     """One run per concurrency: the last run (in name order, which is the order they ran) that
-    measured plain, always-on and a routed server there. The host's speed moved by up to 1.5x
+    measured plain, always-on and a routed server there, and above START_THRESHOLD only runs
+    in `learning` (their router learned before the sweep). The host's speed moved by up to 1.5x
     between GPU jobs, so figures of one row must come from one job to stay side by side. A
     server that run did not measure comes from the last run that did, its row marked with that
     run ("run"), and no ratio is taken across runs (`envelope_ratio`)."""
+    learning = set(learning)
     stats: Stats = {}
     source: dict[int, str] = {}
     for name, run in sorted(runs.items()):
         for c in sorted({c for by_c in run.values() for c in by_c}):
+            if c > START_THRESHOLD and name not in learning:
+                continue
             if all(c in run.get(s, {}) for s in ("plain", "always-on")) and any(
                 c in run.get(s, {}) for s in ROUTED
             ):
@@ -109,6 +125,40 @@ def compose(runs: dict[str, Stats]) -> tuple[Stats, dict[int, str]]:
                 if c in by_c and (other == name or c not in runs[name].get(server, {})):
                     stats.setdefault(server, {})[c] = {**by_c[c], "run": other}
     return stats, dict(sorted(source.items()))
+
+
+def same_mode_pairs(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The routed server against the static server running the mode it ran, window by window:
+    each routed window that speculated on every step, over always-on's window of the same
+    concurrency and repeat, and each that speculated on none, over plain's. Adjacent windows
+    of one job, so what is left is the patch's and the router's cost plus window noise."""
+    pairs = []
+    for run, windows in sorted(runs.items()):
+        by_key = {(w["server"], w["c"], w.get("rep")): w for w in windows}
+        for (server, c, rep), w in sorted(by_key.items(), key=lambda kv: (kv[0][1], str(kv[0]))):
+            if server not in ROUTED or not (w.get("steps_on") or w.get("steps_off")):
+                continue
+            mode = "on" if not w.get("steps_off") else "off" if not w.get("steps_on") else None
+            static = by_key.get(({"on": "always-on", "off": "plain"}.get(mode or ""), c, rep))
+            if mode and static and static["tok_s"] > 0:
+                pairs.append({"run": run, "c": c, "rep": rep, "mode": mode,
+                              "ratio": round(w["tok_s"] / static["tok_s"], 3)})  # fmt: skip
+    return pairs
+
+
+def geometric_summary(ratios: Sequence[float], draws: int = 4000) -> dict[str, Any]:
+    """Geometric mean of `ratios` and a bootstrap 90% interval for it (seeded: the report must
+    regenerate byte for byte)."""
+    import random
+
+    logs = [math.log(r) for r in ratios]
+    rng = random.Random(0)
+    means = sorted(
+        math.exp(statistics.fmean(rng.choice(logs) for _ in logs)) for _ in range(draws)
+    )
+    return {"pairs": len(logs), "geomean": round(math.exp(statistics.fmean(logs)), 3),
+            "p05": round(means[int(0.05 * draws)], 3),
+            "p95": round(means[int(0.95 * draws) - 1], 3)}  # fmt: skip
 
 
 def envelope_ratio(stats: Stats, routed: str = "specgate") -> dict[int, float]:
@@ -276,7 +326,7 @@ def _short(run: str) -> str:
     return run.removeprefix("gpu-envelope-").removesuffix(".json")
 
 
-def plot(stats: Stats, profile: Profile | None, path: Path) -> None:
+def plot(stats: Stats, profile: Profile | None, path: Path, tp: int = 1) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -304,7 +354,8 @@ def plot(stats: Stats, profile: Profile | None, path: Path) -> None:
         ax.grid(alpha=0.3)
     left.set_yscale("log")
     left.legend(fontsize=7)
-    fig.suptitle("H200, 3B-class synthetic pair (accept length ~3.3), SGLang 0.5.17 + specgate\n"
+    where = "H200" if tp == 1 else f"{tp} H200s, tensor parallel {tp},"
+    fig.suptitle(f"{where} 3B-class synthetic pair (accept length ~3.3), SGLang 0.5.17 + specgate\n"
                  "each concurrency from one GPU job where it could be (BENCHMARKS.md); servers "
                  "that job lacked come from another, whose host ran up to 1.5x slower",
                  fontsize=9)  # fmt: skip
@@ -312,20 +363,13 @@ def plot(stats: Stats, profile: Profile | None, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("inputs", nargs="*", type=Path)
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--write-profile", action="store_true")
-    parser.add_argument("--fit-runs", default=",".join(FITTED_RUNS),
-                        help="the runs (file names) the profile is fitted to, pooled")  # fmt: skip
-    args = parser.parse_args(argv)
-    inputs = args.inputs or sorted(RESULTS.glob("gpu-envelope-*.json"))
-    runs = {p.name: summarise(load_windows([p])) for p in inputs}
-    stats, source = compose(runs)
-    fit_paths = [p for p in inputs if p.name in args.fit_runs.split(",")]
-    fitted_stats = summarise(load_windows(fit_paths))
-    side_by_side = off_ratios({p.name: load_windows([p]) for p in inputs})
+def run_section(results: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any], Stats]:
+    """The table, every run's ratios, off against plain and the same-mode pairs of one group of
+    runs (one tensor-parallel size): markdown, the figures, and the composed table's stats."""
+    runs = {name: summarise(r["windows"]) for name, r in results.items()}
+    stats, source = compose(runs, [name for name, r in results.items() if learned(r)])
+    side_by_side = off_ratios({name: r["windows"] for name, r in results.items()})
+    pairs = same_mode_pairs({name: r["windows"] for name, r in results.items()})
     ratio = envelope_ratio(stats)
     probing = envelope_ratio(stats, "specgate-probes")
     every_run = []
@@ -335,20 +379,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             every_run.append(
                 {"run": name, "c": c, **{r: ratios.get(c) for r, ratios in by_routed.items()}}
             )
-    profile = None
-    if PROFILE_PATH.exists() and not args.write_profile:
-        profile = Profile.model_validate(json.loads(PROFILE_PATH.read_text()))
-    elif args.write_profile:
-        base = Profile.model_validate(json.loads(PROFILE_PATH.read_text())) \
-            if PROFILE_PATH.exists() else None  # fmt: skip
-        if base is None:
-            raise SystemExit(f"{PROFILE_PATH} is missing: it holds the metadata to fit into")
-        profile = fit_profile(fitted_stats, base)
-        data = profile.model_dump(by_alias=True)
-        data["step"] = {k: round(v, 8) for k, v in data["step"].items()}
-        PROFILE_PATH.write_text(json.dumps(data, indent=2) + "\n")
-    error = sim_error(profile, fitted_stats) if profile else None
-    error_composed = sim_error(profile, stats) if profile else None
+    pooled = []
+    for mode, static in (("on", "always-on"), ("off", "plain")):
+        for low, high in ((1, START_THRESHOLD), (START_THRESHOLD + 1, 1 << 20)):
+            chosen = [p for p in pairs if p["mode"] == mode and low <= p["c"] <= high]
+            span = f"{low}-{high}" if high < 1 << 20 else f">= {low}"
+            runs_here = sorted({p["run"] for p in chosen})
+            for run in runs_here + (["all runs"] if len(runs_here) > 1 else []):
+                ratios = [p["ratio"] for p in chosen if run in ("all runs", p["run"])]
+                if ratios:
+                    pooled.append({"mode": mode, "static": static, "c": span, "run": run,
+                                   **geometric_summary(ratios)})  # fmt: skip
     md = (
         table(stats, ratio, probing, source)
         + "\n\nEvery run's ratios (each side by side within its run):\n\n"
@@ -365,6 +406,59 @@ def main(argv: Sequence[str] | None = None) -> int:
     md += "|---|---|---|---|---|---|---|\n" + "".join(
         f"| {r['run']} | {r['server']} | {r['c']} | {r['windows']} | {r['off_tok_s']:,.0f} | "
         f"{r['plain_tok_s']:,.0f} | {r['ratio']} |\n" for r in side_by_side)  # fmt: skip
+    md += ("\nThe routed server against the static server in the same mode, window by window "
+           "(every routed window that ran one mode throughout, over the adjacent window of "
+           "always-on or plain; per run and pooled; geometric mean, bootstrap 90% interval):\n\n"
+           "| mode | over | c | run | pairs | geometric mean | 90% interval |\n"
+           "|---|---|---|---|---|---|---|\n")  # fmt: skip
+    md += "".join(f"| {r['mode']} | {r['static']} | {r['c']} | {_short(r['run'])} | {r['pairs']} "
+                  f"| {r['geomean']} | {r['p05']}-{r['p95']} |\n" for r in pooled)  # fmt: skip
+    figures = {"inputs": sorted(results), "stats": stats, "ratio": ratio,
+               "ratio_router_probing": probing, "row_source": source, "every_run": every_run,
+               "off_vs_plain_side_by_side": side_by_side, "same_mode_pairs": pairs,
+               "same_mode_pooled": pooled}  # fmt: skip
+    return md, figures, stats
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("inputs", nargs="*", type=Path)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--write-profile", action="store_true")
+    parser.add_argument("--fit-runs", default=",".join(FITTED_RUNS),
+                        help="the runs (file names) the profile is fitted to, pooled")  # fmt: skip
+    args = parser.parse_args(argv)
+    inputs = args.inputs or sorted(RESULTS.glob("gpu-envelope-*.json"))
+    results = {p.name: json.loads(p.read_text()) for p in inputs}
+    by_tp: dict[int, dict[str, dict[str, Any]]] = {}
+    for name, result in results.items():
+        by_tp.setdefault(result.get("tp", 1), {})[name] = result
+    fit_paths = [p for p in inputs if p.name in args.fit_runs.split(",")]
+    fitted_stats = summarise(load_windows(fit_paths))
+    profile = None
+    if PROFILE_PATH.exists() and not args.write_profile:
+        profile = Profile.model_validate(json.loads(PROFILE_PATH.read_text()))
+    elif args.write_profile:
+        base = Profile.model_validate(json.loads(PROFILE_PATH.read_text())) \
+            if PROFILE_PATH.exists() else None  # fmt: skip
+        if base is None:
+            raise SystemExit(f"{PROFILE_PATH} is missing: it holds the metadata to fit into")
+        profile = fit_profile(fitted_stats, base)
+        data = profile.model_dump(by_alias=True)
+        data["step"] = {k: round(v, 8) for k, v in data["step"].items()}
+        PROFILE_PATH.write_text(json.dumps(data, indent=2) + "\n")
+    args.out.mkdir(parents=True, exist_ok=True)
+    md, summary, stats = run_section(by_tp.pop(1, {}))
+    error = sim_error(profile, fitted_stats) if profile else None
+    error_composed = sim_error(profile, stats) if profile else None
+    summary.update(simulator=error, simulator_vs_table=error_composed)
+    if stats:
+        plot(stats, profile, args.out / "gpu_envelope.png")
+    for tp, group in sorted(by_tp.items()):
+        tp_md, tp_summary, tp_stats = run_section(group)
+        md += f"\n## Tensor parallel {tp}: every server spans {tp} GPUs\n\n" + tp_md
+        summary[f"tp{tp}"] = tp_summary
+        plot(tp_stats, None, args.out / f"gpu_envelope_tp{tp}.png", tp=tp)
     print(md)
     if error and error_composed:
         print(f"\nsimulator ({profile.name if profile else ''}): MAPE {error['mape']:.1%} over "
@@ -374,15 +468,9 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"speculation wins (measured) at c = "
               f"{error_composed['measured_speculation_wins_at']}, simulated crossover batch "
               f"{error['simulated_crossover_batch']}")  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu_envelope.md").write_text(md + "\n")
-    summary = {"inputs": [p.name for p in inputs], "stats": stats, "ratio": ratio,
-               "ratio_router_probing": probing, "row_source": source,
-               "every_run": every_run,
-               "off_vs_plain_side_by_side": side_by_side, "simulator": error,
-               "simulator_vs_table": error_composed}  # fmt: skip
+    summary["inputs"] = [p.name for p in inputs]
     (args.out / "gpu_envelope.json").write_text(json.dumps(summary, indent=1) + "\n")
-    plot(stats, profile, args.out / "gpu_envelope.png")
     return 0
 
 

@@ -376,12 +376,20 @@ def main() -> int:
     if (args.switch_first or args.learn_seconds) and not routed:
         parser.error("--switch-first and --learn-seconds need a routed server (specgate)")
     extra_levels = [int(c) for c in args.extra_levels.split(",")] if extras else []
+    first_probe = PROBES["probeIntervalSeconds"] + args.learn_hold
+    if "specgate-probes" in routed and 0 < args.learn_seconds < first_probe:
+        # The router's first probe waits one probe interval after it starts (it starts once
+        # every server is up): a shorter learning phase ends before any probe can run.
+        parser.error(f"--learn-seconds {args.learn_seconds:g}: specgate-probes' first probe "
+                     f"comes {PROBES['probeIntervalSeconds']} s after its router starts; learn "
+                     f"for at least {first_probe:g} s, or not at all")  # fmt: skip
     profile_levels = [int(c) for c in args.profile_levels.split(",") if c]
     profiled = [e for e in args.profile_servers.split(",") if e] or main_servers + extras
     if bad := set(profiled) - set(main_servers + extras):
         parser.error(f"--profile-servers: {sorted(bad)} not among --servers/--extra")
     learn_pattern = [int(c) for c in args.learn_pattern.split(",")]
-    top = max(levels + extra_levels)
+    # Servers admit and capture graphs up to the largest level anything runs at, profiles too.
+    top = max(levels + extra_levels + profile_levels)
     models = args.models
     if not sim:
         write_pair_once(models, args.c)
@@ -431,7 +439,7 @@ def main() -> int:
         "predicted_accept_length": round(acceptance(args.c, args.temperature, 3)[1], 3),
         "levels": levels, "repeat": args.repeat, "seconds": args.seconds,
         "warmup": args.warmup, "extra": extras, "extra_levels": extra_levels,
-        "tp": args.tp,
+        "tp": args.tp, "max_running": top, "learn_seconds": args.learn_seconds,
         "servers": {s.name: {"port": s.port, "gpu": s.gpu, "env": s.env} for s in servers},
         "windows": [], "router_log": [],
     }  # fmt: skip

@@ -48,6 +48,53 @@ def test_the_envelope_ratio_is_specgate_over_the_better_static_server(report: Mo
         ("patched-off", 64, 0.95), ("specgate", 64, 0.98)]  # fmt: skip
 
 
+def test_rows_above_the_start_threshold_come_from_jobs_whose_router_learned(
+    report: ModuleType,
+) -> None:
+    """A router that saw no sustained load holds its start threshold: such a job's c = 16 row
+    does not stand for the router, an earlier job's (with a learning phase) does."""
+
+    def job(router_rate: float, router_log: list[dict[str, object]]) -> dict[str, object]:
+        windows = [window(s, c, rate) for c in (4, 16)
+                   for s, rate in (("plain", 1000), ("always-on", 1500))]  # fmt: skip
+        windows += [window("specgate-probes", c, router_rate, steps_on=0, steps_off=50)
+                    for c in (4, 16)]  # fmt: skip
+        return {"windows": windows, "router_log": router_log}
+
+    results = {
+        "gpu-envelope-1.json": job(1450, [{"phase": "learn", "threshold": 8}]),
+        "gpu-envelope-2.json": job(1000, [{"phase": "sweep", "threshold": 8}]),
+    }
+    assert [report.learned(r) for r in results.values()] == [True, False]
+    runs = {name: report.summarise(r["windows"]) for name, r in results.items()}
+    stats, source = report.compose(runs, ["gpu-envelope-1.json"])
+    assert source == {4: "gpu-envelope-2.json", 16: "gpu-envelope-1.json"}
+    assert report.envelope_ratio(stats, "specgate-probes") == {4: 0.667, 16: 0.967}
+    # Without the rule the later job wins both rows.
+    assert report.compose(runs, runs)[1] == {4: "gpu-envelope-2.json", 16: "gpu-envelope-2.json"}
+
+
+def test_same_mode_pairs_compare_a_routed_window_with_the_static_server_in_its_mode(
+    report: ModuleType,
+) -> None:
+    windows = [
+        window("plain", 16, 1000, rep=0), window("always-on", 16, 1200, rep=0),
+        window("specgate", 16, 1150, rep=0, steps_on=90, steps_off=0),  # on: over always-on
+        window("plain", 16, 1100, rep=1), window("always-on", 16, 1300, rep=1),
+        window("specgate", 16, 1045, rep=1, steps_on=0, steps_off=80),  # off: over plain
+        window("plain", 16, 1000, rep=2), window("always-on", 16, 1200, rep=2),
+        window("specgate", 16, 1100, rep=2, steps_on=40, steps_off=40),  # switched: no pair
+    ]  # fmt: skip
+    pairs = report.same_mode_pairs({"run": windows})
+    assert [(p["rep"], p["mode"], p["ratio"]) for p in pairs] == [
+        (0, "on", round(1150 / 1200, 3)), (1, "off", 0.95)]  # fmt: skip
+    summary = report.geometric_summary([0.9, 1.0, 1.1, 1.0])
+    assert summary["pairs"] == 4 and summary["geomean"] == round(0.99**0.25, 3)
+    assert summary["p05"] < summary["geomean"] < summary["p95"]
+    assert report.geometric_summary([0.9, 1.0, 1.1, 1.0]) == summary  # seeded
+    assert report.geometric_summary([1.0] * 5)["p05"] == report.geometric_summary([1.0] * 5)["p95"]
+
+
 def test_accept_rate_inverts_the_chain(report: ModuleType) -> None:
     for rate in (0.5, 0.765, 0.87):
         length = sum(rate**j for j in range(4))
@@ -101,7 +148,8 @@ def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
         )  # fmt: skip
 
     first = run(tmp_path / "first", "--levels", "1,4", "--learn-seconds", "2", "--extra",
-                "patched-off,patched-8", "--extra-levels", "4", "--switch-first")  # fmt: skip
+                "patched-off,patched-8", "--extra-levels", "4", "--switch-first",
+                "--profile-levels", "8", "--profile-servers", "plain")  # fmt: skip
     second = run(tmp_path / "second", "--port-base", "31300", "--levels", "2",
                  "--servers", "always-on,specgate-probes", "--extra", "upstream-always-on",
                  "--extra-levels", "2", "--tp", "2")  # fmt: skip
@@ -115,6 +163,8 @@ def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
                     for c in (1, 4)} | {("patched-off", 4), ("patched-8", 4)}  # fmt: skip
     assert len(result["windows"]) == 2 * (4 * 2 + 2)
     assert result["switched_first"] is True
+    # Servers are sized for the largest level run or profiled (the sim takes no profiles).
+    assert result["max_running"] == 8
     # Upstream's adaptive baseline runs on unpatched SGLang where one is provided; nothing else.
     envs = {name: server["env"] for name, server in result["servers"].items()}
     assert envs["upstream-0step"] == {"PYTHONPATH": "/opt/sglang-unpatched"}
@@ -142,13 +192,26 @@ def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
     assert "error" not in second_result
 
 
-def test_gpu_envelope_refuses_unknown_servers(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--servers", "plain,fast-mode"], "--servers/--extra: unknown ['fast-mode']"),
+        (["--servers", "plain,always-on", "--profile-levels", "64", "--profile-servers",
+          "patched-off"], "--profile-servers: ['patched-off'] not among"),
+        # A learning phase shorter than the probing router's first-probe delay learns nothing.
+        (["--servers", "plain,specgate-probes", "--learn-seconds", "48"],
+         "--learn-seconds 48: specgate-probes' first probe comes 60 s after"),
+    ],
+)  # fmt: skip
+def test_gpu_envelope_refuses_bad_arguments(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
     import subprocess
 
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "gpu_envelope.py"), "--engine", "sim", "--out",
-         str(tmp_path), "--servers", "plain,fast-mode"],
+         str(tmp_path), *args],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 2
-    assert "--servers/--extra: unknown ['fast-mode']" in done.stderr
+    assert message in done.stderr
