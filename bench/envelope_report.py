@@ -153,9 +153,7 @@ def geometric_summary(ratios: Sequence[float], draws: int = 4000) -> dict[str, A
 
     logs = [math.log(r) for r in ratios]
     rng = random.Random(0)
-    means = sorted(
-        math.exp(statistics.fmean(rng.choice(logs) for _ in logs)) for _ in range(draws)
-    )
+    means = sorted(math.exp(statistics.fmean(rng.choice(logs) for _ in logs)) for _ in range(draws))
     return {"pairs": len(logs), "geomean": round(math.exp(statistics.fmean(logs)), 3),
             "p05": round(means[int(0.05 * draws)], 3),
             "p95": round(means[int(0.95 * draws) - 1], 3)}  # fmt: skip

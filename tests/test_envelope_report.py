@@ -203,9 +203,7 @@ def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
          "--learn-seconds 48: specgate-probes' first probe comes 60 s after"),
     ],
 )  # fmt: skip
-def test_gpu_envelope_refuses_bad_arguments(
-    tmp_path: Path, args: list[str], message: str
-) -> None:
+def test_gpu_envelope_refuses_bad_arguments(tmp_path: Path, args: list[str], message: str) -> None:
     import subprocess
 
     done = subprocess.run(
