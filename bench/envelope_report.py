@@ -41,6 +41,7 @@ NAMES = {
     "upstream-0step": "(c) upstream adaptive, off above 8",
     "specgate": "(d) patched + specgate router",
     "specgate-probes": "(d') the same, router probing",
+    "specgate-probes-direct": "(d') direct to the engine, no proxy",
     "patched-off": "patched, pinned off",
     "patched-off-deferred": "patched, pinned off, deferred draft extend",
 }
@@ -131,7 +132,9 @@ def same_mode_pairs(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any
     """The routed server against the static server running the mode it ran, window by window:
     each routed window that speculated on every step, over always-on's window of the same
     concurrency and repeat, and each that speculated on none, over plain's. Adjacent windows
-    of one job, so what is left is the patch's and the router's cost plus window noise."""
+    of one job, so what is left is the patch's and the router's cost plus window noise. Where
+    the job also measured the routed engine directly (gpu_envelope.py --direct-too), each
+    routed window over that one too (mode "proxy": the proxy's cost plus noise)."""
     pairs = []
     for run, windows in sorted(runs.items()):
         by_key = {(w["server"], w["c"], w.get("rep")): w for w in windows}
@@ -140,9 +143,11 @@ def same_mode_pairs(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any
                 continue
             mode = "on" if not w.get("steps_off") else "off" if not w.get("steps_on") else None
             static = by_key.get(({"on": "always-on", "off": "plain"}.get(mode or ""), c, rep))
-            if mode and static and static["tok_s"] > 0:
-                pairs.append({"run": run, "c": c, "rep": rep, "mode": mode,
-                              "ratio": round(w["tok_s"] / static["tok_s"], 3)})  # fmt: skip
+            direct = by_key.get((f"{server}-direct", c, rep))
+            for kind, other in ((mode, static), ("proxy", direct)):
+                if kind is not None and other is not None and other["tok_s"] > 0:
+                    pairs.append({"run": run, "c": c, "rep": rep, "mode": kind,
+                                  "ratio": round(w["tok_s"] / other["tok_s"], 3)})  # fmt: skip
     return pairs
 
 
@@ -378,7 +383,7 @@ def run_section(results: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]
                 {"run": name, "c": c, **{r: ratios.get(c) for r, ratios in by_routed.items()}}
             )
     pooled = []
-    for mode, static in (("on", "always-on"), ("off", "plain")):
+    for mode, static in (("on", "always-on"), ("off", "plain"), ("proxy", "the engine direct")):
         for low, high in ((1, START_THRESHOLD), (START_THRESHOLD + 1, 1 << 20)):
             chosen = [p for p in pairs if p["mode"] == mode and low <= p["c"] <= high]
             span = f"{low}-{high}" if high < 1 << 20 else f">= {low}"

@@ -20,7 +20,8 @@ N GPUs. Two runs can share a host, one per GPU (CUDA_VISIBLE_DEVICES, --port-bas
 --switch-first switches specgate's engine off and back once before the sweep: at batch 1-2 the
 patched and the adaptive servers ran 20-30% under always-on without ever having switched state,
 and specgate against patched-8 side by side tells whether one switch (which re-applies the
-speculating state) removes that.
+speculating state) removes that. --direct-too also measures the routed server's engine at its
+own port (the router still sets its threshold), in the same rotation: the proxy's cost.
 
 At every concurrency c the windows alternate between the servers (the order rotates each
 repeat), so a host that drifts during the run slows all of them alike. Each window: c
@@ -53,7 +54,7 @@ import sys
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -331,6 +332,10 @@ def main() -> int:
         action="store_true",
         help="switch specgate's engine off and back once before the sweep",
     )
+    parser.add_argument("--direct-too", action="store_true",
+                        help="also measure the routed server's engine with no proxy in between "
+                        "(its router still sets the threshold), as ROUTED-direct in the same "
+                        "rotation: the proxy's cost, side by side")  # fmt: skip
     parser.add_argument("--servers", default=",".join(SERVERS),
                         help="comma-separated, the servers measured at every level")  # fmt: skip
     parser.add_argument("--extra", default="", help=f"comma-separated, of {', '.join(EXTRAS)}")
@@ -373,8 +378,9 @@ def main() -> int:
     routed = [n for n in main_servers + extras if n in ROUTED]
     if len(routed) > 1:
         parser.error(f"--servers/--extra: one of {', '.join(ROUTED)} at a time (one router)")
-    if (args.switch_first or args.learn_seconds) and not routed:
-        parser.error("--switch-first and --learn-seconds need a routed server (specgate)")
+    if (args.switch_first or args.learn_seconds or args.direct_too) and not routed:
+        parser.error("--switch-first, --learn-seconds and --direct-too need a routed server "
+                     "(specgate or specgate-probes)")  # fmt: skip
     extra_levels = [int(c) for c in args.extra_levels.split(",")] if extras else []
     first_probe = PROBES["probeIntervalSeconds"] + args.learn_hold
     if "specgate-probes" in routed and 0 < args.learn_seconds < first_probe:
@@ -460,6 +466,14 @@ def main() -> int:
         specgate = next((s for s in servers if s.name in ROUTED), None)
         if specgate is not None:
             router = start_router(specgate, out)
+        if args.direct_too:
+            # The same engine, reached at its own port: not launched or stopped on its own.
+            assert specgate is not None
+            direct = replace(specgate, name=f"{specgate.name}-direct", router_port=None, proc=None)
+            by_name[direct.name] = direct
+            main_servers.append(direct.name)
+            results["servers"][direct.name] = {"port": direct.port, "gpu": direct.gpu,
+                                               "direct_of": specgate.name}  # fmt: skip
         if args.switch_first:
             assert specgate is not None
             for value in (0, 8):
@@ -502,7 +516,7 @@ def main() -> int:
             got = window(by_name[name], c, args.seconds, args.warmup, args.temperature,
                          seed=c * 100 + rep)  # fmt: skip
             got.update(server=name, c=c, rep=rep)
-            if name in ROUTED:
+            if name.removesuffix("-direct") in ROUTED:
                 assert specgate is not None and specgate.router_port is not None
                 view = router_view(specgate.router_port)
                 got["threshold"] = view.get("threshold")

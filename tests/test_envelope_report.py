@@ -88,6 +88,11 @@ def test_same_mode_pairs_compare_a_routed_window_with_the_static_server_in_its_m
     pairs = report.same_mode_pairs({"run": windows})
     assert [(p["rep"], p["mode"], p["ratio"]) for p in pairs] == [
         (0, "on", round(1150 / 1200, 3)), (1, "off", 0.95)]  # fmt: skip
+    # With the engine also measured directly, each routed window is paired with that one too.
+    direct = [window("specgate-direct", 16, 1000, rep=r, steps_on=90, steps_off=0) for r in (0, 2)]
+    pairs = report.same_mode_pairs({"run": windows + direct})
+    assert [(p["rep"], p["mode"], p["ratio"]) for p in pairs if p["mode"] == "proxy"] == [
+        (0, "proxy", 1.15), (2, "proxy", 1.1)]  # fmt: skip
     summary = report.geometric_summary([0.9, 1.0, 1.1, 1.0])
     assert summary["pairs"] == 4 and summary["geomean"] == round(0.99**0.25, 3)
     assert summary["p05"] < summary["geomean"] < summary["p95"]
@@ -152,7 +157,7 @@ def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
                 "--profile-levels", "8", "--profile-servers", "plain")  # fmt: skip
     second = run(tmp_path / "second", "--port-base", "31300", "--levels", "2",
                  "--servers", "always-on,specgate-probes", "--extra", "upstream-always-on",
-                 "--extra-levels", "2", "--tp", "2")  # fmt: skip
+                 "--extra-levels", "2", "--tp", "2", "--direct-too")  # fmt: skip
     for proc in (first, second):
         output, _ = proc.communicate(timeout=240)
         assert proc.returncode == 0, output[-3000:]
@@ -176,9 +181,14 @@ def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
 
     second_result = json.loads((tmp_path / "second" / "envelope.json").read_text())
     assert {(w["server"], w["c"]) for w in second_result["windows"]} == {
-        ("always-on", 2), ("specgate-probes", 2), ("upstream-always-on", 2)}  # fmt: skip
+        ("always-on", 2), ("specgate-probes", 2), ("specgate-probes-direct", 2),
+        ("upstream-always-on", 2)}  # fmt: skip
     ports = {name: s["port"] for name, s in second_result["servers"].items()}
-    assert ports == {"always-on": 31300, "specgate-probes": 31301, "upstream-always-on": 31302}
+    assert ports == {"always-on": 31300, "specgate-probes": 31301, "upstream-always-on": 31302,
+                     "specgate-probes-direct": 31301}  # fmt: skip
+    # --direct-too: the routed engine also at its own port, its threshold still the router's.
+    direct = [w for w in second_result["windows"] if w["server"] == "specgate-probes-direct"]
+    assert len(direct) == 2 and all(w["threshold"] == 8 for w in direct)
     # Tensor-parallel servers all span both GPUs; the first run spread its servers over them.
     assert second_result["tp"] == 2
     assert {s["gpu"] for s in second_result["servers"].values()} == {"0,1"}
