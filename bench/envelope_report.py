@@ -382,7 +382,7 @@ def run_section(results: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]
             every_run.append(
                 {"run": name, "c": c, **{r: ratios.get(c) for r, ratios in by_routed.items()}}
             )
-    pooled = []
+    same_mode_rows = []
     for mode, static in (("on", "always-on"), ("off", "plain"), ("proxy", "the engine direct")):
         for low, high in ((1, START_THRESHOLD), (START_THRESHOLD + 1, 1 << 20)):
             chosen = [p for p in pairs if p["mode"] == mode and low <= p["c"] <= high]
@@ -391,7 +391,7 @@ def run_section(results: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]
             for run in runs_here + (["all runs"] if len(runs_here) > 1 else []):
                 ratios = [p["ratio"] for p in chosen if run in ("all runs", p["run"])]
                 if ratios:
-                    pooled.append({"mode": mode, "static": static, "c": span, "run": run,
+                    same_mode_rows.append({"mode": mode, "static": static, "c": span, "run": run,
                                    **geometric_summary(ratios)})  # fmt: skip
     md = (
         table(stats, ratio, probing, source)
@@ -415,11 +415,12 @@ def run_section(results: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]
            "| mode | over | c | run | pairs | geometric mean | 90% interval |\n"
            "|---|---|---|---|---|---|---|\n")  # fmt: skip
     md += "".join(f"| {r['mode']} | {r['static']} | {r['c']} | {_short(r['run'])} | {r['pairs']} "
-                  f"| {r['geomean']} | {r['p05']}-{r['p95']} |\n" for r in pooled)  # fmt: skip
+                  f"| {r['geomean']} | {r['p05']}-{r['p95']} |\n"
+                  for r in same_mode_rows)  # fmt: skip
     figures = {"inputs": sorted(results), "stats": stats, "ratio": ratio,
                "ratio_router_probing": probing, "row_source": source, "every_run": every_run,
                "off_vs_plain_side_by_side": side_by_side, "same_mode_pairs": pairs,
-               "same_mode_pooled": pooled}  # fmt: skip
+               "same_mode_summary": same_mode_rows}  # fmt: skip
     return md, figures, stats
 
 

@@ -361,19 +361,30 @@ def steady_batch(
     return middle, modes.pop()
 
 
+def rates_per_request(
+    samples: Sequence[Sample], *, batch: float, since: float, until: float = math.inf
+) -> dict[bool, tuple[float, int]]:
+    """Per mode (True: speculating), the mean output tok/s per running request of the samples
+    near `batch` taken in [since, until], and how many. One pass, newest first, stopping at
+    `since`: samples are in time order, and this runs for every steady pod on every step."""
+    width = band(batch)
+    totals = {True: [0.0, 0], False: [0.0, 0]}
+    for s in reversed(samples):
+        if s.at < since:
+            break
+        if s.at <= until and abs(s.batch - batch) <= width:
+            total = totals[s.speculating_fraction >= STEADY_MODE_FRACTION]
+            total[0] += s.tokens_per_second / s.batch
+            total[1] += 1
+    return {mode: (rate / n if n else 0.0, int(n)) for mode, (rate, n) in totals.items()}
+
+
 def rate_per_request(
     samples: Sequence[Sample], *, batch: float, speculating: bool, since: float,
     until: float = math.inf,
 ) -> tuple[float, int]:  # fmt: skip
     """Mean output tok/s per running request of one mode's samples near `batch`, and how many."""
-    rates = [
-        s.tokens_per_second / s.batch
-        for s in samples
-        if (s.speculating_fraction >= STEADY_MODE_FRACTION) == speculating
-        and abs(s.batch - batch) <= band(batch)
-        and since <= s.at <= until
-    ]
-    return (sum(rates) / len(rates) if rates else 0.0), len(rates)
+    return rates_per_request(samples, batch=batch, since=since, until=until)[speculating]
 
 
 def threshold_to_run(batch: float, *, speculating: bool, params: ControlSettings) -> int | None:
@@ -406,10 +417,8 @@ def _explore(
     if other is None:
         return None
     wait = params.probe_interval_seconds * previous.probe_wait
-    since = now - wait
-    here, n_here = rate_per_request(own, batch=batch, speculating=speculating, since=since)
-    there, n_there = rate_per_request(own, batch=batch, speculating=not speculating,
-                                      since=since)  # fmt: skip
+    rates = rates_per_request(own, batch=batch, since=now - wait)
+    (here, n_here), (there, n_there) = rates[speculating], rates[not speculating]
     need = params.min_samples
     if n_here >= need and n_there >= need:
         if there <= here * (1 + PROBE_MARGIN):
