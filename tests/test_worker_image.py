@@ -241,6 +241,32 @@ def test_recovery_judge_on_the_recorded_gpu_run() -> None:
     assert not recovery.judge(stuck)["passed"]
 
 
+def test_draftkv_flip_point_and_judge() -> None:
+    """Check 3's draft-KV half (draftkv.py, not yet run on a GPU): where the context-reading
+    draft turns from the prompt's token to the repeated one, and the verdict on the three
+    runs. The GPU run measures whether the synced run's off steps counted towards the flip."""
+    for sibling in ("verify", "synthetic", "speed", "recovery"):
+        _gputest_module(sibling)
+    synthetic = _gputest_module("synthetic")
+    draftkv = _gputest_module("draftkv")
+    # g kv (f_A - f_B) = hidden: 8 * 1024 * (199 - n) = 2048 * (201 + n)  ->  n = 119
+    assert synthetic.context_flip(200, 8.0, 2048, 1024) == pytest.approx(119.0)
+    assert synthetic.context_flip(200, 16.0, 2048, 1024) > 119  # a louder context holds longer
+    assert synthetic.context_flip(200, 0.0, 2048, 1024) == 0.0  # no context: never proposes A
+    assert synthetic.context_flip(1, 8.0, 2048, 1024) == 0.0  # one A: B wins at once
+    runs = {"control": {"accept_length": 1.05}, "early": {"accept_length": 1.1},
+            "synced": {"accept_length": 3.98}}  # fmt: skip
+    assert draftkv.judge(runs)
+    assert not draftkv.judge({**runs, "synced": {"accept_length": 1.2}})  # off steps not written
+    assert not draftkv.judge({**runs, "control": {"accept_length": 3.9}})  # draft ignores context
+    assert not draftkv.judge({**runs, "early": {"accept_length": None}})
+    assert not draftkv.judge({k: v for k, v in runs.items() if k != "early"})
+    prompts = [draftkv.prompt(run, i, 200) for run in range(3) for i in range(draftkv.CLIENTS)]
+    assert len({tuple(p) for p in prompts}) == len(prompts)  # no shared prefix
+    assert all(len(set(p)) == 2 and p[0] != p[-1] and len(p) == 201 for p in prompts)
+    assert max(max(p) for p in prompts) < synthetic.VOCAB
+
+
 def test_deferred_draft_counts_flush_and_forget_reused_slots(patched_site: Path) -> None:
     """The bookkeeping of the experimental deferred draft extend
     (SGLANG_SPEC_DEFER_OFF_DRAFT_EXTEND): per request slot, checked against the request id."""

@@ -24,8 +24,14 @@ it, with no new weights. The compute cost is that of a real model of the same sh
 weights are multiplied like any others.
 
 The draft's KV cache does not affect its predictions (its attention output is zero). So this
-pair cannot show whether the draft KV cache stayed in sync after speculation was off; the
-worker-image issue's check 3 needs a pair whose draft reads its context.
+pair cannot show whether the draft KV cache stayed in sync after speculation was off. With
+--context-gain g the draft reads it (draftkv.py, check 3's draft-KV half): its query and key
+projections stay zero, so it attends uniformly over its whole KV cache; its value projection
+copies the first kv_heads x head_dim dimensions of its normed input embedding, and its output
+projection writes one query head per KV group back to those hidden dimensions, times g. Its
+logits become E . norm(e(t) + g * m), m the mean over the request's draft KV cache of those
+embedding dimensions: where one token fills most of the context, the draft proposes it instead
+of the current token (`context_flip` says where that stops).
 
 Needs torch and safetensors (SGLang's own dependencies) and a GPU to write quickly:
     python3 synthetic.py OUT_DIR [--hidden 3072 --layers 28 ...]
@@ -74,8 +80,19 @@ def acceptance(c: float, temperature: float, steps: int) -> tuple[float, float]:
     return p, repeated * sum(p**j for j in range(steps + 1)) + (1 - repeated)
 
 
+def context_flip(prefix: int, gain: float, hidden: int, kv_dim: int) -> float:
+    """With --context-gain: for a prompt of `prefix` copies of token A and then one B (the
+    target then repeats B), how many B tokens the draft's KV cache must hold beyond the prompt
+    before the draft proposes B rather than A. B's logit is about hidden + g kv_dim f_B and
+    A's g kv_dim f_A (f the tokens' shares of the draft's context; a random embedding's product
+    with another is about 0), so B wins once g kv_dim (f_A - f_B) < hidden."""
+    weight = gain * kv_dim
+    return max(0.0, (weight * (prefix - 1) - hidden * (prefix + 1)) / (weight + hidden))
+
+
 def write_pair(out: Path, target: dict[str, Any], draft: dict[str, Any], c: float,
-               device: str = "cuda", seed: int = 0) -> None:  # fmt: skip
+               device: str = "cuda", seed: int = 0,
+               context_gain: float = 0.0) -> None:  # fmt: skip
     import torch
     from safetensors.torch import save_file
 
@@ -130,6 +147,17 @@ def write_pair(out: Path, target: dict[str, Any], draft: dict[str, Any], c: floa
         "layers.0.hidden_norm.weight": ones(h),
         **layer("layers.0", 2 * h),
     }
+    if context_gain:
+        # The layer's input is [norm(embeds), norm(hidden)]: values copy the embedding's first
+        # kv_out dimensions; the first query head of each KV group writes its head back.
+        v = draft_weights["layers.0.self_attn.v_proj.weight"]
+        v[:, :kv_out] = torch.eye(kv_out, dtype=bf16, device=device)
+        o = draft_weights["layers.0.self_attn.o_proj.weight"]
+        group = target["num_attention_heads"] // target["num_key_value_heads"]
+        for k in range(target["num_key_value_heads"]):
+            o[k * d : (k + 1) * d, k * group * d : (k * group + 1) * d] = context_gain * torch.eye(
+                d, dtype=bf16, device=device
+            )
     (out / "draft").mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in draft_weights.items()},
               str(out / "draft" / "model.safetensors"))  # fmt: skip
@@ -145,10 +173,13 @@ def main() -> int:
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--intermediate", type=int, default=8192)
     parser.add_argument("--c", type=float, default=12.0, help="the current token's logit")
+    parser.add_argument(
+        "--context-gain", type=float, default=0.0, help="> 0: the draft reads its KV cache"
+    )
     args = parser.parse_args()
     target, draft = configs(args.hidden, args.layers, args.heads, args.kv_heads,
                             args.intermediate)  # fmt: skip
-    write_pair(Path(args.out), target, draft, args.c)
+    write_pair(Path(args.out), target, draft, args.c, context_gain=args.context_gain)
     for t in (0.0, 0.8, 0.9, 1.0):
         p, length = acceptance(args.c, t, steps=3)
         print(f"temperature {t}: p = {p:.3f}, predicted accept length at 3 steps {length:.2f}")
