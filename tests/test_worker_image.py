@@ -265,6 +265,8 @@ def test_draftkv_flip_point_and_judge() -> None:
     assert len({tuple(p) for p in prompts}) == len(prompts)  # no shared prefix
     assert all(len(set(p)) == 2 and p[0] != p[-1] and len(p) == 201 for p in prompts)
     assert max(max(p) for p in prompts) < synthetic.VOCAB
+    layers = draftkv.SHAPE["layers"]  # EAGLE-3's fc needs three distinct captured layers
+    assert len({2, layers // 2, layers - 3}) == 3
 
 
 def test_deferred_draft_counts_flush_and_forget_reused_slots(patched_site: Path) -> None:

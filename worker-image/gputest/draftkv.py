@@ -38,8 +38,10 @@ from synthetic import configs, context_flip
 from verify import EAGLE, call, log, server_flags, start, wait_healthy
 
 HERE = Path(__file__).resolve().parent
-SHAPE = {"hidden": 2048, "layers": 4, "heads": 16, "kv_heads": 8, "intermediate": 4096}
-"""Small: the check is about the draft's inputs, not speed (kv_heads x head_dim = 1024)."""
+SHAPE = {"hidden": 2048, "layers": 8, "heads": 16, "kv_heads": 8, "intermediate": 4096}
+"""Small: the check is about the draft's inputs, not speed (kv_heads x head_dim = 1024). EAGLE-3
+reads the target's hidden states after layers 2, n/2 and n-3 (SGLang's default), three distinct
+ones only from 6 layers up: with 4 the draft's fc got two (the first GPU run, 2026-11-30)."""
 CLIENTS = 8
 WINDOW = 0.3
 RUNS = {"control": 0.0, "early": 0.3, "synced": 2.0}
