@@ -140,7 +140,9 @@ def pool_samples(per_pod: Sequence[Sequence[Sample]], limit: int = POOLED_SAMPLE
     if not per_pod:
         return []
     share = max(1, limit // len(per_pod))
-    return [s for samples in per_pod for s in list(samples)[-share:]]
+    # From the newest end: a pod's history (a deque of up to 1200) is not copied every step.
+    newest = (list(itertools.islice(reversed(samples), share))[::-1] for samples in per_pod)
+    return [s for samples in newest for s in samples]
 
 
 WIDENINGS = (1, 2, 4)
@@ -167,12 +169,15 @@ def fit(
 ) -> Line | None:
     """Weighted least-squares line through y = batch / tok/s for one mode."""
     lo, hi = batch_range
+    fraction = STEADY_MODE_FRACTION
+    # The batch range first: it is narrow, and this scans every pooled sample several times a
+    # control step (the step's largest cost).
     pts = [
         (s.batch, s.batch / s.tokens_per_second, 0.5 ** ((now - s.at) / HALF_LIFE_SECONDS))
         for s in samples
-        if (s.speculating_fraction >= STEADY_MODE_FRACTION) == speculating
+        if lo <= s.batch <= hi
+        and (s.speculating_fraction >= fraction) == speculating
         and s.tokens_per_second > 0
-        and lo <= s.batch <= hi
     ]
     if not pts:
         return None
