@@ -54,10 +54,6 @@ decode step: sync cost 0, which the patched-off / plain ratio supports)."""
 Stats = dict[str, dict[int, dict[str, Any]]]
 
 
-def load_windows(paths: Iterable[Path]) -> list[dict[str, Any]]:
-    return [w for p in paths for w in json.loads(p.read_text())["windows"]]
-
-
 def summarise(windows: Sequence[dict[str, Any]]) -> Stats:
     """Per server and concurrency: median and spread of the windows' figures."""
     grouped: dict[str, dict[int, list[dict[str, Any]]]] = {}
@@ -437,8 +433,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     by_tp: dict[int, dict[str, dict[str, Any]]] = {}
     for name, result in results.items():
         by_tp.setdefault(result.get("tp", 1), {})[name] = result
-    fit_paths = [p for p in inputs if p.name in args.fit_runs.split(",")]
-    fitted_stats = summarise(load_windows(fit_paths))
+    fit_runs = sorted(name for name in results if name in args.fit_runs.split(","))
+    fitted_stats = summarise([w for name in fit_runs for w in results[name]["windows"]])
     profile = None
     if PROFILE_PATH.exists() and not args.write_profile:
         profile = Profile.model_validate(json.loads(PROFILE_PATH.read_text()))
@@ -467,7 +463,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if error and error_composed:
         print(f"\nsimulator ({profile.name if profile else ''}): MAPE {error['mape']:.1%} over "
               f"the {len(error['points'])} medians of the runs it is fitted to "
-              f"({', '.join(map(_short, sorted(p.name for p in fit_paths)))}), "
+              f"({', '.join(map(_short, fit_runs))}), "
               f"{error_composed['mape']:.1%} over the table's {len(error_composed['points'])}; "
               f"speculation wins (measured) at c = "
               f"{error_composed['measured_speculation_wins_at']}, simulated crossover batch "
