@@ -44,6 +44,7 @@ NAMES = {
     "specgate-probes-direct": "(d') direct to the engine, no proxy",
     "patched-off": "patched, pinned off",
     "patched-off-deferred": "patched, pinned off, deferred draft extend",
+    "patched-off-upstream-extend": "patched, pinned off, upstream's draft extend",
 }
 FITTED = ("overhead_s", "weights_s", "kv_s_per_request", "compute_s_per_token",
           "draft_overhead_s", "draft_s_per_request", "batch_exponent")  # fmt: skip

@@ -13,7 +13,8 @@ construction, set by the request temperature), four servers run at once:
                       and pushes the threshold (it starts at 8)
 
 and, where asked (--extra), patched servers pinned off (patched-off), pinned off with the
-deferred draft extend (patched-off-deferred), or at threshold 8 with no router (patched-8), and
+deferred draft extend (patched-off-deferred) or with upstream's generic draft extend instead of
+the lean one (patched-off-upstream-extend), or at threshold 8 with no router (patched-8), and
 EAGLE-3 always on from unpatched SGLang (upstream-always-on), measured at --extra-levels only.
 --servers picks a different main set; --tp N runs every server tensor-parallel over the first
 N GPUs. Two runs can share a host, one per GPU (CUDA_VISIBLE_DEVICES, --port-base, --out).
@@ -73,6 +74,7 @@ SERVERS = ("plain", "always-on", "upstream-0step", "specgate")
 EXTRAS = (
     "patched-off",
     "patched-off-deferred",
+    "patched-off-upstream-extend",
     "patched-8",
     "upstream-always-on",
     "specgate-probes",
@@ -118,12 +120,14 @@ def engine_args(name: str, common: list[str], eagle: list[str], adaptive: Path) 
         "patched-off": [*common, *eagle, "--speculative-disable-batch-threshold", "0"],
         "patched-8": [*common, *eagle, "--speculative-disable-batch-threshold", "8"],
         "patched-off-deferred": [*common, *eagle, "--speculative-disable-batch-threshold", "0"],
+        "patched-off-upstream-extend": [*common, *eagle,
+                                        "--speculative-disable-batch-threshold", "0"],
     }[name]  # fmt: skip
 
 
 SIM_THRESHOLD = {"plain": "0", "always-on": "none", "upstream-0step": "8", "specgate": "8",
                  "patched-off": "0", "patched-off-deferred": "0", "patched-8": "8",
-                 "upstream-always-on": "none", "specgate-probes": "8"}  # fmt: skip
+                 "patched-off-upstream-extend": "0", "upstream-always-on": "none", "specgate-probes": "8"}  # fmt: skip
 
 
 def get_json(url: str, timeout: float = 10) -> Any:
@@ -425,6 +429,8 @@ def main() -> int:
     for name in names:
         if name.endswith("-deferred"):
             envs[name] = dict(verify.DEFER_ENV)
+        if name.endswith("-upstream-extend"):
+            envs[name] = dict(verify.UPSTREAM_EXTEND_ENV)
         if upstream_site and name in UPSTREAM:
             envs[name]["PYTHONPATH"] = upstream_site
     servers = [

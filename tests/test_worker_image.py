@@ -293,6 +293,84 @@ def test_deferred_draft_counts_flush_and_forget_reused_slots(patched_site: Path)
         module.PendingDraftCounts(width=0)
 
 
+LEAN_OK = dict(enabled=True, graph_runner=True, width=1, topk=1, rejection_sampling=False,
+               dsa_seed=False, canary=False, mlp_sync=False, hip=False, deferred=False)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({}, None),
+        ({"enabled": False}, "SGLANG_SPEC_LEAN_OFF_DRAFT_EXTEND=0"),
+        ({"graph_runner": False}, "no padded CUDA-graph draft-extend runner"),
+        ({"width": 4}, "draft-extend graph width 4, not 1"),
+        ({"topk": 2}, "--speculative-eagle-topk 2"),
+        ({"rejection_sampling": True}, "rejection sampling"),
+        ({"mlp_sync": True}, "DP attention / MLP sync"),
+        ({"deferred": True}, "deferred draft extend"),
+    ],
+)
+def test_lean_off_extend_only_where_it_holds(
+    change: dict[str, Any], reason: str | None, patched_site: Path
+) -> None:
+    """The lean draft extend of speculation-off steps is used only where its shortcuts hold;
+    anywhere else the step takes upstream's path, and the start-up log says why."""
+    blockers = _module(patched_site).lean_extend_blockers(**{**LEAN_OK, **change})
+    assert blockers == ([] if reason is None else [reason])
+
+
+def _reads_of(func: ast.FunctionDef, name: str) -> set[str]:
+    """Attributes read from the variable `name` in a function: name.x and getattr(name, "x")."""
+    reads = set()
+    for node in ast.walk(func):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            if node.value.id == name and isinstance(node.ctx, ast.Load):
+                reads.add(node.attr)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id == "getattr" and isinstance(node.args[0], ast.Name)
+              and node.args[0].id == name and isinstance(node.args[1], ast.Constant)):  # fmt: skip
+            reads.add(node.args[1].value)
+    return reads
+
+
+def _function(source: Path, qualname: str) -> ast.FunctionDef:
+    cls_name, _, func_name = qualname.rpartition(".")
+    for node in ast.walk(ast.parse(source.read_text())):
+        if isinstance(node, ast.ClassDef) and node.name == cls_name:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == func_name:
+                    return item
+    raise AssertionError(f"{qualname} not found in {source}")
+
+
+def test_lean_draft_extend_gives_the_graph_runner_all_it_reads(patched_site: Path) -> None:
+    """The lean path hands EAGLEDraftExtendCudaGraphRunner.execute a namespace built from the
+    target's decode batch, not a ForwardBatch. Every field execute reads must be in it, so an
+    SGLang update that reads one more fails here, not on a GPU."""
+    spec = patched_site / "sglang" / "srt" / "speculative"
+    execute = _function(spec / "eagle_draft_extend_cuda_graph_runner.py",
+                        "EAGLEDraftExtendCudaGraphRunner.execute")  # fmt: skip
+    lean = _function(spec / "eagle_worker_v2.py", "EAGLEWorkerV2._lean_draft_extend")
+    (namespace,) = [n for n in ast.walk(lean) if isinstance(n, ast.Call)
+                    and isinstance(n.func, ast.Name) and n.func.id == "SimpleNamespace"]  # fmt: skip
+    given = {kw.arg for kw in namespace.keywords}
+    # Read only when DP attention gathers MLP inputs, which the lean path excludes.
+    only_with_mlp_gather = {"global_num_tokens_cpu"}
+    missing = _reads_of(execute, "forward_batch") - given - only_with_mlp_gather
+    assert not missing, f"execute reads {sorted(missing)}, which the lean namespace lacks"
+    # The draft-extend input's fields that execute reads must be ones the lean path sets,
+    # or ones execute sets itself before reading.
+    (draft_input,) = [kw.value for kw in namespace.keywords if kw.arg == "spec_info"]
+    set_by_lean = {kw.arg for kw in draft_input.keywords}
+    spec_reads = {n.attr for n in ast.walk(execute) if isinstance(n, ast.Attribute)
+                  and isinstance(n.value, ast.Attribute) and n.value.attr == "spec_info"
+                  and isinstance(n.ctx, ast.Load)}  # fmt: skip
+    set_by_execute = {n.attr for n in ast.walk(execute) if isinstance(n, ast.Attribute)
+                      and isinstance(n.value, ast.Attribute) and n.value.attr == "spec_info"
+                      and isinstance(n.ctx, ast.Store)}  # fmt: skip
+    assert spec_reads <= set_by_lean | set_by_execute, spec_reads - set_by_lean - set_by_execute
+
+
 def test_profile_summary_reads_a_torch_trace(tmp_path: Path) -> None:
     """gputest/profile_summary.py on a hand-made chrome trace: span, busy time (overlapping
     kernels counted once), kernels ranked by total time, graph launches, CPU ranges."""

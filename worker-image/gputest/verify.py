@@ -149,6 +149,9 @@ def spec_loads(port: int) -> dict:
 
 DEFER_ENV = {"SGLANG_SPEC_DEFER_OFF_DRAFT_EXTEND": "1"}
 """Turns on the patch's experimental deferred draft extend for speculation-off steps."""
+UPSTREAM_EXTEND_ENV = {"SGLANG_SPEC_LEAN_OFF_DRAFT_EXTEND": "0"}
+"""Speculation-off steps run their draft extend through upstream's generic path, not the
+patch's lean one (for side-by-side speed runs)."""
 
 
 def start(
