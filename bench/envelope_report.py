@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -94,6 +95,11 @@ learning phase does not measure the router's choice there: compose() takes rows 
 from jobs with one (their routed windows still count in that job's own ratios)."""
 
 
+def run_order(name: str) -> tuple[Any, ...]:
+    """Jobs in the order they ran: by the job number in their name (gpu-envelope-10 after -9)."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name))
+
+
 def learned(result: dict[str, Any]) -> bool:
     """Whether a job's router had a learning phase before the sweep."""
     return any(entry.get("phase") == "learn" for entry in result.get("router_log", []))
@@ -109,7 +115,7 @@ def compose(runs: dict[str, Stats], learning: Iterable[str] = ()) -> tuple[Stats
     learning = set(learning)
     stats: Stats = {}
     source: dict[int, str] = {}
-    for name, run in sorted(runs.items()):
+    for name, run in sorted(runs.items(), key=lambda kv: run_order(kv[0])):
         for c in sorted({c for by_c in run.values() for c in by_c}):
             if c > START_THRESHOLD and name not in learning:
                 continue
@@ -118,7 +124,7 @@ def compose(runs: dict[str, Stats], learning: Iterable[str] = ()) -> tuple[Stats
             ):
                 source[c] = name
     for c, name in source.items():
-        for other, run in sorted(runs.items()):
+        for other, run in sorted(runs.items(), key=lambda kv: run_order(kv[0])):
             for server, by_c in run.items():
                 if c in by_c and (other == name or c not in runs[name].get(server, {})):
                     stats.setdefault(server, {})[c] = {**by_c[c], "run": other}
@@ -133,7 +139,7 @@ def same_mode_pairs(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any
     the job also measured the routed engine directly (gpu_envelope.py --direct-too), each
     routed window over that one too (mode "proxy": the proxy's cost plus noise)."""
     pairs = []
-    for run, windows in sorted(runs.items()):
+    for run, windows in sorted(runs.items(), key=lambda kv: run_order(kv[0])):
         by_key = {(w["server"], w["c"], w.get("rep")): w for w in windows}
         for (server, c, rep), w in sorted(by_key.items(), key=lambda kv: (kv[0][1], str(kv[0]))):
             if server not in ROUTED or not (w.get("steps_on") or w.get("steps_off")):
@@ -146,6 +152,29 @@ def same_mode_pairs(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any
                     pairs.append({"run": run, "c": c, "rep": rep, "mode": kind,
                                   "ratio": round(w["tok_s"] / other["tok_s"], 3)})  # fmt: skip
     return pairs
+
+
+OFF_VARIANTS = (("patched-off", "plain"), ("patched-off-upstream-extend", "plain"),
+                ("patched-off", "patched-off-upstream-extend"))  # fmt: skip
+"""Pinned-off servers against plain and against each other: the lean draft extend of the
+patch's off step (patched-off) and upstream's generic one (patched-off-upstream-extend)."""
+
+
+def variant_pairs(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per run, concurrency and pair of OFF_VARIANTS: the window-by-window ratios (same repeat,
+    adjacent in time) and their geometric summary."""
+    rows = []
+    for run, windows in sorted(runs.items(), key=lambda kv: run_order(kv[0])):
+        by_key = {(w["server"], w["c"], w.get("rep")): w["tok_s"] for w in windows}
+        for num, den in OFF_VARIANTS:
+            for c in sorted({c for (server, c, _) in by_key if server == num}):
+                ratios = [by_key[(num, c, rep)] / by_key[(den, c, rep)]
+                          for (server, cc, rep) in sorted(by_key, key=str)
+                          if server == num and cc == c and by_key.get((den, c, rep))]  # fmt: skip
+                if ratios:
+                    rows.append({"run": run, "c": c, "server": num, "over": den,
+                                 **geometric_summary(ratios)})  # fmt: skip
+    return rows
 
 
 def geometric_summary(ratios: Sequence[float], draws: int = 4000) -> dict[str, Any]:
@@ -168,6 +197,28 @@ def envelope_ratio(stats: Stats, routed: str = "specgate") -> dict[int, float]:
         a, b = stats.get("plain", {}).get(c), stats.get("always-on", {}).get(c)
         if a and b and len({row.get("run") for row in (a, b, d)}) == 1:
             out[c] = round(d["tok_s"] / max(a["tok_s"], b["tok_s"]), 3)
+    return out
+
+
+def always_on_wins(runs: dict[str, Stats]) -> set[int]:
+    """Concurrencies where always-on beat plain in every run that measured both (and at least
+    one did): there max(X_a, X_b) is X_b, so a run that measured no plain still gives a ratio."""
+    verdicts: dict[int, list[bool]] = {}
+    for run in runs.values():
+        for c, b in run.get("always-on", {}).items():
+            a = run.get("plain", {}).get(c)
+            if a:
+                verdicts.setdefault(c, []).append(b["tok_s"] > a["tok_s"])
+    return {c for c, wins in verdicts.items() if all(wins)}
+
+
+def over_always_on(run: Stats, routed: str, wins: set[int]) -> dict[int, float]:
+    """X_routed / X_b in a run without plain, at the concurrencies in `wins`."""
+    out = {}
+    for c, d in run.get(routed, {}).items():
+        b = run.get("always-on", {}).get(c)
+        if b and c in wins and c not in run.get("plain", {}):
+            out[c] = round(d["tok_s"] / b["tok_s"], 3)
     return out
 
 
@@ -373,8 +424,14 @@ def run_section(results: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]
     ratio = envelope_ratio(stats)
     probing = envelope_ratio(stats, "specgate-probes")
     every_run = []
+    wins = always_on_wins(runs)
     for name, run in runs.items():
-        by_routed = {r: envelope_ratio(run, r) for r in (*ROUTED, "upstream-0step")}
+        by_routed: dict[str, dict[int, Any]] = {
+            r: envelope_ratio(run, r) for r in (*ROUTED, "upstream-0step")
+        }
+        for r in ROUTED:
+            for c, value in over_always_on(run, r, wins).items():
+                by_routed[r][c] = f"{value} \N{DAGGER}"
         for c in sorted({c for ratios in by_routed.values() for c in ratios}):
             every_run.append(
                 {"run": name, "c": c, **{r: ratios.get(c) for r, ratios in by_routed.items()}}
@@ -400,6 +457,12 @@ def run_section(results: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]
             f"{r['specgate-probes'] or ''} |\n"
             for r in every_run
         )
+        + (
+            "\n\N{DAGGER} the run measured no plain server: the routed server over always-on, "
+            "which beat plain at this c in every run that measured both.\n"
+            if any("\N{DAGGER}" in str(v) for r in every_run for v in r.values())
+            else ""
+        )
         + "\nSpeculation off against plain, side by side (one run's windows):\n\n"
     )
     md += "| run | server | c | windows (off / plain) | off tok/s | plain tok/s | ratio |\n"
@@ -414,10 +477,19 @@ def run_section(results: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]
     md += "".join(f"| {r['mode']} | {r['static']} | {r['c']} | {_short(r['run'])} | {r['pairs']} "
                   f"| {r['geomean']} | {r['p05']}-{r['p95']} |\n"
                   for r in same_mode_rows)  # fmt: skip
-    figures = {"inputs": sorted(results), "stats": stats, "ratio": ratio,
+    variants = variant_pairs({name: r["windows"] for name, r in results.items()})
+    if variants:
+        md += ("\nThe off step's variants, window by window (same repeat; geometric mean, "
+               "bootstrap 90% interval):\n\n| run | c | server | over | pairs | geometric mean "
+               "| 90% interval |\n|---|---|---|---|---|---|---|\n")  # fmt: skip
+        md += "".join(f"| {_short(r['run'])} | {r['c']} | {r['server']} | {r['over']} | "
+                      f"{r['pairs']} | {r['geomean']} | {r['p05']}-{r['p95']} |\n"
+                      for r in variants)  # fmt: skip
+    figures = {"inputs": sorted(results, key=run_order), "stats": stats, "ratio": ratio,
                "ratio_router_probing": probing, "row_source": source, "every_run": every_run,
                "off_vs_plain_side_by_side": side_by_side, "same_mode_pairs": pairs,
-               "same_mode_summary": same_mode_rows}  # fmt: skip
+               "same_mode_summary": same_mode_rows,
+               "off_variant_pairs": variants}  # fmt: skip
     return md, figures, stats
 
 
@@ -429,7 +501,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fit-runs", default=",".join(FITTED_RUNS),
                         help="the runs (file names) the profile is fitted to, pooled")  # fmt: skip
     args = parser.parse_args(argv)
-    inputs = args.inputs or sorted(RESULTS.glob("gpu-envelope-*.json"))
+    inputs = args.inputs or sorted(
+        RESULTS.glob("gpu-envelope-*.json"), key=lambda path: run_order(path.name)
+    )
     results = {p.name: json.loads(p.read_text()) for p in inputs}
     by_tp: dict[int, dict[str, dict[str, Any]]] = {}
     for name, result in results.items():

@@ -127,7 +127,8 @@ def engine_args(name: str, common: list[str], eagle: list[str], adaptive: Path) 
 
 SIM_THRESHOLD = {"plain": "0", "always-on": "none", "upstream-0step": "8", "specgate": "8",
                  "patched-off": "0", "patched-off-deferred": "0", "patched-8": "8",
-                 "patched-off-upstream-extend": "0", "upstream-always-on": "none", "specgate-probes": "8"}  # fmt: skip
+                 "patched-off-upstream-extend": "0", "upstream-always-on": "none",
+                 "specgate-probes": "8"}  # fmt: skip
 
 
 def get_json(url: str, timeout: float = 10) -> Any:

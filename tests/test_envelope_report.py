@@ -100,6 +100,46 @@ def test_same_mode_pairs_compare_a_routed_window_with_the_static_server_in_its_m
     assert report.geometric_summary([1.0] * 5)["p05"] == report.geometric_summary([1.0] * 5)["p95"]
 
 
+def test_a_run_without_plain_gives_a_ratio_only_where_always_on_won_everywhere(
+    report: ModuleType,
+) -> None:
+    """A job that measured always-on and the router but no plain (30 pairs at c = 2 and 4)
+    still gives X_d' / max(X_a, X_b) where always-on beat plain in every job with both."""
+    with_plain = report.summarise([
+        window("plain", 2, 700), window("always-on", 2, 1100),
+        window("plain", 64, 7000), window("always-on", 64, 6900),
+    ])  # fmt: skip
+    other = report.summarise([window("plain", 2, 650), window("always-on", 2, 1000)])
+    no_plain = report.summarise([
+        window("always-on", 2, 1000), window("specgate-probes", 2, 990),
+        window("always-on", 64, 6000), window("specgate-probes", 64, 5900),
+        window("always-on", 4, 1500), window("specgate-probes", 4, 1400),
+    ])  # fmt: skip
+    runs = {"a": with_plain, "b": other, "c": no_plain}
+    wins = report.always_on_wins(runs)
+    assert wins == {2}  # not 64 (plain won there), not 4 (no job measured both)
+    assert report.over_always_on(no_plain, "specgate-probes", wins) == {2: 0.99}
+    # A run with plain takes the usual ratio, not this one.
+    assert report.over_always_on(with_plain, "specgate-probes", wins) == {}
+
+
+def test_off_variants_are_paired_window_by_window(report: ModuleType) -> None:
+    windows = [window(server, 64, rate, rep=rep)
+               for rep, rates in enumerate(((1000, 900, 800), (1200, 960, 1000)))
+               for server, rate in zip(("plain", "patched-off", "patched-off-upstream-extend"),
+                                       rates, strict=True)]  # fmt: skip
+    rows = {(r["server"], r["over"]): r for r in report.variant_pairs({"job": windows})}
+    assert rows[("patched-off", "plain")]["geomean"] == round((0.9 * 0.8) ** 0.5, 3)
+    assert rows[("patched-off", "patched-off-upstream-extend")]["geomean"] == round(
+        (900 / 800 * 960 / 1000) ** 0.5, 3)  # fmt: skip
+    assert rows[("patched-off", "plain")]["pairs"] == 2
+
+
+def test_jobs_sort_by_their_number(report: ModuleType) -> None:
+    names = ["gpu-envelope-10-c128.json", "gpu-envelope-2-high-c.json", "gpu-envelope-9-x.json"]
+    assert sorted(names, key=report.run_order) == [names[1], names[2], names[0]]
+
+
 def test_accept_rate_inverts_the_chain(report: ModuleType) -> None:
     for rate in (0.5, 0.765, 0.87):
         length = sum(rate**j for j in range(4))

@@ -352,7 +352,8 @@ def test_lean_draft_extend_gives_the_graph_runner_all_it_reads(patched_site: Pat
                         "EAGLEDraftExtendCudaGraphRunner.execute")  # fmt: skip
     lean = _function(spec / "eagle_worker_v2.py", "EAGLEWorkerV2._lean_draft_extend")
     (namespace,) = [n for n in ast.walk(lean) if isinstance(n, ast.Call)
-                    and isinstance(n.func, ast.Name) and n.func.id == "SimpleNamespace"]  # fmt: skip
+                    and isinstance(n.func, ast.Name)
+                    and n.func.id == "SimpleNamespace"]  # fmt: skip
     given = {kw.arg for kw in namespace.keywords}
     # Read only when DP attention gathers MLP inputs, which the lean path excludes.
     only_with_mlp_gather = {"global_num_tokens_cpu"}
