@@ -131,6 +131,10 @@ def compose(runs: dict[str, Stats], learning: Iterable[str] = ()) -> tuple[Stats
     return stats, dict(sorted(source.items()))
 
 
+PER_LEVEL_PAIRS = 10
+"""A job with at least this many same-mode pairs at a level gets its own row for that level."""
+
+
 def same_mode_pairs(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """The routed server against the static server running the mode it ran, window by window:
     each routed window that speculated on every step, over always-on's window of the same
@@ -441,12 +445,19 @@ def run_section(results: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]
         for low, high in ((1, START_THRESHOLD), (START_THRESHOLD + 1, 1 << 20)):
             chosen = [p for p in pairs if p["mode"] == mode and low <= p["c"] <= high]
             span = f"{low}-{high}" if high < 1 << 20 else f">= {low}"
-            runs_here = sorted({p["run"] for p in chosen})
+            runs_here = sorted({p["run"] for p in chosen}, key=run_order)
             for run in runs_here + (["all runs"] if len(runs_here) > 1 else []):
                 ratios = [p["ratio"] for p in chosen if run in ("all runs", p["run"])]
                 if ratios:
                     same_mode_rows.append({"mode": mode, "static": static, "c": span, "run": run,
                                    **geometric_summary(ratios)})  # fmt: skip
+                # A job with many pairs per level also answers per level.
+                levels = sorted({p["c"] for p in chosen if p["run"] == run})
+                for c in levels if run != "all runs" and len(levels) > 1 else []:
+                    at_c = [p["ratio"] for p in chosen if p["run"] == run and p["c"] == c]
+                    if len(at_c) >= PER_LEVEL_PAIRS:
+                        same_mode_rows.append({"mode": mode, "static": static, "c": str(c),
+                                               "run": run, **geometric_summary(at_c)})  # fmt: skip
     md = (
         table(stats, ratio, probing, source)
         + "\n\nEvery run's ratios (each side by side within its run):\n\n"
