@@ -397,6 +397,37 @@ def test_profile_summary_reads_a_torch_trace(tmp_path: Path) -> None:
     assert s["annotations"] == {"draft_extend": {"count": 1, "mean_us": 30.0}}
 
 
+def test_profile_summary_splits_a_decode_steps_host_time(tmp_path: Path) -> None:
+    """--functions: Python functions' inclusive time per decode step, counting only the
+    scheduler's run_batch ranges that hold a decode step (not prefills)."""
+    import gzip
+
+    summary = _gputest_module("profile_summary")
+
+    def span(cat: str, name: str, ts: int, dur: int, tid: int = 1) -> dict[str, object]:
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "tid": tid}
+
+    events = [
+        span("user_annotation", "scheduler.run_batch", 0, 1000),
+        span("user_annotation", "step[DECODE bs=64]", 10, 900),
+        span("python_function", "forward", 20, 600),
+        span("python_function", "draft_extend", 650, 300),
+        span("user_annotation", "scheduler.run_batch", 2000, 3000),
+        span("user_annotation", "step[DECODE bs=64]", 2010, 2900),
+        span("python_function", "forward", 2020, 1000),
+        span("python_function", "forward", 2020, 1000, tid=2),  # another thread: not counted
+        span("user_annotation", "scheduler.run_batch", 9000, 5000),  # a prefill: not counted
+        span("user_annotation", "step[EXTEND bs=1 toks=32]", 9010, 4000),
+        span("python_function", "forward", 9020, 4000),
+    ]
+    trace = tmp_path / "rank0.trace.json.gz"
+    with gzip.open(trace, "wt") as fh:
+        json.dump({"traceEvents": events}, fh)
+    n, mean, functions = summary.decode_step_functions(trace)
+    assert (n, mean) == (2, 2000.0)
+    assert functions == {"forward": 800.0, "draft_extend": 150.0}
+
+
 @pytest.mark.parametrize("interleave", [False, True])
 def test_speed_script_orchestration_without_a_gpu(
     interleave: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -5,6 +5,13 @@ For each trace: the span from the first to the last GPU kernel, how much of it t
 (SGLang's `draft` / `draft_extend` / `verify` stage spans and the scheduler's own ranges).
 
     python3 profile_summary.py out/speed/profiles [--top 15]
+    python3 profile_summary.py out/speed/profiles --functions 40
+
+--functions N: the host side of a decode step instead. For each trace, the scheduler's
+`run_batch` ranges that hold a `step[DECODE ...]` annotation, and the N Python functions with
+the most inclusive time per such step, the traces side by side as columns. Traces taken minutes
+apart on a shared host run at different speeds: compare functions within one trace, and across
+traces only what both run (the target's decode) to see how far the host moved.
 """
 
 from __future__ import annotations
@@ -72,15 +79,55 @@ def summarise(path: Path, top: int) -> dict:
     }
 
 
+def decode_step_functions(path: Path) -> tuple[int, float, dict[str, float]]:
+    """Decode steps, their mean `run_batch` time, and each Python function's inclusive time
+    per decode step (microseconds), from one trace."""
+    events = load(path)
+    ranges = [e for e in events if e.get("cat") == "user_annotation"]
+    steps = [e for e in ranges if e["name"].startswith("step[DECODE")]
+    decode_batches = [
+        r for r in ranges if r["name"] == "scheduler.run_batch" and any(
+            s["tid"] == r["tid"] and r["ts"] <= s["ts"] < r["ts"] + r["dur"] for s in steps)
+    ]  # fmt: skip
+    per_function: dict[str, float] = defaultdict(float)
+    functions = [e for e in events if e.get("cat") == "python_function"]
+    for r in decode_batches:
+        start, stop = float(r["ts"]), float(r["ts"]) + float(r["dur"])
+        for e in functions:
+            if e["tid"] == r["tid"] and start <= e["ts"] and e["ts"] + e["dur"] <= stop:
+                per_function[e["name"]] += float(e["dur"])
+    n = len(decode_batches)
+    if not n:
+        return 0, 0.0, {}
+    mean = sum(float(r["dur"]) for r in decode_batches) / n
+    return n, mean, {name: total / n for name, total in per_function.items()}
+
+
+def print_functions(traces: list[Path], top: int) -> None:
+    results = [decode_step_functions(t) for t in traces]
+    for trace, (n, mean, _) in zip(traces, results, strict=True):
+        print(f"{trace.parent.name or trace.name}: {n} decode steps, run_batch {mean:.0f} us")
+    names = {name for _, _, functions in results for name in functions}
+    ranked = sorted(names, key=lambda name: -max(r[2].get(name, 0.0) for r in results))
+    print(" | ".join(f"{t.parent.name[:14]:>14}" for t in traces) + " | function (us per step)")
+    for name in ranked[:top]:
+        print(" | ".join(f"{r[2].get(name, 0.0):14.0f}" for r in results) + f" | {name[:100]}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("folder")
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--functions", type=int, default=0, metavar="N",
+                        help="the N Python functions with most time per decode step")  # fmt: skip
     args = parser.parse_args()
     traces = sorted(Path(args.folder).rglob("*.trace.json*"))
     if not traces:
         print(f"no traces under {args.folder}", file=sys.stderr)
         return 1
+    if args.functions:
+        print_functions(traces, args.functions)
+        return 0
     for trace in traces:
         s = summarise(trace, args.top)
         print(f"\n== {s['trace']}")
