@@ -128,16 +128,21 @@ def test_controller_switches_states_by_batch(patched_site: Path) -> None:
     assert ctrl.threshold is None
 
 
-def _function_args(source: Path, qualname: str) -> list[str]:
-    """Parameter names of a function in a patched file, found by its dotted name."""
+def _function(source: Path, qualname: str) -> ast.FunctionDef:
+    """A method in a patched file, found by its dotted name (Class.method)."""
     cls_name, _, func_name = qualname.rpartition(".")
     for node in ast.walk(ast.parse(source.read_text())):
         if isinstance(node, ast.ClassDef) and node.name == cls_name:
             for item in node.body:
                 if isinstance(item, ast.FunctionDef) and item.name == func_name:
-                    args = item.args
-                    return [a.arg for a in (*args.args, *args.kwonlyargs)]
+                    return item
     raise AssertionError(f"{qualname} not found in {source}")
+
+
+def _function_args(source: Path, qualname: str) -> list[str]:
+    """Parameter names of a method in a patched file."""
+    args = _function(source, qualname).args
+    return [a.arg for a in (*args.args, *args.kwonlyargs)]
 
 
 def test_speculation_off_runs_a_plain_decode(patched_site: Path) -> None:
@@ -331,16 +336,6 @@ def _reads_of(func: ast.FunctionDef, name: str) -> set[str]:
               and node.args[0].id == name and isinstance(node.args[1], ast.Constant)):  # fmt: skip
             reads.add(node.args[1].value)
     return reads
-
-
-def _function(source: Path, qualname: str) -> ast.FunctionDef:
-    cls_name, _, func_name = qualname.rpartition(".")
-    for node in ast.walk(ast.parse(source.read_text())):
-        if isinstance(node, ast.ClassDef) and node.name == cls_name:
-            for item in node.body:
-                if isinstance(item, ast.FunctionDef) and item.name == func_name:
-                    return item
-    raise AssertionError(f"{qualname} not found in {source}")
 
 
 def test_lean_draft_extend_gives_the_graph_runner_all_it_reads(patched_site: Path) -> None:
