@@ -204,6 +204,10 @@ def envelope_ratio(stats: Stats, routed: str = "specgate") -> dict[int, float]:
     return out
 
 
+DAGGER = " \N{DAGGER}"
+"""Marks a ratio over always-on alone, from a run without plain (`over_always_on`)."""
+
+
 def always_on_wins(runs: dict[str, Stats]) -> set[int]:
     """Concurrencies where always-on beat plain in every run that measured both (and at least
     one did): there max(X_a, X_b) is X_b, so a run that measured no plain still gives a ratio."""
@@ -430,16 +434,15 @@ def run_section(results: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]
     every_run = []
     wins = always_on_wins(runs)
     for name, run in runs.items():
-        by_routed: dict[str, dict[int, Any]] = {
-            r: envelope_ratio(run, r) for r in (*ROUTED, "upstream-0step")
-        }
-        for r in ROUTED:
-            for c, value in over_always_on(run, r, wins).items():
-                by_routed[r][c] = f"{value} \N{DAGGER}"
-        for c in sorted({c for ratios in by_routed.values() for c in ratios}):
+        by_routed = {r: envelope_ratio(run, r) for r in (*ROUTED, "upstream-0step")}
+        no_plain = {r: over_always_on(run, r, wins) for r in ROUTED}
+        for r, extra in no_plain.items():
+            by_routed[r].update(extra)
+        for c in sorted({c for by_c in by_routed.values() for c in by_c}):
             every_run.append(
-                {"run": name, "c": c, **{r: ratios.get(c) for r, ratios in by_routed.items()}}
-            )
+                {"run": name, "c": c, **{r: by_c.get(c) for r, by_c in by_routed.items()},
+                 "over_always_on_only": any(c in extra for extra in no_plain.values())}
+            )  # fmt: skip
     same_mode_rows = []
     for mode, static in (("on", "always-on"), ("off", "plain"), ("proxy", "the engine direct")):
         for low, high in ((1, START_THRESHOLD), (START_THRESHOLD + 1, 1 << 20)):
@@ -465,13 +468,13 @@ def run_section(results: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]
         + "|---|---|---|---|---|\n"
         + "".join(
             f"| {r['run']} | {r['c']} | {r['upstream-0step'] or ''} | {r['specgate'] or ''} | "
-            f"{r['specgate-probes'] or ''} |\n"
+            f"{r['specgate-probes'] or ''}{DAGGER if r['over_always_on_only'] else ''} |\n"
             for r in every_run
         )
         + (
-            "\n\N{DAGGER} the run measured no plain server: the routed server over always-on, "
-            "which beat plain at this c in every run that measured both.\n"
-            if any("\N{DAGGER}" in str(v) for r in every_run for v in r.values())
+            f"\n{DAGGER.strip()} the run measured no plain server: the routed server over "
+            "always-on, which beat plain at this c in every run that measured both.\n"
+            if any(r["over_always_on_only"] for r in every_run)
             else ""
         )
         + "\nSpeculation off against plain, side by side (one run's windows):\n\n"
