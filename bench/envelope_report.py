@@ -44,6 +44,7 @@ NAMES = {
     "specgate-probes": "(d') the same, router probing",
     "specgate-probes-direct": "(d') direct to the engine, no proxy",
     "patched-off": "patched, pinned off",
+    # Job 1 only: the deferred draft extend was removed from the patch after it lost.
     "patched-off-deferred": "patched, pinned off, deferred draft extend",
     "patched-off-upstream-extend": "patched, pinned off, upstream's draft extend",
 }

@@ -12,10 +12,10 @@ construction, set by the request temperature), four servers run at once:
   specgate        (d) EAGLE-3 + the specgate patch, behind specgate's router, which learns
                       and pushes the threshold (it starts at 8)
 
-and, where asked (--extra), patched servers pinned off (patched-off), pinned off with the
-deferred draft extend (patched-off-deferred) or with upstream's generic draft extend instead of
-the lean one (patched-off-upstream-extend), or at threshold 8 with no router (patched-8), and
-EAGLE-3 always on from unpatched SGLang (upstream-always-on), measured at --extra-levels only.
+and, where asked (--extra), patched servers pinned off (patched-off), pinned off with upstream's
+generic draft extend instead of the lean one (patched-off-upstream-extend), or at threshold 8
+with no router (patched-8), and EAGLE-3 always on from unpatched SGLang (upstream-always-on),
+measured at --extra-levels only.
 --servers picks a different main set; --tp N runs every server tensor-parallel over the first
 N GPUs. Two runs can share a host, one per GPU (CUDA_VISIBLE_DEVICES, --port-base, --out).
 --switch-first switches specgate's engine off and back once before the sweep: at batch 1-2 the
@@ -73,7 +73,6 @@ from synthetic import acceptance  # type: ignore[import-not-found]  # noqa: E402
 SERVERS = ("plain", "always-on", "upstream-0step", "specgate")
 EXTRAS = (
     "patched-off",
-    "patched-off-deferred",
     "patched-off-upstream-extend",
     "patched-8",
     "upstream-always-on",
@@ -119,14 +118,13 @@ def engine_args(name: str, common: list[str], eagle: list[str], adaptive: Path) 
         "specgate-probes": [*common, *eagle, "--speculative-disable-batch-threshold", "8"],
         "patched-off": [*common, *eagle, "--speculative-disable-batch-threshold", "0"],
         "patched-8": [*common, *eagle, "--speculative-disable-batch-threshold", "8"],
-        "patched-off-deferred": [*common, *eagle, "--speculative-disable-batch-threshold", "0"],
         "patched-off-upstream-extend": [*common, *eagle,
                                         "--speculative-disable-batch-threshold", "0"],
     }[name]  # fmt: skip
 
 
 SIM_THRESHOLD = {"plain": "0", "always-on": "none", "upstream-0step": "8", "specgate": "8",
-                 "patched-off": "0", "patched-off-deferred": "0", "patched-8": "8",
+                 "patched-off": "0", "patched-8": "8",
                  "patched-off-upstream-extend": "0", "upstream-always-on": "none",
                  "specgate-probes": "8"}  # fmt: skip
 
@@ -428,8 +426,6 @@ def main() -> int:
     upstream_site = os.environ.get("SPECGATE_UPSTREAM_SITE")
     envs: dict[str, dict[str, str]] = {name: {} for name in names}
     for name in names:
-        if name.endswith("-deferred"):
-            envs[name] = dict(verify.DEFER_ENV)
         if name.endswith("-upstream-extend"):
             envs[name] = dict(verify.UPSTREAM_EXTEND_ENV)
         if upstream_site and name in UPSTREAM:

@@ -156,7 +156,7 @@ def test_speculation_off_runs_a_plain_decode(patched_site: Path) -> None:
         worker, "EAGLEWorkerV2.build_adaptive_runtime_state"
     )
     assert "batch" in _function_args(worker, "EAGLEWorkerV2._forward_plain_decode")
-    assert "in_step" in _function_args(worker, "EAGLEWorkerV2._flush_pending_draft")
+    assert "target_batch" in _function_args(worker, "EAGLEWorkerV2._lean_draft_extend")
     runner = srt / "model_executor" / "runner" / "decode_cuda_graph_runner.py"
     assert "plain_decode_for_spec" in _function_args(runner, "DecodeCudaGraphRunner.__init__")
     extend = (srt / "speculative" / "eagle_draft_extend_cuda_graph_runner.py").read_text()
@@ -274,32 +274,8 @@ def test_draftkv_flip_point_and_judge() -> None:
     assert len({2, layers // 2, layers - 3}) == 3
 
 
-def test_deferred_draft_counts_flush_and_forget_reused_slots(patched_site: Path) -> None:
-    """The bookkeeping of the experimental deferred draft extend
-    (SGLANG_SPEC_DEFER_OFF_DRAFT_EXTEND): per request slot, checked against the request id."""
-    module = _module(patched_site)
-    counts = module.PendingDraftCounts(width=4)
-    a, b = (0, "req-a"), (1, "req-b")
-    assert counts.append([a, b]) == ([0, 0], 1)
-    assert counts.append([a, b]) == ([1, 1], 2)
-    assert counts.append([a]) == ([2], 3)
-    assert counts.pending([a, b, (2, "req-c")]) == [3, 2, 0]
-    # Slot 1 handed to a new request: it starts from zero, with no reset call.
-    assert counts.pending([(1, "req-new")]) == [0]
-    assert counts.take([a, b]) == [3, 2]
-    assert counts.pending([a, b]) == [0, 0]
-    counts.append([a])
-    counts.append([a])
-    counts.append([a])
-    counts.append([a])
-    with pytest.raises(RuntimeError):  # a flush was due at the width
-        counts.append([a])
-    with pytest.raises(ValueError):
-        module.PendingDraftCounts(width=0)
-
-
 LEAN_OK = dict(enabled=True, graph_runner=True, width=1, topk=1, rejection_sampling=False,
-               dsa_seed=False, canary=False, mlp_sync=False, hip=False, deferred=False)  # fmt: skip
+               dsa_seed=False, canary=False, mlp_sync=False, hip=False)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -312,7 +288,6 @@ LEAN_OK = dict(enabled=True, graph_runner=True, width=1, topk=1, rejection_sampl
         ({"topk": 2}, "--speculative-eagle-topk 2"),
         ({"rejection_sampling": True}, "rejection sampling"),
         ({"mlp_sync": True}, "DP attention / MLP sync"),
-        ({"deferred": True}, "deferred draft extend"),
     ],
 )
 def test_lean_off_extend_only_where_it_holds(
@@ -428,7 +403,7 @@ def test_speed_script_orchestration_without_a_gpu(
     interleave: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """speed.py's bookkeeping with the servers faked: which servers run, in which order the
-    windows go, medians, ratios to plain, and the deferred servers' environment. What it
+    windows go, medians, ratios to plain, and the upstream-extend server's environment. What it
     measures on a GPU is in GPU-RESULTS.md."""
     monkeypatch.syspath_prepend(str(ROOT / "worker-image" / "gputest"))
     speed = _gputest_module("speed")
@@ -457,17 +432,17 @@ def test_speed_script_orchestration_without_a_gpu(
     monkeypatch.setattr(speed, "closed_loop", fake_loop)
     monkeypatch.setattr(speed, "spec_loads", lambda port: {"accept_length": 1.0})
     monkeypatch.setattr(speed.time, "sleep", lambda s: None)
-    argv = ["speed.py", "--out", str(tmp_path), "--only", "plain,patched-off-deferred",
+    argv = ["speed.py", "--out", str(tmp_path), "--only", "plain,patched-off-upstream-extend",
             "--concurrency", "16", "--repeat", "3"]  # fmt: skip
     if interleave:
         argv.append("--interleave")
     monkeypatch.setattr(sys, "argv", argv)
     assert speed.main() == 0
     result = json.loads((tmp_path / "speed.json").read_text())
-    assert [name for name, _ in started] == ["plain", "patched-off-deferred"]
-    assert started[1][1] == {"SGLANG_SPEC_DEFER_OFF_DRAFT_EXTEND": "1"}
-    assert result["tok_s"] == {"plain": {"16": 110.0}, "patched-off-deferred": {"16": 55.0}}
-    assert result["ratio_to_plain"] == {"patched-off-deferred": {"16": 0.5}}
+    assert [name for name, _ in started] == ["plain", "patched-off-upstream-extend"]
+    assert started[1][1] == {"SGLANG_SPEC_LEAN_OFF_DRAFT_EXTEND": "0"}
+    assert result["tok_s"] == {"plain": {"16": 110.0}, "patched-off-upstream-extend": {"16": 55.0}}
+    assert result["ratio_to_plain"] == {"patched-off-upstream-extend": {"16": 0.5}}
     ports = [p for p, _ in windows]
     expected = [30300, 30301] * 3 if interleave else [30300] * 3 + [30301] * 3
     assert ports == expected

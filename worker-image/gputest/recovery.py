@@ -14,9 +14,10 @@ draft that resumes from a wrong or stale hidden state after an off stretch loses
 here. Its attention output is zero, so a draft KV cache left out of sync would not show
 (GPU-RESULTS.md, check 3).
 
-    python3 recovery.py --out results/ [--defer-too] [--temperatures 0,0.9,1.0]
-    --defer-too: a second server with SGLANG_SPEC_DEFER_OFF_DRAFT_EXTEND=1 (on the next GPU
-    when there is one) runs the same schedule at the same time.
+    python3 recovery.py --out results/ [--upstream-extend-too] [--temperatures 0,0.9,1.0]
+    --upstream-extend-too: a second server whose off steps run upstream's draft extend
+    (SGLANG_SPEC_LEAN_OFF_DRAFT_EXTEND=0), on the next GPU when there is one, runs the same
+    schedule at the same time.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ from pathlib import Path
 from speed import DRAFT, write_synthetic_pair
 from synthetic import acceptance
 from verify import (
-    DEFER_ENV,
     EAGLE,
     MEMORY_SIZED,
+    UPSTREAM_EXTEND_ENV,
     call,
     log,
     server_flags,
@@ -146,7 +147,7 @@ def main() -> int:
     parser.add_argument("--out", default="recovery-results")
     parser.add_argument("--temperatures", default="0,0.9,1.0")
     parser.add_argument("--c", type=float, default=12.0, help="synthetic pair: the repeat logit")
-    parser.add_argument("--defer-too", action="store_true")
+    parser.add_argument("--upstream-extend-too", action="store_true")
     parser.add_argument("--mem-fraction", type=float, default=0.3)
     parser.add_argument("--port", type=int, default=32100)
     parser.add_argument(
@@ -178,7 +179,8 @@ def main() -> int:
                             dummy_weights=False),
               *EAGLE, "--speculative-draft-model-path", str(models / "draft")]  # fmt: skip
     gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")
-    variants = {"patched": None, **({"patched-deferred": DEFER_ENV} if args.defer_too else {})}
+    variants = {"patched": None, **({"patched-upstream-extend": UPSTREAM_EXTEND_ENV}
+                                    if args.upstream_extend_too else {})}  # fmt: skip
     results: dict = {"date": time.strftime("%Y-%m-%d"), "c": args.c, "clients": CLIENTS,
                      "schedule": SCHEDULE, "servers": {}}  # fmt: skip
     procs = {}

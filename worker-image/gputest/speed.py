@@ -33,7 +33,16 @@ import threading
 import time
 from pathlib import Path
 
-from verify import DEFER_ENV, EAGLE, call, log, server_flags, spec_loads, start, wait_healthy
+from verify import (
+    EAGLE,
+    UPSTREAM_EXTEND_ENV,
+    call,
+    log,
+    server_flags,
+    spec_loads,
+    start,
+    wait_healthy,
+)
 
 SHAPE = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 3072,
@@ -130,7 +139,7 @@ def main() -> int:
         "--only",
         default="plain,patched-off,upstream-0step",
         help="comma-separated servers: plain, always-on, patched-8, patched-off, upstream-0step, "
-        "and patched-off-deferred / patched-8-deferred (the experimental deferred draft extend)",
+        "and patched-off-upstream-extend (off steps run upstream's draft extend)",
     )
     parser.add_argument(
         "--weights",
@@ -178,8 +187,8 @@ def main() -> int:
         "always-on": [*common, *eagle],
         "patched-8": [*common, *eagle, "--speculative-disable-batch-threshold", "8"],
         "patched-off": [*common, *eagle, "--speculative-disable-batch-threshold", "0"],
-        "patched-off-deferred": [*common, *eagle, "--speculative-disable-batch-threshold", "0"],
-        "patched-8-deferred": [*common, *eagle, "--speculative-disable-batch-threshold", "8"],
+        "patched-off-upstream-extend": [*common, *eagle,
+                                        "--speculative-disable-batch-threshold", "0"],
         "upstream-0step": [*common, *eagle, "--speculative-adaptive",
                            "--speculative-adaptive-config", str(adaptive_cfg)],
     }  # fmt: skip
@@ -208,7 +217,7 @@ def main() -> int:
             results.setdefault("accept_length", {}).setdefault(name, {})[str(c)] = accept
 
     def launch(name: str) -> subprocess.Popen[bytes]:
-        env = DEFER_ENV if name.endswith("-deferred") else None
+        env = UPSTREAM_EXTEND_ENV if name.endswith("-upstream-extend") else None
         proc = start(name, servers[name], ports[name], out, env)
         results[f"startup_seconds_{name}"] = round(wait_healthy(ports[name], proc, timeout=480), 1)
         return proc

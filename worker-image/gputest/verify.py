@@ -147,8 +147,6 @@ def spec_loads(port: int) -> dict:
     return {"running": load.get("num_running_reqs"), **(load.get("speculative") or {})}
 
 
-DEFER_ENV = {"SGLANG_SPEC_DEFER_OFF_DRAFT_EXTEND": "1"}
-"""Turns on the patch's experimental deferred draft extend for speculation-off steps."""
 UPSTREAM_EXTEND_ENV = {"SGLANG_SPEC_LEAN_OFF_DRAFT_EXTEND": "0"}
 """Speculation-off steps run their draft extend through upstream's generic path, not the
 patch's lean one (for side-by-side speed runs)."""
@@ -362,7 +360,9 @@ def main() -> int:
     parser.add_argument("--checks", default="control,identity")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size of both servers")
     parser.add_argument(
-        "--defer", action="store_true", help="the patched server defers off-step draft extends"
+        "--upstream-extend",
+        action="store_true",
+        help="off steps run upstream's draft extend, not the patch's lean one",
     )
     parser.add_argument("--port", type=int, default=30100, help="patched server; plain at +100")
     parser.add_argument("--mem-fraction", type=float, default=0.35, help="of each GPU per server")
@@ -379,11 +379,16 @@ def main() -> int:
     (models / "draft" / "config.json").write_text(json.dumps(DRAFT))
     checks = set(args.checks.split(","))
     procs = []
-    results: dict = {"date": time.strftime("%Y-%m-%d"), "tp": args.tp, "defer": args.defer}
+    results: dict = {
+        "date": time.strftime("%Y-%m-%d"),
+        "tp": args.tp,
+        "upstream_extend": args.upstream_extend,
+    }
     try:
         spec_args = [*common, *EAGLE, "--speculative-draft-model-path", str(models / "draft"),
                      "--speculative-disable-batch-threshold", "2"]  # fmt: skip
-        spec = start("patched-eagle3", spec_args, spec_port, out, DEFER_ENV if args.defer else None)
+        env = UPSTREAM_EXTEND_ENV if args.upstream_extend else None
+        spec = start("patched-eagle3", spec_args, spec_port, out, env)
         procs.append(spec)
         results["startup_seconds_patched"] = round(wait_healthy(spec_port, spec), 1)
         log(f"patched server healthy after {results['startup_seconds_patched']}s")
