@@ -43,7 +43,9 @@ NAMES = {
     "specgate": "(d) patched + specgate router",
     "specgate-probes": "(d') the same, router probing",
     "specgate-probes-direct": "(d') direct to the engine, no proxy",
+    # Jobs 1-11 ran the lean draft extend every off step; later ones the lagged KV write.
     "patched-off": "patched, pinned off",
+    "patched-off-lean": "patched, pinned off, lean draft extend every step",
     # Job 1 only: the deferred draft extend was removed from the patch after it lost.
     "patched-off-deferred": "patched, pinned off, deferred draft extend",
     "patched-off-upstream-extend": "patched, pinned off, upstream's draft extend",
@@ -159,10 +161,14 @@ def same_mode_pairs(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any
     return pairs
 
 
-OFF_VARIANTS = (("patched-off", "plain"), ("patched-off-upstream-extend", "plain"),
+OFF_VARIANTS = (("patched-off", "plain"), ("patched-off-lean", "plain"),
+                ("patched-off-upstream-extend", "plain"),
+                ("patched-off", "patched-off-lean"),
                 ("patched-off", "patched-off-upstream-extend"))  # fmt: skip
-"""Pinned-off servers against plain and against each other: the lean draft extend of the
-patch's off step (patched-off) and upstream's generic one (patched-off-upstream-extend)."""
+"""Pinned-off servers against plain and against each other: the patch's off step
+(patched-off: the lean draft extend every step in jobs 1-11, the lagged draft KV write inside
+the target's decode graph since), the lean draft extend every step (patched-off-lean) and
+upstream's generic one (patched-off-upstream-extend)."""
 
 
 def variant_pairs(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:

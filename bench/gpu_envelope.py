@@ -12,8 +12,10 @@ construction, set by the request temperature), four servers run at once:
   specgate        (d) EAGLE-3 + the specgate patch, behind specgate's router, which learns
                       and pushes the threshold (it starts at 8)
 
-and, where asked (--extra), patched servers pinned off (patched-off), pinned off with upstream's
-generic draft extend instead of the lean one (patched-off-upstream-extend), or at threshold 8
+and, where asked (--extra), patched servers pinned off (patched-off: the lagged draft KV write
+inside the target's decode graph), pinned off with a lean draft extend every step instead
+(patched-off-lean), or with upstream's generic draft extend (patched-off-upstream-extend), or at
+threshold 8
 with no router (patched-8), and EAGLE-3 always on from unpatched SGLang (upstream-always-on),
 measured at --extra-levels only.
 --servers picks a different main set; --tp N runs every server tensor-parallel over the first
@@ -74,6 +76,7 @@ SERVERS = ("plain", "always-on", "upstream-0step", "specgate")
 EXTRAS = (
     "patched-off",
     "patched-off-upstream-extend",
+    "patched-off-lean",
     "patched-8",
     "upstream-always-on",
     "specgate-probes",
@@ -120,12 +123,14 @@ def engine_args(name: str, common: list[str], eagle: list[str], adaptive: Path) 
         "patched-8": [*common, *eagle, "--speculative-disable-batch-threshold", "8"],
         "patched-off-upstream-extend": [*common, *eagle,
                                         "--speculative-disable-batch-threshold", "0"],
+        "patched-off-lean": [*common, *eagle, "--speculative-disable-batch-threshold", "0"],
     }[name]  # fmt: skip
 
 
 SIM_THRESHOLD = {"plain": "0", "always-on": "none", "upstream-0step": "8", "specgate": "8",
                  "patched-off": "0", "patched-8": "8",
-                 "patched-off-upstream-extend": "0", "upstream-always-on": "none",
+                 "patched-off-upstream-extend": "0", "patched-off-lean": "0",
+                 "upstream-always-on": "none",
                  "specgate-probes": "8"}  # fmt: skip
 
 
@@ -428,6 +433,8 @@ def main() -> int:
     for name in names:
         if name.endswith("-upstream-extend"):
             envs[name] = dict(verify.UPSTREAM_EXTEND_ENV)
+        if name.endswith("-lean"):
+            envs[name] = dict(verify.LEAN_EXTEND_ENV)
         if upstream_site and name in UPSTREAM:
             envs[name]["PYTHONPATH"] = upstream_site
     servers = [

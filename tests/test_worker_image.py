@@ -299,6 +299,70 @@ def test_lean_off_extend_only_where_it_holds(
     assert blockers == ([] if reason is None else [reason])
 
 
+LAGGED_OK = dict(enabled=True, eagle3_one_layer=True, plain_kv_pool=True, dcp=False,
+                 mixed_chunk=False, hip=False)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({}, None),
+        ({"enabled": False}, "SGLANG_SPEC_LAGGED_DRAFT_KV=0"),
+        ({"eagle3_one_layer": False}, "the draft is not a one-layer LlamaForCausalLMEagle3"),
+        ({"plain_kv_pool": False}, "the draft KV pool is not a plain MHA pool"),
+        ({"mixed_chunk": True}, "--enable-mixed-chunk"),
+    ],
+)
+def test_lagged_draft_kv_only_where_it_holds(
+    change: dict[str, Any], reason: str | None, patched_site: Path
+) -> None:
+    """The lagged draft KV write computes a one-layer EAGLE-3 draft's K and V from its inputs
+    alone; any other draft or pool keeps a draft extend on every off step."""
+    blockers = _module(patched_site).lagged_kv_blockers(**{**LAGGED_OK, **change})
+    assert blockers == ([] if reason is None else [reason])
+
+
+def _assigned_attrs(source: Path, class_name: str) -> set[str]:
+    """self.x names a class's methods assign, in a file."""
+    names = set()
+    for node in ast.walk(ast.parse(source.read_text())):
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            for sub in ast.walk(node):
+                if (isinstance(sub, ast.Attribute) and isinstance(sub.ctx, ast.Store)
+                        and isinstance(sub.value, ast.Name) and sub.value.id == "self"):  # fmt: skip
+                    names.add(sub.attr)
+    return names
+
+
+def test_lagged_draft_kv_write_reads_what_the_eagle3_draft_has(patched_site: Path) -> None:
+    """The lagged write recomputes the EAGLE-3 draft's first-layer K and V outside its
+    forward, so it reads the draft's modules by name. Each name must be one SGLang's
+    LlamaForCausalLMEagle3 defines (an update that renames one fails here, not on a GPU),
+    and the graph capture hook must take what the decode runner passes it."""
+    srt = patched_site / "sglang" / "srt"
+    write = _function(srt / "speculative" / "lagged_draft_kv.py", "LaggedDraftKvWriter.write")
+    eagle3 = srt / "models" / "llama_eagle3.py"
+    llama = srt / "models" / "llama.py"
+    has = {
+        "m": _assigned_attrs(eagle3, "LlamaModel"),
+        "layer": _assigned_attrs(eagle3, "LlamaDecoderLayer")
+        | _assigned_attrs(llama, "LlamaDecoderLayer"),
+        "attn": _assigned_attrs(llama, "LlamaAttention"),
+        "radix": _assigned_attrs(srt / "layers" / "radix_attention.py", "RadixAttention"),
+    }
+    for name, defined in has.items():
+        reads = _reads_of(write, name)
+        assert reads, f"write reads nothing from {name}: the test lost track of it"
+        assert reads <= defined, f"{name}: {sorted(reads - defined)} not defined by SGLang"
+    # The decode runner calls capture_hook(runner, out, forward_batch, num_tokens).
+    runner = srt / "model_executor" / "runner" / "decode_cuda_graph_runner.py"
+    (call,) = [n for n in ast.walk(ast.parse(runner.read_text())) if isinstance(n, ast.Call)
+               and isinstance(n.func, ast.Name) and n.func.id == "capture_hook"]  # fmt: skip
+    hook = _function_args(srt / "speculative" / "lagged_draft_kv.py",
+                          "LaggedDraftKvWriter.capture_hook")  # fmt: skip
+    assert len(hook) == 1 + len(call.args)  # self, then what the runner passes (itself first)
+
+
 def _reads_of(func: ast.FunctionDef, name: str) -> set[str]:
     """Attributes read from the variable `name` in a function: name.x and getattr(name, "x")."""
     reads = set()
@@ -314,13 +378,14 @@ def _reads_of(func: ast.FunctionDef, name: str) -> set[str]:
 
 
 def test_lean_draft_extend_gives_the_graph_runner_all_it_reads(patched_site: Path) -> None:
-    """The lean path hands EAGLEDraftExtendCudaGraphRunner.execute a namespace built from the
-    target's decode batch, not a ForwardBatch. Every field execute reads must be in it, so an
-    SGLang update that reads one more fails here, not on a GPU."""
+    """The lean path (and the lagged write's catch-up) hands
+    EAGLEDraftExtendCudaGraphRunner.execute a namespace built from the target's decode batch,
+    not a ForwardBatch. Every field execute reads must be in it, so an SGLang update that reads
+    one more fails here, not on a GPU."""
     spec = patched_site / "sglang" / "srt" / "speculative"
     execute = _function(spec / "eagle_draft_extend_cuda_graph_runner.py",
                         "EAGLEDraftExtendCudaGraphRunner.execute")  # fmt: skip
-    lean = _function(spec / "eagle_worker_v2.py", "EAGLEWorkerV2._lean_draft_extend")
+    lean = _function(spec / "eagle_worker_v2.py", "EAGLEWorkerV2._replay_draft_extend")
     (namespace,) = [n for n in ast.walk(lean) if isinstance(n, ast.Call)
                     and isinstance(n.func, ast.Name)
                     and n.func.id == "SimpleNamespace"]  # fmt: skip

@@ -149,7 +149,10 @@ def spec_loads(port: int) -> dict:
 
 UPSTREAM_EXTEND_ENV = {"SGLANG_SPEC_LEAN_OFF_DRAFT_EXTEND": "0"}
 """Speculation-off steps run their draft extend through upstream's generic path, not the
-patch's lean one (for side-by-side speed runs)."""
+patch's lagged KV write or lean draft extend (for side-by-side speed runs)."""
+LEAN_EXTEND_ENV = {"SGLANG_SPEC_LAGGED_DRAFT_KV": "0"}
+"""Speculation-off steps run the lean draft extend every step, not the lagged draft KV write
+inside the target's decode graph (the patch's off step before 2026-11-30's second session)."""
 
 
 def start(
