@@ -222,11 +222,13 @@ def router_view(port: int) -> dict[str, Any]:
     return view
 
 
-PROBES = {"probeIntervalSeconds": 60, "probeSeconds": 3, "maxThreshold": 256}
-"""specgate-probes' router: a probe at most once a minute per wait, room to speculate at 128."""
+PROBES = {"probeSeconds": 3, "maxThreshold": 256}
+"""specgate-probes' router: room to speculate at 128. Its probe interval is --probe-interval:
+60 s by default here, so that probes happen within a 10-minute job (the router's own default
+is 600 s, which makes the exploration cost at a steady load ten times smaller)."""
 
 
-def start_router(server: Server, out: Path) -> subprocess.Popen[bytes]:
+def start_router(server: Server, out: Path, probe_interval: float) -> subprocess.Popen[bytes]:
     assert server.router_port is not None
     config = out / "router.yaml"
     config.write_text(
@@ -240,7 +242,11 @@ def start_router(server: Server, out: Path) -> subprocess.Popen[bytes]:
                     "cooldownSeconds": 5,
                     "hysteresis": 1,
                     "minSamples": 4,
-                    **(PROBES if server.name == "specgate-probes" else {}),
+                    **(
+                        {**PROBES, "probeIntervalSeconds": probe_interval}
+                        if server.name == "specgate-probes"
+                        else {}
+                    ),
                 },
             }
         )
@@ -340,6 +346,8 @@ def main() -> int:
         action="store_true",
         help="switch specgate's engine off and back once before the sweep",
     )
+    parser.add_argument("--probe-interval", type=float, default=60.0,
+                        help="specgate-probes' probeIntervalSeconds (the router's default: 600)")
     parser.add_argument("--direct-too", action="store_true",
                         help="also measure the routed server's engine with no proxy in between "
                         "(its router still sets the threshold), as ROUTED-direct in the same "
@@ -390,12 +398,12 @@ def main() -> int:
         parser.error("--switch-first, --learn-seconds and --direct-too need a routed server "
                      "(specgate or specgate-probes)")  # fmt: skip
     extra_levels = [int(c) for c in args.extra_levels.split(",")] if extras else []
-    first_probe = PROBES["probeIntervalSeconds"] + args.learn_hold
+    first_probe = args.probe_interval + args.learn_hold
     if "specgate-probes" in routed and 0 < args.learn_seconds < first_probe:
         # The router's first probe waits one probe interval after it starts (it starts once
         # every server is up): a shorter learning phase ends before any probe can run.
         parser.error(f"--learn-seconds {args.learn_seconds:g}: specgate-probes' first probe "
-                     f"comes {PROBES['probeIntervalSeconds']} s after its router starts; learn "
+                     f"comes {args.probe_interval:g} s after its router starts; learn "
                      f"for at least {first_probe:g} s, or not at all")  # fmt: skip
     profile_levels = [int(c) for c in args.profile_levels.split(",") if c]
     profiled = [e for e in args.profile_servers.split(",") if e] or main_servers + extras
@@ -456,6 +464,7 @@ def main() -> int:
         "levels": levels, "repeat": args.repeat, "seconds": args.seconds,
         "warmup": args.warmup, "extra": extras, "extra_levels": extra_levels,
         "tp": args.tp, "max_running": top, "learn_seconds": args.learn_seconds,
+        "probe_interval_seconds": args.probe_interval,
         "servers": {s.name: {"port": s.port, "gpu": s.gpu, "env": s.env} for s in servers},
         "windows": [], "router_log": [],
     }  # fmt: skip
@@ -475,7 +484,7 @@ def main() -> int:
         by_name = {s.name: s for s in servers}
         specgate = next((s for s in servers if s.name in ROUTED), None)
         if specgate is not None:
-            router = start_router(specgate, out)
+            router = start_router(specgate, out, args.probe_interval)
         if args.direct_too:
             # The same engine, reached at its own port: not launched or stopped on its own.
             assert specgate is not None

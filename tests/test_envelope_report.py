@@ -197,7 +197,8 @@ def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
                 "--profile-levels", "8", "--profile-servers", "plain")  # fmt: skip
     second = run(tmp_path / "second", "--port-base", "31300", "--levels", "2",
                  "--servers", "always-on,specgate-probes", "--extra", "upstream-always-on",
-                 "--extra-levels", "2", "--tp", "2", "--direct-too")  # fmt: skip
+                 "--extra-levels", "2", "--tp", "2", "--direct-too",
+                 "--probe-interval", "90")  # fmt: skip
     for proc in (first, second):
         output, _ = proc.communicate(timeout=240)
         assert proc.returncode == 0, output[-3000:]
@@ -233,8 +234,9 @@ def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
     assert second_result["tp"] == 2
     assert {s["gpu"] for s in second_result["servers"].values()} == {"0,1"}
     assert {s["gpu"] for s in result["servers"].values()} == {"0", "1"}
-    # specgate-probes' router probes; specgate's does not.
-    assert '"probeIntervalSeconds": 60' in (tmp_path / "second" / "router.yaml").read_text()
+    # specgate-probes' router probes, at --probe-interval; specgate's does not.
+    assert '"probeIntervalSeconds": 90' in (tmp_path / "second" / "router.yaml").read_text()
+    assert second_result["probe_interval_seconds"] == 90
     assert "probeIntervalSeconds" not in (tmp_path / "first" / "router.yaml").read_text()
     assert second_result["servers"]["upstream-always-on"]["env"] == {
         "PYTHONPATH": "/opt/sglang-unpatched"}  # fmt: skip
