@@ -363,6 +363,41 @@ def test_lagged_draft_kv_write_reads_what_the_eagle3_draft_has(patched_site: Pat
     assert len(hook) == 1 + len(call.args)  # self, then what the runner passes (itself first)
 
 
+def _calls(func: ast.FunctionDef, name: str) -> list[ast.Call]:
+    """Calls of self.<name>(...) or <name>(...) in a function, in source order."""
+    found = [n for n in ast.walk(func) if isinstance(n, ast.Call) and (
+        (isinstance(n.func, ast.Attribute) and n.func.attr == name)
+        or (isinstance(n.func, ast.Name) and n.func.id == name))]  # fmt: skip
+    return sorted(found, key=lambda n: (n.lineno, n.col_offset))
+
+
+def test_the_lagged_off_step_is_decided_while_the_batch_is_still_a_decode_batch(
+    patched_site: Path,
+) -> None:
+    """The scheduler resolves an off step's inputs (the bonus token alone) on the worker's
+    lagged_off_step, and the worker must take the same path. The predicate reads the batch's
+    forward mode, which _forward_plain_decode turns into TARGET_VERIFY, and TARGET_VERIFY
+    counts as extend: asked after that, it said no, and the off step ran a draft extend
+    instead (envelope job 13). So the worker asks once, on entry, and passes the answer on."""
+    srt = patched_site / "sglang" / "srt"
+    worker = srt / "speculative" / "eagle_worker_v2.py"
+    entry = _function(worker, "EAGLEWorkerV2.forward_batch_generation")
+    (asked,) = _calls(entry, "lagged_off_step")
+    (off_step,) = _calls(entry, "_forward_plain_decode_and_extend")
+    (switch,) = _calls(entry, "activate_step_by_batch")
+    assert asked.lineno < switch.lineno < off_step.lineno
+    assert "lagged_off" in {getattr(a, "id", None) for a in off_step.args}
+    for method in ("_forward_plain_decode_and_extend", "_forward_plain_decode"):
+        assert not _calls(_function(worker, f"EAGLEWorkerV2.{method}"), "lagged_off_step")
+    # The scheduler asks the same question before it resolves the step's inputs, on its
+    # overlap path (the first in run_batch; only there does the relay carry spec extras).
+    run_batch = _function(srt / "managers" / "scheduler.py", "Scheduler.run_batch")
+    overlap_resolve = _calls(run_batch, "resolve_forward_inputs")[0]
+    assert "bonus_only" in {kw.arg for kw in overlap_resolve.keywords}
+    assert any(isinstance(n, ast.Constant) and n.value == "lagged_off_step"
+               for n in ast.walk(run_batch))  # fmt: skip
+
+
 def _reads_of(func: ast.FunctionDef, name: str) -> set[str]:
     """Attributes read from the variable `name` in a function: name.x and getattr(name, "x")."""
     reads = set()
