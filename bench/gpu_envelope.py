@@ -346,8 +346,12 @@ def main() -> int:
         action="store_true",
         help="switch specgate's engine off and back once before the sweep",
     )
-    parser.add_argument("--probe-interval", type=float, default=60.0,
-                        help="specgate-probes' probeIntervalSeconds (the router's default: 600)")
+    parser.add_argument(
+        "--probe-interval",
+        type=float,
+        default=60.0,
+        help="specgate-probes' probeIntervalSeconds (the router's default: 600)",
+    )
     parser.add_argument("--direct-too", action="store_true",
                         help="also measure the routed server's engine with no proxy in between "
                         "(its router still sets the threshold), as ROUTED-direct in the same "

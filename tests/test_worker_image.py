@@ -327,10 +327,9 @@ def _assigned_attrs(source: Path, class_name: str) -> set[str]:
     names = set()
     for node in ast.walk(ast.parse(source.read_text())):
         if isinstance(node, ast.ClassDef) and node.name == class_name:
-            for sub in ast.walk(node):
-                if (isinstance(sub, ast.Attribute) and isinstance(sub.ctx, ast.Store)
-                        and isinstance(sub.value, ast.Name) and sub.value.id == "self"):  # fmt: skip
-                    names.add(sub.attr)
+            names |= {sub.attr for sub in ast.walk(node) if isinstance(sub, ast.Attribute)
+                      and isinstance(sub.ctx, ast.Store) and isinstance(sub.value, ast.Name)
+                      and sub.value.id == "self"}  # fmt: skip
     return names
 
 
