@@ -322,6 +322,19 @@ def test_lagged_draft_kv_only_where_it_holds(
     assert blockers == ([] if reason is None else [reason])
 
 
+@pytest.mark.parametrize("blockers", ["lean_extend_blockers", "lagged_kv_blockers"])
+def test_the_worker_passes_every_blocker_check(blockers: str, patched_site: Path) -> None:
+    """The worker decides each off-step path with a pure function of keyword flags; a flag it
+    does not pass would stop the server at start-up, on a GPU. Every one is passed."""
+    spec = patched_site / "sglang" / "srt" / "speculative"
+    (function,) = [n for n in ast.walk(ast.parse((spec / "spec_threshold.py").read_text()))
+                   if isinstance(n, ast.FunctionDef) and n.name == blockers]  # fmt: skip
+    worker = ast.parse((spec / "eagle_worker_v2.py").read_text())
+    (call,) = [n for n in ast.walk(worker) if isinstance(n, ast.Call)
+               and isinstance(n.func, ast.Name) and n.func.id == blockers]  # fmt: skip
+    assert {kw.arg for kw in call.keywords} == {a.arg for a in function.args.kwonlyargs}
+
+
 def _assigned_attrs(source: Path, class_name: str) -> set[str]:
     """self.x names a class's methods assign, in a file."""
     names = set()
