@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -36,6 +37,15 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process so far (Linux /proc; None elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def start(args: list[str]) -> subprocess.Popen[bytes]:
@@ -101,6 +111,10 @@ async def open_loop(
     return ok, len(results) - len(ok)
 
 
+def fmt_ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f} ms"
+
+
 def pct(values: list[float], q: int) -> float:
     return (
         statistics.quantiles(values, n=100, method="inclusive")[q - 1]
@@ -153,20 +167,28 @@ async def main() -> int:
                 d, d_err = await open_loop(
                     direct + "/v1/chat/completions", rate, args.seconds, stream, auth
                 )
+                cpu_before = cpu_seconds(procs[1].pid)
                 r, r_err = await open_loop(
                     router + "/v1/chat/completions", rate, args.seconds, stream, {}
                 )
-                row = {
+                cpu_after = cpu_seconds(procs[1].pid)
+                # The router's own CPU per request: steadier than latency on a shared machine.
+                cpu_ms = (
+                    None if cpu_before is None or cpu_after is None
+                    else (cpu_after - cpu_before) * 1e3 / max(1, len(r) + r_err)
+                )  # fmt: skip
+                row: dict[str, Any] = {
                     "rate": rate, "stream": stream,
                     "direct_p50_ms": pct(d, 50) * 1e3, "direct_p99_ms": pct(d, 99) * 1e3,
                     "router_p50_ms": pct(r, 50) * 1e3, "router_p99_ms": pct(r, 99) * 1e3,
-                    "errors": d_err + r_err,
+                    "router_cpu_ms_per_request": cpu_ms, "errors": d_err + r_err,
                 }  # fmt: skip
                 row["added_p50_ms"] = row["router_p50_ms"] - row["direct_p50_ms"]
                 row["added_p99_ms"] = row["router_p99_ms"] - row["direct_p99_ms"]
                 rows.append(row)
                 print(f"rate {rate:>5.0f}/s stream={stream!s:<5} "
                       f"added p50 {row['added_p50_ms']:6.2f} ms  p99 {row['added_p99_ms']:6.2f} ms"
+                      f"  router CPU {fmt_ms(row['router_cpu_ms_per_request'])}/request"
                       f"  errors {row['errors']}", flush=True)  # fmt: skip
         # Only now the second stack, so it adds no background work to the sweep above.
         # A paced pod (20 ms steps at any batch) for the held-streams test: ~4 s per stream.
@@ -179,12 +201,14 @@ async def main() -> int:
         for p in procs:
             p.wait(timeout=30)
     header = ("| req/s | stream | direct p50 | direct p99 | router p50 | router p99 | added p50 |"
-              " added p99 | errors |\n|---|---|---|---|---|---|---|---|---|")  # fmt: skip
+              " added p99 | router CPU per request | errors |"
+              "\n|---|---|---|---|---|---|---|---|---|---|")  # fmt: skip
     lines = [header] + [
         f"| {r['rate']:.0f} | {'yes' if r['stream'] else 'no'} | {r['direct_p50_ms']:.2f} ms "
         f"| {r['direct_p99_ms']:.2f} ms | {r['router_p50_ms']:.2f} ms "
         f"| {r['router_p99_ms']:.2f} ms | {r['added_p50_ms']:.2f} ms "
-        f"| {r['added_p99_ms']:.2f} ms | {r['errors']} |"
+        f"| {r['added_p99_ms']:.2f} ms | {fmt_ms(r['router_cpu_ms_per_request'])} "
+        f"| {r['errors']} |"
         for r in rows
     ]
     lines.append(f"\nConcurrent streams through the router: {args.streams} opened at once, "
