@@ -11,7 +11,7 @@ FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
 # What the wheel is built from, and nothing else (tests/test_images.py builds the wheel from
 # exactly these paths).
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY specgate/ specgate/
 COPY operator/ operator/
 COPY router/ router/

@@ -54,6 +54,8 @@ def test_the_image_wheel_holds_every_package_and_the_command(wheel: Path) -> Non
     (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert re.search(r"^specgate = specgate\.cli:main$", text, re.M), text
+    # pyproject.toml declares Apache-2.0; the image ships its text.
+    assert any(n.endswith("LICENSE") and ".dist-info/" in n for n in names), names
 
 
 def test_the_image_runs_the_operator_and_router_commands_from_the_wheel_alone(
