@@ -15,9 +15,8 @@ construction, set by the request temperature), four servers run at once:
 and, where asked (--extra), patched servers pinned off (patched-off: the lagged draft KV write
 inside the target's decode graph), pinned off with a lean draft extend every step instead
 (patched-off-lean), or with upstream's generic draft extend (patched-off-upstream-extend), or at
-threshold 8
-with no router (patched-8), and EAGLE-3 always on from unpatched SGLang (upstream-always-on),
-measured at --extra-levels only.
+threshold 8 with no router (patched-8), and EAGLE-3 always on from unpatched SGLang
+(upstream-always-on), measured at --extra-levels only.
 --servers picks a different main set; --tp N runs every server tensor-parallel over the first
 N GPUs. Two runs can share a host, one per GPU (CUDA_VISIBLE_DEVICES, --port-base, --out).
 --switch-first switches specgate's engine off and back once before the sweep: at batch 1-2 the
