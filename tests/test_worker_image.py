@@ -410,6 +410,34 @@ def test_the_lagged_off_step_is_decided_while_the_batch_is_still_a_decode_batch(
                for n in ast.walk(run_batch))  # fmt: skip
 
 
+def test_only_a_speculation_off_step_tells_the_next_step_its_lengths(patched_site: Path) -> None:
+    """Spec-v2 learns a step's lengths by pulling them from the GPU after the previous step
+    has published them, since only the GPU knows how many drafts were accepted. An off step's
+    lengths are the previous ones plus one and a prefill's are its prompts', so both publish
+    them for the host too, and a next step whose rows all come from such steps skips the pull.
+    A speculating step must never do so (its host lengths would be wrong), and the scheduler
+    must name the published rows, or every publish forgets them all."""
+    srt = patched_site / "sglang" / "srt"
+    worker = srt / "speculative" / "eagle_worker_v2.py"
+
+    def host_lengths(call: ast.Call) -> bool:
+        return "new_seq_lens_cpu" in {kw.arg for kw in call.keywords}
+
+    (off_publish,) = _calls(_function(worker, "EAGLEWorkerV2._forward_plain_decode_and_extend"),
+                            "on_publish")  # fmt: skip
+    assert host_lengths(off_publish)
+    entry = _function(worker, "EAGLEWorkerV2.forward_batch_generation")
+    prefill_publish, speculating_publish = _calls(entry, "on_publish")
+    (verify,) = _calls(entry, "verify")
+    assert prefill_publish.lineno < verify.lineno < speculating_publish.lineno
+    assert host_lengths(prefill_publish)
+    assert not host_lengths(speculating_publish)
+    run_batch = _function(srt / "managers" / "scheduler.py", "Scheduler.run_batch")
+    (partial_publish,) = [call for call in _calls(run_batch, "partial")
+                          if ast.unparse(call.args[0]) == "self.future_map.publish"]  # fmt: skip
+    assert "indices_cpu" in {kw.arg for kw in partial_publish.keywords}
+
+
 def _reads_of(func: ast.FunctionDef, name: str) -> set[str]:
     """Attributes read from the variable `name` in a function: name.x and getattr(name, "x")."""
     reads = set()
