@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# One job on a machine with two GPUs (about 7 min) for a change to the speculation-off step:
+# One job on a machine with two GPUs (about 7 min; one GPU works too, below) for a change to the
+# speculation-off step:
 #   GPU 0: verify.py (runtime control, greedy identity while the threshold flips), then
 #          draftkv.py (the draft KV cache after an off stretch): is the change correct;
 #   GPU 1: bench/gpu_envelope.py with plain and the pinned-off variants side by side at
 #          c = 16 and 64, and a torch profile of plain and the patch's off step at c = 64:
 #          is it faster (BENCHMARKS.md section 1, jobs 12-14).
-# Results land in OUT: verify.json, draftkv.json, envelope.json, the logs and profile summary.
+# Results land in OUT: verify.json, draftkv.json, envelope.json, their logs, the profile summary
+# (off-step-functions.txt) and logs.tar.xz (server logs and torch profiles).
 #   bash worker-image/gputest/off-step-2gpu.sh [site312.tar.xz] [out-dir] [envelope args...]
 # Extra arguments go to gpu_envelope.py (e.g. --extra patched-off,patched-off-upstream-extend).
 # The correctness checks and the speed runs use different GPUs on purpose: a server that starts
@@ -17,24 +19,47 @@ OUT=${2:-${OUT:-out}/off-step}
 RUN=worker-image/gputest/run-on-gpu.sh
 mkdir -p "$OUT"
 bash "$RUN" "$ARCHIVE" "$OUT/setup" none > "$OUT/setup.log" 2>&1 || { tail -20 "$OUT/setup.log"; exit 1; }
-(
+checks() {
   export CUDA_VISIBLE_DEVICES=0
   timeout 290 bash "$RUN" "$ARCHIVE" "$OUT/verify" verify > "$OUT/verify.log" 2>&1
   echo "verify: exit $?" >> "$OUT/verify.log"
-  timeout 250 bash "$RUN" "$ARCHIVE" "$OUT/draftkv" draftkv > "$OUT/draftkv.log" 2>&1
-  echo "draftkv: exit $?" >> "$OUT/draftkv.log"
-) &
-CHECKS=$!
-CUDA_VISIBLE_DEVICES=1 timeout 540 bash "$RUN" "$ARCHIVE" "$OUT/envelope" bench/gpu_envelope.py \
+  if [ "$GPUS" -gt 1 ] || [ "${OFF_STEP_DRAFTKV:-0}" = 1 ]; then
+    timeout 250 bash "$RUN" "$ARCHIVE" "$OUT/draftkv" draftkv > "$OUT/draftkv.log" 2>&1
+    echo "draftkv: exit $?" >> "$OUT/draftkv.log"
+  fi
+}
+# With one GPU (a 10-minute call holds no more): verify, then the speed runs, on GPU 0;
+# draftkv only with OFF_STEP_DRAFTKV=1, and pass a shorter --deadline to gpu_envelope.py.
+GPUS=$(nvidia-smi -L | wc -l)
+if [ "$GPUS" -gt 1 ]; then
+  checks &
+  CHECKS=$!
+  SPEED_GPU=1
+else
+  checks
+  CHECKS=
+  SPEED_GPU=0
+fi
+CUDA_VISIBLE_DEVICES=$SPEED_GPU timeout 540 bash "$RUN" "$ARCHIVE" "$OUT/envelope" bench/gpu_envelope.py \
   --servers plain --extra patched-off,patched-off-lean --levels 16,64 --extra-levels 16,64 \
   --repeat 6 --mem-fraction 0.25 --port-base 30300 --models /tmp/specgate-models-off-step \
   --deadline 500 --profile-levels 64 --profile-servers plain,patched-off "${@:3}" \
   > "$OUT/envelope.log" 2>&1
 echo "gpu_envelope: exit $?"
-wait $CHECKS
-tail -n 1 "$OUT/verify.log" "$OUT/draftkv.log"
+[ -n "$CHECKS" ] && wait "$CHECKS"
+tail -n 1 "$OUT/verify.log" "$OUT"/draftkv.log 2>/dev/null
 if [ -d "$OUT/envelope/profiles" ]; then
   python3 worker-image/gputest/profile_summary.py "$OUT/envelope/profiles" --functions 50 \
     > "$OUT/off-step-functions.txt" 2>&1
 fi
 grep -h "speculation-off steps" "$OUT"/*/*.log 2>/dev/null | sort | uniq -c
+# The device tool returns at most 8 files, 2 folders down: the results at the top, the rest
+# (server logs, torch profiles) in one archive.
+cp "$OUT/verify/results.json" "$OUT/verify.json" 2>/dev/null
+cp "$OUT/draftkv/draftkv.json" "$OUT/draftkv.json" 2>/dev/null
+cp "$OUT/envelope/envelope.json" "$OUT/envelope.json" 2>/dev/null
+mv "$OUT/setup.log" "$OUT/setup/" 2>/dev/null
+PARTS=$(cd "$OUT" && ls -d setup verify draftkv envelope 2>/dev/null)
+# shellcheck disable=SC2086
+tar -cJf "$OUT/logs.tar.xz" -C "$OUT" $PARTS && (cd "$OUT" && rm -rf $PARTS)
+ls -l "$OUT"
