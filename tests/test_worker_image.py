@@ -538,6 +538,46 @@ def test_profile_summary_splits_a_decode_steps_host_time(tmp_path: Path) -> None
     assert functions == {"forward": 800.0, "draft_extend": 150.0}
 
 
+def test_profile_summary_splits_the_scheduler_thread_by_kind_of_step(tmp_path: Path) -> None:
+    """--steps: run_batch ranges by the step they hold (nested ranges of one name once), the
+    draft extend inside prefills, the loop's other parts, and the range holding no step (where
+    the profiler started) kept out of the span's shares."""
+    import gzip
+
+    summary = _gputest_module("profile_summary")
+
+    def span(name: str, ts: int, dur: int, tid: int = 1) -> dict[str, object]:
+        return {"ph": "X", "cat": "user_annotation", "name": name, "ts": ts, "dur": dur,
+                "tid": tid}  # fmt: skip
+
+    events = [
+        span("scheduler.run_batch", 0, 300),  # the profiler starting: no step inside
+        span("scheduler.run_batch", 1000, 2000),
+        span("scheduler.run_batch", 1010, 1900),  # nested, the same range again
+        span("step[EXTEND bs=1 toks=32]", 1020, 1800),
+        span("draft_extend", 2500, 400),
+        span("scheduler.process_batch_result", 3100, 500),
+        span("scheduler.run_batch", 4000, 1000),
+        span("step[DECODE bs=64]", 4010, 900),
+        span("scheduler.run_batch", 4000, 1000, tid=2),  # another thread
+        span("scheduler.get_next_batch_to_run", 5100, 200),
+        span("scheduler.run_batch", 6000, 1000),
+        span("step[DECODE bs=64]", 6010, 900),
+    ]
+    trace = tmp_path / "rank0.trace.json.gz"
+    with gzip.open(trace, "wt") as fh:
+        json.dump({"traceEvents": events}, fh)
+    s = summary.step_kinds(trace)
+    assert s["span_us"] == 7000
+    assert s["kinds"] == {
+        "other": {"count": 1, "run_batch_us": 300.0, "draft_extend_us": 0.0},
+        "EXTEND": {"count": 1, "run_batch_us": 2000.0, "draft_extend_us": 400.0},
+        "DECODE": {"count": 2, "run_batch_us": 2000.0, "draft_extend_us": 0.0},
+    }
+    assert s["parts"]["scheduler.process_batch_result"] == 500
+    assert s["parts"]["scheduler.get_next_batch_to_run"] == 200
+
+
 @pytest.mark.parametrize("interleave", [False, True])
 def test_speed_script_orchestration_without_a_gpu(
     interleave: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

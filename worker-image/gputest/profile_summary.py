@@ -103,6 +103,73 @@ def decode_step_functions(path: Path) -> tuple[int, float, dict[str, float]]:
     return n, mean, {name: total / n for name, total in per_function.items()}
 
 
+SCHEDULER_PARTS = ("scheduler.get_next_batch_to_run", "scheduler.process_batch_result",
+                   "scheduler.recv_requests")  # fmt: skip
+"""The scheduler loop's other ranges, beside run_batch, that --steps accounts for."""
+
+
+def step_kinds(path: Path) -> dict:
+    """Where the scheduler thread's time went, by kind of step: for each kind (DECODE, EXTEND,
+    ...) the `run_batch` ranges holding such a step, their count and total time, and the
+    `draft_extend` time inside them; the loop's other ranges; all over the span from the first
+    run_batch to the end of the last. Nested ranges of one name count once (the outermost)."""
+    ranges = [e for e in load(path) if e.get("cat") == "user_annotation"]
+    batches = [r for r in ranges if r["name"] == "scheduler.run_batch"]
+    if not batches:
+        return {}
+    tid = batches[0]["tid"]
+
+    def outermost(name: str) -> list[dict]:
+        found = sorted((r for r in ranges if r["name"] == name and r["tid"] == tid),
+                       key=lambda r: (r["ts"], -r["dur"]))  # fmt: skip
+        kept: list[dict] = []
+        for r in found:
+            if not kept or r["ts"] >= kept[-1]["ts"] + kept[-1]["dur"]:
+                kept.append(r)
+        return kept
+
+    def inside(r: dict, e: dict) -> bool:
+        return r["ts"] <= e["ts"] and e["ts"] + e["dur"] <= r["ts"] + r["dur"]
+
+    batches = outermost("scheduler.run_batch")
+    steps = [r for r in ranges if r["name"].startswith("step[") and r["tid"] == tid]
+    drafts = outermost("draft_extend")
+    begin = min(float(r["ts"]) for r in batches)
+    end = max(float(r["ts"]) + float(r["dur"]) for r in batches)
+    kinds: dict[str, dict[str, float]] = {}
+    for r in batches:
+        kind = next((s["name"][5:].split()[0].rstrip("]") for s in steps if inside(r, s)), "other")
+        entry = kinds.setdefault(kind, {"count": 0, "run_batch_us": 0.0, "draft_extend_us": 0.0})
+        entry["count"] += 1
+        entry["run_batch_us"] += float(r["dur"])
+        entry["draft_extend_us"] += sum(float(d["dur"]) for d in drafts if inside(r, d))
+    parts = {name: sum(float(r["dur"]) for r in outermost(name) if begin <= r["ts"] < end)
+             for name in SCHEDULER_PARTS}  # fmt: skip
+    return {"span_us": end - begin, "kinds": kinds, "parts": parts}
+
+
+def print_step_kinds(traces: list[Path]) -> None:
+    for trace in traces:
+        s = step_kinds(trace)
+        if not s:
+            print(f"{trace.parent.name or trace.name}: no scheduler.run_batch ranges")
+            continue
+        # A run_batch with no step in it is where the profiler started (the first, some
+        # 300 ms): left out of the shares.
+        unannotated = s["kinds"].pop("other", {}).get("run_batch_us", 0.0)
+        span = s["span_us"] - unannotated
+        print(f"{trace.parent.name or trace.name}: {span / 1000:.1f} ms from the first "
+              f"run_batch to the end of the last, without {unannotated / 1000:.1f} ms of "
+              "run_batch holding no step (the profiler starting)")  # fmt: skip
+        for kind, k in sorted(s["kinds"].items(), key=lambda kv: -kv[1]["run_batch_us"]):
+            draft = k["draft_extend_us"] / k["count"]
+            print(f"  run_batch {kind:8s} {k['count']:4.0f} x {k['run_batch_us'] / k['count']:8.0f}"
+                  f" us = {k['run_batch_us'] / 1000:7.1f} ms ({k['run_batch_us'] / span:4.0%})"
+                  + (f", draft_extend {draft:.0f} us a step" if draft else ""))  # fmt: skip
+        for name, total in s["parts"].items():
+            print(f"  {name:34s} {total / 1000:7.1f} ms ({total / span:4.0%})")
+
+
 def print_functions(traces: list[Path], top: int) -> None:
     results = [decode_step_functions(t) for t in traces]
     for trace, (n, mean, _) in zip(traces, results, strict=True):
@@ -120,11 +187,17 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--functions", type=int, default=0, metavar="N",
                         help="the N Python functions with most time per decode step")  # fmt: skip
+    parser.add_argument("--steps", action="store_true",
+                        help="the scheduler thread's time by kind of step (decode, prefill) "
+                        "and by loop part")  # fmt: skip
     args = parser.parse_args()
     traces = sorted(Path(args.folder).rglob("*.trace.json*"))
     if not traces:
         print(f"no traces under {args.folder}", file=sys.stderr)
         return 1
+    if args.steps:
+        print_step_kinds(traces)
+        return 0
     if args.functions:
         print_functions(traces, args.functions)
         return 0
