@@ -58,6 +58,10 @@ decode step: sync cost 0, which the patched-off / plain ratio supports)."""
 
 Stats = dict[str, dict[int, dict[str, Any]]]
 
+ENVELOPE_TEMPERATURE = 0.9
+"""The sweep's sampling temperature (accept length near 3.3). Jobs at another temperature run
+another draft quality: their figures get their own section and never fill the sweep's table."""
+
 
 def summarise(windows: Sequence[dict[str, Any]]) -> Stats:
     """Per server and concurrency: median and spread of the windows' figures."""
@@ -392,7 +396,9 @@ def _short(run: str) -> str:
     return run.removeprefix("gpu-envelope-").removesuffix(".json")
 
 
-def plot(stats: Stats, profile: Profile | None, path: Path, tp: int = 1) -> None:
+def plot(
+    stats: Stats, profile: Profile | None, path: Path, tp: int = 1, accept: float = 3.3
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -421,7 +427,8 @@ def plot(stats: Stats, profile: Profile | None, path: Path, tp: int = 1) -> None
     left.set_yscale("log")
     left.legend(fontsize=7)
     where = "H200" if tp == 1 else f"{tp} H200s, tensor parallel {tp},"
-    fig.suptitle(f"{where} 3B-class synthetic pair (accept length ~3.3), SGLang 0.5.17 + specgate\n"
+    fig.suptitle(f"{where} 3B-class synthetic pair (accept length ~{accept:.1f}), SGLang 0.5.17 "
+                 "+ specgate\n"
                  "each concurrency from one GPU job where it could be (BENCHMARKS.md); servers "
                  "that job lacked come from another, whose host ran up to 1.5x slower",
                  fontsize=9)  # fmt: skip
@@ -526,9 +533,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         RESULTS.glob("gpu-envelope-*.json"), key=lambda path: run_order(path.name)
     )
     results = {p.name: json.loads(p.read_text()) for p in inputs}
-    by_tp: dict[int, dict[str, dict[str, Any]]] = {}
+    groups: dict[tuple[int, float], dict[str, dict[str, Any]]] = {}
     for name, result in results.items():
-        by_tp.setdefault(result.get("tp", 1), {})[name] = result
+        tp_and_temperature = (result.get("tp") or 1,
+                              result.get("temperature", ENVELOPE_TEMPERATURE))  # fmt: skip
+        groups.setdefault(tp_and_temperature, {})[name] = result
     fit_runs = sorted(name for name in results if name in args.fit_runs.split(","))
     fitted_stats = summarise([w for name in fit_runs for w in results[name]["windows"]])
     profile = None
@@ -544,17 +553,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         data["step"] = {k: round(v, 8) for k, v in data["step"].items()}
         PROFILE_PATH.write_text(json.dumps(data, indent=2) + "\n")
     args.out.mkdir(parents=True, exist_ok=True)
-    md, summary, stats = run_section(by_tp.pop(1, {}))
+    md, summary, stats = run_section(groups.pop((1, ENVELOPE_TEMPERATURE), {}))
     error = sim_error(profile, fitted_stats) if profile else None
     error_composed = sim_error(profile, stats) if profile else None
     summary.update(simulator=error, simulator_vs_table=error_composed)
     if stats:
         plot(stats, profile, args.out / "gpu_envelope.png")
-    for tp, group in sorted(by_tp.items()):
-        tp_md, tp_summary, tp_stats = run_section(group)
-        md += f"\n## Tensor parallel {tp}: every server spans {tp} GPUs\n\n" + tp_md
-        summary[f"tp{tp}"] = tp_summary
-        plot(tp_stats, None, args.out / f"gpu_envelope_tp{tp}.png", tp=tp)
+    for (tp, temperature), group in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        group_md, group_summary, group_stats = run_section(group)
+        accept = statistics.median(r["predicted_accept_length"] for r in group.values())
+        if temperature == ENVELOPE_TEMPERATURE:
+            md += f"\n## Tensor parallel {tp}: every server spans {tp} GPUs\n\n" + group_md
+            key, png = f"tp{tp}", f"gpu_envelope_tp{tp}.png"
+        else:
+            md += (f"\n## Temperature {temperature:g}, tensor parallel {tp}: a weaker draft "
+                   f"(accept length ~{accept:.1f})\n\n" + group_md)  # fmt: skip
+            key, png = f"tp{tp}_t{temperature:g}", f"gpu_envelope_tp{tp}_t{temperature:g}.png"
+        summary[key] = group_summary
+        if group_stats:
+            plot(group_stats, None, args.out / png, tp=tp, accept=accept)
     print(md)
     if error and error_composed:
         print(f"\nsimulator ({profile.name if profile else ''}): MAPE {error['mape']:.1%} over "

@@ -265,3 +265,32 @@ def test_gpu_envelope_refuses_bad_arguments(tmp_path: Path, args: list[str], mes
     )  # fmt: skip
     assert done.returncode == 2
     assert message in done.stderr
+
+
+def test_a_job_at_another_temperature_gets_a_section_of_its_own(
+    report: ModuleType, tmp_path: Path
+) -> None:
+    """A weaker draft (a higher temperature) changes which mode wins: such a job's figures must
+    not fill the sweep's table, even where it is the last job that measured a level."""
+
+    def job(temperature: float, plain: float, always_on: float) -> dict[str, object]:
+        windows = [window("plain", 4, plain), window("always-on", 4, always_on, accept=3.0),
+                   window("specgate-probes", 4, always_on, steps_on=50, steps_off=0)]  # fmt: skip
+        return {"tp": 1, "temperature": temperature, "predicted_accept_length": 3.0,
+                "windows": windows}  # fmt: skip
+
+    inputs = []
+    for name, result in (("gpu-envelope-1-sweep.json", job(0.9, 1000, 1500)),
+                         ("gpu-envelope-2-weaker.json", job(1.0, 1200, 1100))):  # fmt: skip
+        inputs.append(tmp_path / name)
+        inputs[-1].write_text(json.dumps(result))
+    out = tmp_path / "out"
+    assert report.main([*map(str, inputs), "--out", str(out)]) == 0
+    md = (out / "gpu_envelope.md").read_text()
+    sweep, weaker = md.split("## Temperature 1, tensor parallel 1")
+    assert "1-sweep" in sweep and "2-weaker" not in sweep
+    assert "2-weaker" in weaker and "1,200" in weaker
+    summary = json.loads((out / "gpu_envelope.json").read_text())
+    assert summary["stats"]["plain"]["4"]["tok_s"] == 1000
+    assert summary["tp1_t1"]["stats"]["plain"]["4"]["tok_s"] == 1200
+    assert (out / "gpu_envelope_tp1_t1.png").exists()
