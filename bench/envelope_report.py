@@ -49,6 +49,8 @@ NAMES = {
     # Job 1 only: the deferred draft extend was removed from the patch after it lost.
     "patched-off-deferred": "patched, pinned off, deferred draft extend",
     "patched-off-upstream-extend": "patched, pinned off, upstream's draft extend",
+    # From the eighth session: the draft's whole prefill, where the patch writes its KV alone.
+    "patched-off-full-prefill": "patched, pinned off, the draft's whole prefill",
 }
 FITTED = ("overhead_s", "weights_s", "kv_s_per_request", "compute_s_per_token",
           "draft_overhead_s", "draft_s_per_request", "batch_exponent")  # fmt: skip
@@ -166,13 +168,15 @@ def same_mode_pairs(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any
 
 
 OFF_VARIANTS = (("patched-off", "plain"), ("patched-off-lean", "plain"),
-                ("patched-off-upstream-extend", "plain"),
+                ("patched-off-upstream-extend", "plain"), ("patched-off-full-prefill", "plain"),
                 ("patched-off", "patched-off-lean"),
-                ("patched-off", "patched-off-upstream-extend"))  # fmt: skip
+                ("patched-off", "patched-off-upstream-extend"),
+                ("patched-off", "patched-off-full-prefill"))  # fmt: skip
 """Pinned-off servers against plain and against each other: the patch's off step
 (patched-off: the lean draft extend every step in jobs 1-11, the lagged draft KV write inside
-the target's decode graph since), the lean draft extend every step (patched-off-lean) and
-upstream's generic one (patched-off-upstream-extend)."""
+the target's decode graph since), the lean draft extend every step (patched-off-lean),
+upstream's generic one (patched-off-upstream-extend), and the draft's whole prefill where the
+patch writes the draft's KV alone since the eighth session (patched-off-full-prefill)."""
 
 
 def variant_pairs(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:

@@ -14,7 +14,8 @@ construction, set by the request temperature), four servers run at once:
 
 and, where asked (--extra), patched servers pinned off (patched-off: the lagged draft KV write
 inside the target's decode graph), pinned off with a lean draft extend every step instead
-(patched-off-lean), or with upstream's generic draft extend (patched-off-upstream-extend), or at
+(patched-off-lean), or with upstream's generic draft extend (patched-off-upstream-extend), or
+with the draft's whole prefill where the patch writes only its KV (patched-off-full-prefill), or at
 threshold 8 with no router (patched-8), and EAGLE-3 always on from unpatched SGLang
 (upstream-always-on), measured at --extra-levels only.
 --servers picks a different main set; --tp N runs every server tensor-parallel over the first
@@ -76,6 +77,7 @@ EXTRAS = (
     "patched-off",
     "patched-off-upstream-extend",
     "patched-off-lean",
+    "patched-off-full-prefill",
     "patched-8",
     "upstream-always-on",
     "specgate-probes",
@@ -123,12 +125,15 @@ def engine_args(name: str, common: list[str], eagle: list[str], adaptive: Path) 
         "patched-off-upstream-extend": [*common, *eagle,
                                         "--speculative-disable-batch-threshold", "0"],
         "patched-off-lean": [*common, *eagle, "--speculative-disable-batch-threshold", "0"],
+        "patched-off-full-prefill": [*common, *eagle,
+                                     "--speculative-disable-batch-threshold", "0"],
     }[name]  # fmt: skip
 
 
 SIM_THRESHOLD = {"plain": "0", "always-on": "none", "upstream-0step": "8", "specgate": "8",
                  "patched-off": "0", "patched-8": "8",
                  "patched-off-upstream-extend": "0", "patched-off-lean": "0",
+                 "patched-off-full-prefill": "0",
                  "upstream-always-on": "none",
                  "specgate-probes": "8"}  # fmt: skip
 
@@ -446,6 +451,8 @@ def main() -> int:
             envs[name] = dict(verify.UPSTREAM_EXTEND_ENV)
         if name.endswith("-lean"):
             envs[name] = dict(verify.LEAN_EXTEND_ENV)
+        if name.endswith("-full-prefill"):
+            envs[name] = dict(verify.FULL_PREFILL_ENV)
         if upstream_site and name in UPSTREAM:
             envs[name]["PYTHONPATH"] = upstream_site
     servers = [

@@ -322,7 +322,63 @@ def test_lagged_draft_kv_only_where_it_holds(
     assert blockers == ([] if reason is None else [reason])
 
 
-@pytest.mark.parametrize("blockers", ["lean_extend_blockers", "lagged_kv_blockers"])
+KV_ONLY_PREFILL_OK = dict(enabled=True, lagged_off=True, full_prefill_done=True, overlap=True,
+                          plain_extend=True, logprob=False, grammar=False, multimodal=False,
+                          next_batch=40, threshold=8, max_lagged_batch=64)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"enabled": False},  # SGLANG_SPEC_DRAFT_KV_ONLY_PREFILL=0
+        {"lagged_off": False},  # off steps would not pass the last position on
+        {"full_prefill_done": False},  # the relay's proposal buffers are sized by one
+        {"overlap": False},
+        {"plain_extend": False},  # a mixed batch
+        {"logprob": True},
+        {"grammar": True},
+        {"multimodal": True},
+        {"next_batch": 8},  # the next step speculates
+        {"threshold": None},  # always speculate
+        {"next_batch": 65},  # beyond the catch-up's graph
+    ],
+)
+def test_a_prefill_writes_the_draft_kv_alone_only_before_a_likely_off_step(
+    change: dict[str, Any], patched_site: Path
+) -> None:
+    """A prefill skips the draft's forward (and its first proposal) only where the next decode
+    step will most likely be a lagged off step, which reads no proposal; everywhere else the
+    draft prefills as upstream's does."""
+    decide = _module(patched_site).draft_kv_only_prefill
+    assert decide(**KV_ONLY_PREFILL_OK)
+    assert not decide(**{**KV_ONLY_PREFILL_OK, **change})
+
+
+def test_a_draft_kv_only_prefill_leaves_a_catch_up_and_no_proposal(patched_site: Path) -> None:
+    """The worker's side of the prefill that writes the draft KV alone: it is decided before the
+    draft's prefill runs, it keeps the prompts' last positions and asks for a catch-up (the
+    first speculating step's proposal comes from there), and the relay gets the bonus token
+    alone. Only a full draft prefill counts as the one that sizes the relay."""
+    worker = patched_site / "sglang" / "srt" / "speculative" / "eagle_worker_v2.py"
+    entry = _function(worker, "EAGLEWorkerV2.forward_batch_generation")
+    (decided,) = _calls(entry, "_draft_kv_only_prefill")
+    (full,) = _calls(entry, "_draft_extend_for_prefill")
+    assert decided.lineno < full.lineno
+    write = _function(worker, "EAGLEWorkerV2._write_prompt_draft_kv")
+    assert _calls(write, "keep") and _calls(write, "write")
+    assert any(isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "self._lag_pending"
+               and ast.unparse(n.value) == "True" for n in ast.walk(write))  # fmt: skip
+    (made,) = _calls(write, "EagleDraftInput")
+    assert {kw.arg for kw in made.keywords} >= {"bonus_tokens"}
+    assert not {"topk_p", "topk_index", "hidden_states"} & {kw.arg for kw in made.keywords}
+    done = [n for n in ast.walk(entry) if isinstance(n, ast.Assign)
+            and ast.unparse(n.targets[0]) == "self._full_draft_prefill_done"]  # fmt: skip
+    assert len(done) == 1 and done[0].lineno > full.lineno
+
+
+@pytest.mark.parametrize(
+    "blockers", ["lean_extend_blockers", "lagged_kv_blockers", "draft_kv_only_prefill"]
+)
 def test_the_worker_passes_every_blocker_check(blockers: str, patched_site: Path) -> None:
     """The worker decides each off-step path with a pure function of keyword flags; a flag it
     does not pass would stop the server at start-up, on a GPU. Every one is passed."""

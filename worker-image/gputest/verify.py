@@ -153,6 +153,9 @@ patch's lagged KV write or lean draft extend (for side-by-side speed runs)."""
 LEAN_EXTEND_ENV = {"SGLANG_SPEC_LAGGED_DRAFT_KV": "0"}
 """Speculation-off steps run the lean draft extend every step, not the lagged draft KV write
 inside the target's decode graph (the patch's off step before 2026-11-30's second session)."""
+FULL_PREFILL_ENV = {"SGLANG_SPEC_DRAFT_KV_ONLY_PREFILL": "0"}
+"""Prefills run the draft's whole prefill even before a likely speculation-off step, not the
+draft-KV-only write (the patch's prefill before 2026-11-30's eighth session)."""
 
 
 def start(
