@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import json
 import math
+import os
 import subprocess
 import sys
 import zipfile
@@ -684,3 +685,49 @@ def test_speed_script_orchestration_without_a_gpu(
     assert ports == expected
     # Together, two servers must share the GPU's memory.
     assert fractions == (["0.40", "0.40"] if interleave else ["0.6", "0.6"])
+
+
+@pytest.mark.parametrize("gpus", [2, 1])
+def test_off_step_job_orchestration_without_a_gpu(gpus: int, tmp_path: Path) -> None:
+    """off-step-2gpu.sh with the GPU runner and nvidia-smi stood in for: with two GPUs the
+    checks run on GPU 0 beside the speed runs on GPU 1; with one, verify runs first and the
+    speed runs after it on GPU 0, without draftkv. Either way the results come back as at most
+    8 files at the top (the device tool returns no more), the rest in one archive."""
+    import tarfile
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\n" + "".join(f"echo 'GPU {i}: H200'\n" for i in range(gpus)))
+    calls = tmp_path / "calls.txt"
+    runner = tmp_path / "run.sh"
+    runner.write_text(f"""#!/usr/bin/env bash
+echo "${{CUDA_VISIBLE_DEVICES:-none}} $3" >> {calls}
+mkdir -p "$2"
+case "$3" in
+  verify) echo '{{"all_passed": true}}' > "$2/results.json" ;;
+  draftkv) echo '{{"passed": true}}' > "$2/draftkv.json" ;;
+  bench/gpu_envelope.py) echo '{{"windows": []}}' > "$2/envelope.json"; echo log > "$2/plain.log" ;;
+esac
+""")  # fmt: skip
+    for script in (smi, runner):
+        script.chmod(0o755)
+    out = tmp_path / "out"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OFF_STEP_RUN": str(runner)}
+    result = subprocess.run(["bash", str(ROOT / "worker-image" / "gputest" / "off-step-2gpu.sh"),
+                             "site.tar.xz", str(out)], capture_output=True, text=True,
+                            env=env, timeout=60)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    ran = calls.read_text().split("\n")[:-1]
+    if gpus == 2:
+        assert sorted(ran) == sorted(["none none", "0 verify", "0 draftkv",
+                                      "1 bench/gpu_envelope.py"])  # fmt: skip
+    else:
+        assert ran == ["none none", "0 verify", "0 bench/gpu_envelope.py"]
+    top = sorted(p.name for p in out.iterdir())
+    assert len(top) <= 8 and all(p.is_file() for p in out.iterdir())
+    assert {"verify.json", "envelope.json", "logs.tar.xz"} <= set(top)
+    assert ("draftkv.json" in top) == (gpus == 2)
+    with tarfile.open(out / "logs.tar.xz") as archive:
+        names = archive.getnames()
+    assert "envelope/plain.log" in names and "setup/setup.log" in names
