@@ -280,6 +280,13 @@ def accept_rate(accept_length: float, steps: int) -> float:
     return round((lo + hi) / 2, 4)
 
 
+def at_acceptance(profile: Profile, accept_length: float) -> Profile:
+    """The profile with its draft's acceptance moved to give `accept_length`."""
+    rate = accept_rate(accept_length, profile.num_steps)
+    acceptance = profile.acceptance.model_copy(update={"per_token_rate": rate})
+    return profile.model_copy(update={"acceptance": acceptance})
+
+
 def simulate(profile: Profile, server: str, c: int) -> float:
     return closed_loop_throughput(profile, c, threshold=SIM_THRESHOLD[server], output_tokens=128,
                                   prompt_tokens=32, requests_per_client=6)  # fmt: skip
@@ -331,8 +338,7 @@ def fit_profile(stats: Stats, base: Profile, iterations: int = 300, restarts: in
     points = [(s, c, row["tok_s"]) for s in ("plain", "always-on")
               for c, row in stats.get(s, {}).items()]  # fmt: skip
     accept = statistics.median(row["accept_length"] for row in stats["always-on"].values())
-    base = base.model_copy(update={"acceptance": base.acceptance.model_copy(
-        update={"per_token_rate": accept_rate(accept, base.num_steps)})})  # fmt: skip
+    base = at_acceptance(base, accept)
     start = [math.log(max(getattr(base.step, k), 1e-7)) for k in FITTED]
 
     def loss(logs: list[float]) -> float:
@@ -358,6 +364,37 @@ def sim_error(profile: Profile, stats: Stats) -> dict[str, Any]:
     return {"points": rows, "mape": round(mape, 3), "grid": grid,
             "measured_speculation_wins_at": wins,
             "simulated_crossover_batch": profile.crossover_batch()}  # fmt: skip
+
+
+def held_out_acceptance(profile: Profile, stats: Stats) -> dict[str, Any]:
+    """The sweep's simulator profile, moved to another group's accept length, against that
+    group's measurements: always-on over plain per concurrency, simulated and measured. A ratio
+    within one job cancels the host's speed, which moved between jobs; what is left tests the
+    simulator's model of speculation, away from the acceptance it was fitted at."""
+    accept = statistics.median(row["accept_length"] for row in stats["always-on"].values())
+    moved = at_acceptance(profile, accept)
+    rows = []
+    for c in sorted(set(stats.get("plain", {})) & set(stats["always-on"])):
+        simulated = simulate(moved, "always-on", c) / simulate(moved, "plain", c)
+        measured = stats["always-on"][c]["tok_s"] / stats["plain"][c]["tok_s"]
+        rows.append({"c": c, "simulated": round(simulated, 3), "measured": round(measured, 3),
+                     "error": round(simulated / measured - 1, 3)})  # fmt: skip
+    return {"accept_length": accept, "rows": rows,
+            "simulated_crossover_batch": moved.crossover_batch()}  # fmt: skip
+
+
+def held_out_table(check: dict[str, Any], profile: Profile) -> str:
+    rows = "".join(f"| {r['c']} | {r['simulated']} | {r['measured']} | {r['error']:+.1%} |\n"
+                   for r in check["rows"])  # fmt: skip
+    return (
+        f"\nThe simulator ({profile.name}, fitted at the sweep's accept length) moved to this "
+        f"group's accept length {check['accept_length']:.2f}: always-on over plain, simulated "
+        "and measured (one job's medians, so the host's speed cancels):\n\n"
+        "| c | simulated | measured | error |\n|---|---|---|---|\n"
+        + rows
+        + f"\nSimulated crossover at this acceptance: batch {check['simulated_crossover_batch']}."
+        "\n"
+    )
 
 
 def table(
@@ -573,6 +610,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             md += (f"\n## Temperature {temperature:g}, tensor parallel {tp}: a weaker draft "
                    f"(accept length ~{accept:.1f})\n\n" + group_md)  # fmt: skip
             key, png = f"tp{tp}_t{temperature:g}", f"gpu_envelope_tp{tp}_t{temperature:g}.png"
+        if profile is not None and tp == 1 and temperature != ENVELOPE_TEMPERATURE and group_stats:
+            check = held_out_acceptance(profile, group_stats)
+            md += held_out_table(check, profile)
+            group_summary["simulator_at_this_acceptance"] = check
         summary[key] = group_summary
         if group_stats:
             plot(group_stats, None, args.out / png, tp=tp, accept=accept)

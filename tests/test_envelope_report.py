@@ -294,3 +294,27 @@ def test_a_job_at_another_temperature_gets_a_section_of_its_own(
     assert summary["stats"]["plain"]["4"]["tok_s"] == 1000
     assert summary["tp1_t1"]["stats"]["plain"]["4"]["tok_s"] == 1200
     assert (out / "gpu_envelope_tp1_t1.png").exists()
+
+
+def test_the_simulator_is_checked_at_a_held_out_acceptance(report: ModuleType) -> None:
+    """A group at another temperature tests the sweep's profile away from the acceptance it was
+    fitted at: the profile moved to the group's accept length, always-on over plain simulated
+    against measured within the group (so the host's speed cancels)."""
+    base = profiles.load("h200-3b-synthetic")
+    stats = report.summarise([
+        window("plain", 32, 4800), window("always-on", 32, 4470, accept=2.31),
+        window("plain", 128, 10760), window("always-on", 128, 11670, accept=2.31),
+        window("always-on", 8, 2000, accept=2.31),  # no plain here: no row
+    ])  # fmt: skip
+    check = report.held_out_acceptance(base, stats)
+    assert check["accept_length"] == 2.31
+    assert [r["c"] for r in check["rows"]] == [32, 128]
+    moved = report.at_acceptance(base, 2.31)
+    assert moved.mean_accept_length() == pytest.approx(2.31, abs=0.01)
+    at_32 = report.simulate(moved, "always-on", 32) / report.simulate(moved, "plain", 32)
+    assert check["rows"][0]["simulated"] == round(at_32, 3)
+    assert check["rows"][0]["measured"] == round(4470 / 4800, 3)
+    at_128 = check["rows"][1]
+    assert at_128["error"] == round(at_128["simulated"] / (11670 / 10760) - 1, 3)
+    # A weaker draft moves the simulated crossover down from the sweep's.
+    assert check["simulated_crossover_batch"] < base.crossover_batch()
