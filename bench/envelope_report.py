@@ -280,6 +280,11 @@ def accept_rate(accept_length: float, steps: int) -> float:
     return round((lo + hi) / 2, 4)
 
 
+def always_on_accept_length(stats: Stats) -> float:
+    """The accept length always-on measured: the median over its concurrencies."""
+    return float(statistics.median(row["accept_length"] for row in stats["always-on"].values()))
+
+
 def at_acceptance(profile: Profile, accept_length: float) -> Profile:
     """The profile with its draft's acceptance moved to give `accept_length`."""
     rate = accept_rate(accept_length, profile.num_steps)
@@ -337,7 +342,7 @@ def fit_profile(stats: Stats, base: Profile, iterations: int = 300, restarts: in
     """Step costs by least squares on log tok/s of the plain and always-on medians."""
     points = [(s, c, row["tok_s"]) for s in ("plain", "always-on")
               for c, row in stats.get(s, {}).items()]  # fmt: skip
-    accept = statistics.median(row["accept_length"] for row in stats["always-on"].values())
+    accept = always_on_accept_length(stats)
     base = at_acceptance(base, accept)
     start = [math.log(max(getattr(base.step, k), 1e-7)) for k in FITTED]
 
@@ -371,7 +376,7 @@ def held_out_acceptance(profile: Profile, stats: Stats) -> dict[str, Any]:
     group's measurements: always-on over plain per concurrency, simulated and measured. A ratio
     within one job cancels the host's speed, which moved between jobs; what is left tests the
     simulator's model of speculation, away from the acceptance it was fitted at."""
-    accept = statistics.median(row["accept_length"] for row in stats["always-on"].values())
+    accept = always_on_accept_length(stats)
     moved = at_acceptance(profile, accept)
     rows = []
     for c in sorted(set(stats.get("plain", {})) & set(stats["always-on"])):
