@@ -590,9 +590,11 @@ def test_profile_summary_splits_a_decode_steps_host_time(tmp_path: Path) -> None
     trace = tmp_path / "rank0.trace.json.gz"
     with gzip.open(trace, "wt") as fh:
         json.dump({"traceEvents": events}, fh)
-    n, mean, functions = summary.decode_step_functions(trace)
+    n, mean, functions = summary.step_functions(trace)
     assert (n, mean) == (2, 2000.0)
     assert functions == {"forward": 800.0, "draft_extend": 150.0}
+    # --kind EXTEND: the prefill's steps alone.
+    assert summary.step_functions(trace, "EXTEND") == (1, 5000.0, {"forward": 4000.0})
 
 
 def test_profile_summary_splits_the_scheduler_thread_by_kind_of_step(tmp_path: Path) -> None:

@@ -79,12 +79,12 @@ def summarise(path: Path, top: int) -> dict:
     }
 
 
-def decode_step_functions(path: Path) -> tuple[int, float, dict[str, float]]:
-    """Decode steps, their mean `run_batch` time, and each Python function's inclusive time
-    per decode step (microseconds), from one trace."""
+def step_functions(path: Path, kind: str = "DECODE") -> tuple[int, float, dict[str, float]]:
+    """Steps of one kind (DECODE, EXTEND), their mean `run_batch` time, and each Python
+    function's inclusive time per such step (microseconds), from one trace."""
     events = load(path)
     ranges = [e for e in events if e.get("cat") == "user_annotation"]
-    steps = [e for e in ranges if e["name"].startswith("step[DECODE")]
+    steps = [e for e in ranges if e["name"].startswith(f"step[{kind}")]
     decode_batches = [
         r for r in ranges if r["name"] == "scheduler.run_batch" and any(
             s["tid"] == r["tid"] and r["ts"] <= s["ts"] < r["ts"] + r["dur"] for s in steps)
@@ -170,10 +170,10 @@ def print_step_kinds(traces: list[Path]) -> None:
             print(f"  {name:34s} {total / 1000:7.1f} ms ({total / span:4.0%})")
 
 
-def print_functions(traces: list[Path], top: int) -> None:
-    results = [decode_step_functions(t) for t in traces]
+def print_functions(traces: list[Path], top: int, kind: str = "DECODE") -> None:
+    results = [step_functions(t, kind) for t in traces]
     for trace, (n, mean, _) in zip(traces, results, strict=True):
-        print(f"{trace.parent.name or trace.name}: {n} decode steps, run_batch {mean:.0f} us")
+        print(f"{trace.parent.name or trace.name}: {n} {kind} steps, run_batch {mean:.0f} us")
     names = {name for _, _, functions in results for name in functions}
     ranked = sorted(names, key=lambda name: -max(r[2].get(name, 0.0) for r in results))
     print(" | ".join(f"{t.parent.name[:14]:>14}" for t in traces) + " | function (us per step)")
@@ -187,6 +187,9 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--functions", type=int, default=0, metavar="N",
                         help="the N Python functions with most time per decode step")  # fmt: skip
+    parser.add_argument("--kind", default="DECODE",
+                        help="with --functions, the kind of step: DECODE (default) or EXTEND "
+                        "(prefills)")  # fmt: skip
     parser.add_argument("--steps", action="store_true",
                         help="the scheduler thread's time by kind of step (decode, prefill) "
                         "and by loop part")  # fmt: skip
@@ -199,7 +202,7 @@ def main() -> int:
         print_step_kinds(traces)
         return 0
     if args.functions:
-        print_functions(traces, args.functions)
+        print_functions(traces, args.functions, args.kind)
         return 0
     for trace in traces:
         s = summarise(trace, args.top)
