@@ -341,6 +341,9 @@ def main() -> int:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--c", type=float, default=12.0, help="synthetic pair: the repeat logit")
     parser.add_argument("--learn-seconds", type=float, default=0.0)
+    parser.add_argument("--busy-idle", action="store_true",
+                        help="start the servers without --sleep-on-idle, as jobs 1-23 ran: "
+                        "each idle server then spins a core while another is measured")  # fmt: skip
     parser.add_argument("--learn-pattern", default=",".join(map(str, LEARN_PATTERN)),
                         help="client counts of the learning phase, in turn")  # fmt: skip
     parser.add_argument("--learn-hold", type=float, default=3.0,
@@ -432,6 +435,7 @@ def main() -> int:
         max_running=top,
         max_graph_batch=top,
         dummy_weights=False,
+        sleep_on_idle=not args.busy_idle,
     )
     if args.tp > 1:
         common += ["--tp-size", str(args.tp)]
@@ -475,7 +479,8 @@ def main() -> int:
         "warmup": args.warmup, "extra": extras, "extra_levels": extra_levels,
         "tp": args.tp, "max_running": top, "learn_seconds": args.learn_seconds,
         "probe_interval_seconds": args.probe_interval,
-        "servers": {s.name: {"port": s.port, "gpu": s.gpu, "env": s.env} for s in servers},
+        "servers": {s.name: {"port": s.port, "gpu": s.gpu, "env": s.env, "args": s.args}
+                    for s in servers},
         "windows": [], "router_log": [],
     }  # fmt: skip
     path = out / "envelope.json"

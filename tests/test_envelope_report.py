@@ -198,7 +198,7 @@ def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
     second = run(tmp_path / "second", "--port-base", "31300", "--levels", "2",
                  "--servers", "always-on,specgate-probes", "--extra", "upstream-always-on",
                  "--extra-levels", "2", "--tp", "2", "--direct-too",
-                 "--probe-interval", "90")  # fmt: skip
+                 "--probe-interval", "90", "--busy-idle")  # fmt: skip
     for proc in (first, second):
         output, _ = proc.communicate(timeout=240)
         assert proc.returncode == 0, output[-3000:]
@@ -215,6 +215,8 @@ def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
     envs = {name: server["env"] for name, server in result["servers"].items()}
     assert envs["upstream-0step"] == {"PYTHONPATH": "/opt/sglang-unpatched"}
     assert all("PYTHONPATH" not in env for name, env in envs.items() if name != "upstream-0step")
+    # Idle servers sleep (an idle SGLang scheduler spins a core) unless --busy-idle.
+    assert all("--sleep-on-idle" in server["args"] for server in result["servers"].values())
     specgate = [w for w in result["windows"] if w["server"] == "specgate"]
     assert all(w["threshold"] == 8 and w["errors"] == 0 for w in specgate)
     assert all(w["tok_s"] > 0 for w in result["windows"])
@@ -240,6 +242,8 @@ def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
     assert "probeIntervalSeconds" not in (tmp_path / "first" / "router.yaml").read_text()
     assert second_result["servers"]["upstream-always-on"]["env"] == {
         "PYTHONPATH": "/opt/sglang-unpatched"}  # fmt: skip
+    launched = [s for s in second_result["servers"].values() if "direct_of" not in s]
+    assert launched and not any("--sleep-on-idle" in s["args"] for s in launched)
     assert all(w["errors"] == 0 and w["tok_s"] > 0 for w in second_result["windows"])
     assert "error" not in second_result
 

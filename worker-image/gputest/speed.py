@@ -180,7 +180,8 @@ def main() -> int:
     # Graphs up to c=64. SGLang caps speculative servers at 48 running requests by default; the
     # same cap for all keeps c=64 a comparison of step cost, not of admission.
     common = server_flags(models / "target", mem_fraction=0.6, max_running=64,
-                          max_graph_batch=64, dummy_weights=args.weights == "dummy")  # fmt: skip
+                          max_graph_batch=64, dummy_weights=args.weights == "dummy",
+                          sleep_on_idle=True)  # fmt: skip
     eagle = [*EAGLE, "--speculative-draft-model-path", str(models / "draft")]
     servers = {
         "plain": common,

@@ -95,10 +95,17 @@ def server_flags(
     max_running: int | None = None,
     max_graph_batch: int | None = None,
     dummy_weights: bool = True,
+    sleep_on_idle: bool = False,
 ) -> list[str]:
     """COMMON for one target model: its weights (random with `dummy_weights`), its share of the
-    GPU, and where set the running-request cap and the largest decode CUDA-graph batch."""
+    GPU, and where set the running-request cap and the largest decode CUDA-graph batch.
+
+    `sleep_on_idle`: for benchmarks that run servers side by side. An idle SGLang scheduler
+    otherwise polls its sockets in a busy loop, one thread at 100% of a core each, and the
+    server being measured shares the host's cores with every idle one."""
     flags = [*COMMON, "--model-path", str(target)]
+    if sleep_on_idle:
+        flags.append("--sleep-on-idle")
     if not dummy_weights:
         at = flags.index("--load-format")
         del flags[at : at + 2]
