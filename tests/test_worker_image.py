@@ -200,6 +200,10 @@ def test_server_flags_set_weights_memory_and_caps() -> None:
     assert real[real.index("--max-running-requests") + 1] == "128"
     assert real.count("--mem-fraction-static") == 1
     assert verify.COMMON[verify.COMMON.index("--mem-fraction-static") + 1] == "0.35"  # unchanged
+    # Idle schedulers sleep only where asked (the benchmarks that run servers side by side).
+    assert "--sleep-on-idle" not in dummy and "--sleep-on-idle" not in verify.COMMON
+    assert "--sleep-on-idle" in verify.server_flags(Path("/m"), mem_fraction=0.2,
+                                                    sleep_on_idle=True)  # fmt: skip
 
 
 def test_synthetic_pair_acceptance_by_construction() -> None:
