@@ -482,6 +482,13 @@ def plot(
     fig.savefig(path, dpi=110)
 
 
+def idle_servers_slept(result: dict[str, Any]) -> bool:
+    """Whether a run started every server it launched with --sleep-on-idle. Runs that did not
+    record their servers' arguments (jobs 1-23) all ran SGLang's busy idle loop."""
+    launched = [s for s in result.get("servers", {}).values() if "direct_of" not in s]
+    return bool(launched) and all("--sleep-on-idle" in s.get("args", ()) for s in launched)
+
+
 def run_section(results: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any], Stats]:
     """The table, every run's ratios, off against plain and the same-mode pairs of one group of
     runs (one tensor-parallel size): markdown, the figures, and the composed table's stats."""
@@ -559,7 +566,13 @@ def run_section(results: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]
         md += "".join(f"| {_short(r['run'])} | {r['c']} | {r['server']} | {r['over']} | "
                       f"{r['pairs']} | {r['geomean']} | {r['p05']}-{r['p95']} |\n"
                       for r in variants)  # fmt: skip
+    slept = sorted((name for name, r in results.items() if idle_servers_slept(r)), key=run_order)
+    md += ("\nIdle servers: " + (f"asleep (`--sleep-on-idle`) in {', '.join(map(_short, slept))}; "
+           if slept else "") + ("in every other run" if slept else "in every run")
+           + " each spun a core in SGLang's busy idle loop while another server was measured "
+           "(BENCHMARKS.md, \"This host's noise\").\n")  # fmt: skip
     figures = {"inputs": sorted(results, key=run_order), "stats": stats, "ratio": ratio,
+               "idle_servers_slept": slept,
                "ratio_router_probing": probing, "row_source": source, "every_run": every_run,
                "off_vs_plain_side_by_side": side_by_side, "same_mode_pairs": pairs,
                "same_mode_summary": same_mode_rows,

@@ -294,10 +294,26 @@ def test_a_job_at_another_temperature_gets_a_section_of_its_own(
     sweep, weaker = md.split("## Temperature 1, tensor parallel 1")
     assert "1-sweep" in sweep and "2-weaker" not in sweep
     assert "2-weaker" in weaker and "1,200" in weaker
+    # Which runs' idle servers slept: none here (no arguments recorded, as in jobs 1-23).
+    assert "in every run each spun a core" in sweep
     summary = json.loads((out / "gpu_envelope.json").read_text())
     assert summary["stats"]["plain"]["4"]["tok_s"] == 1000
+    assert summary["idle_servers_slept"] == []
     assert summary["tp1_t1"]["stats"]["plain"]["4"]["tok_s"] == 1200
     assert (out / "gpu_envelope_tp1_t1.png").exists()
+
+
+def test_a_run_whose_idle_servers_slept_is_told_apart(report: ModuleType) -> None:
+    """A run counts as asleep only if every server it launched had --sleep-on-idle (the
+    routed engine measured direct is no server of its own)."""
+    server = {"port": 1, "gpu": "0", "env": {}}
+    asleep = {"a": {**server, "args": ["--tp-size", "1", "--sleep-on-idle"]},
+              "a-direct": {"port": 1, "gpu": "0", "direct_of": "a"}}  # fmt: skip
+    assert report.idle_servers_slept({"servers": asleep})
+    half = {**asleep, "b": {**server, "args": ["--tp-size", "1"]}}
+    assert not report.idle_servers_slept({"servers": half})
+    assert not report.idle_servers_slept({"servers": {"a": server}})  # jobs 1-23
+    assert not report.idle_servers_slept({})
 
 
 def test_the_simulator_is_checked_at_a_held_out_acceptance(report: ModuleType) -> None:
