@@ -499,6 +499,24 @@ def test_only_a_speculation_off_step_tells_the_next_step_its_lengths(patched_sit
     assert "indices_cpu" in {kw.arg for kw in partial_publish.keywords}
 
 
+def test_decode_lengths_reach_the_gpu_in_one_copy_from_pinned_memory(patched_site: Path) -> None:
+    """Every spec-v2 decode step sends the current and next KV lengths to the GPU. From pageable
+    memory each copy is staged on the host; the patch makes them one copy of one pinned
+    tensor, non-blocking. What it saves is measured on the GPU (GPU-RESULTS.md)."""
+    source = patched_site / "sglang" / "srt" / "speculative" / "eagle_utils.py"
+    (func,) = [
+        node
+        for node in ast.parse(source.read_text()).body
+        if isinstance(node, ast.FunctionDef) and node.name == "eagle_prepare_for_decode"
+    ]
+    made = [call for call in _calls(func, "tensor")
+            if "pin_memory" in {kw.arg for kw in call.keywords}]  # fmt: skip
+    assert len(made) == 1
+    copies = [call for call in _calls(func, "to")
+              if any(kw.arg == "non_blocking" for kw in call.keywords)]  # fmt: skip
+    assert [ast.unparse(call.func) for call in copies] == ["kv_lens_cpu.to"]
+
+
 def _reads_of(func: ast.FunctionDef, name: str) -> set[str]:
     """Attributes read from the variable `name` in a function: name.x and getattr(name, "x")."""
     reads = set()
