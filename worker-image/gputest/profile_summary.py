@@ -5,13 +5,14 @@ For each trace: the span from the first to the last GPU kernel, how much of it t
 (SGLang's `draft` / `draft_extend` / `verify` stage spans and the scheduler's own ranges).
 
     python3 profile_summary.py out/speed/profiles [--top 15]
-    python3 profile_summary.py out/speed/profiles --functions 40
+    python3 profile_summary.py out/speed/profiles --functions 40 [--kind EXTEND]
 
 --functions N: the host side of a decode step instead. For each trace, the scheduler's
-`run_batch` ranges that hold a `step[DECODE ...]` annotation, and the N Python functions with
-the most inclusive time per such step, the traces side by side as columns. Traces taken minutes
-apart on a shared host run at different speeds: compare functions within one trace, and across
-traces only what both run (the target's decode) to see how far the host moved.
+`run_batch` ranges that hold a `step[DECODE ...]` annotation (`step[EXTEND ...]`, a prefill,
+with --kind EXTEND), and the N Python functions with the most inclusive time per such step,
+the traces side by side as columns. Traces taken minutes apart on a shared host run at
+different speeds: compare functions within one trace, and across traces only what both run
+(the target's decode) to see how far the host moved.
 """
 
 from __future__ import annotations
@@ -85,21 +86,21 @@ def step_functions(path: Path, kind: str = "DECODE") -> tuple[int, float, dict[s
     events = load(path)
     ranges = [e for e in events if e.get("cat") == "user_annotation"]
     steps = [e for e in ranges if e["name"].startswith(f"step[{kind}")]
-    decode_batches = [
+    batches = [
         r for r in ranges if r["name"] == "scheduler.run_batch" and any(
             s["tid"] == r["tid"] and r["ts"] <= s["ts"] < r["ts"] + r["dur"] for s in steps)
     ]  # fmt: skip
     per_function: dict[str, float] = defaultdict(float)
     functions = [e for e in events if e.get("cat") == "python_function"]
-    for r in decode_batches:
+    for r in batches:
         start, stop = float(r["ts"]), float(r["ts"]) + float(r["dur"])
         for e in functions:
             if e["tid"] == r["tid"] and start <= e["ts"] and e["ts"] + e["dur"] <= stop:
                 per_function[e["name"]] += float(e["dur"])
-    n = len(decode_batches)
+    n = len(batches)
     if not n:
         return 0, 0.0, {}
-    mean = sum(float(r["dur"]) for r in decode_batches) / n
+    mean = sum(float(r["dur"]) for r in batches) / n
     return n, mean, {name: total / n for name, total in per_function.items()}
 
 
@@ -186,7 +187,7 @@ def main() -> int:
     parser.add_argument("folder")
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--functions", type=int, default=0, metavar="N",
-                        help="the N Python functions with most time per decode step")  # fmt: skip
+                        help="the N Python functions with most time per --kind step")  # fmt: skip
     parser.add_argument("--kind", default="DECODE",
                         help="with --functions, the kind of step: DECODE (default) or EXTEND "
                         "(prefills)")  # fmt: skip
