@@ -567,10 +567,13 @@ def run_section(results: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]
                       f"{r['pairs']} | {r['geomean']} | {r['p05']}-{r['p95']} |\n"
                       for r in variants)  # fmt: skip
     slept = sorted((name for name, r in results.items() if idle_servers_slept(r)), key=run_order)
-    md += ("\nIdle servers: " + (f"asleep (`--sleep-on-idle`) in {', '.join(map(_short, slept))}; "
-           if slept else "") + ("in every other run" if slept else "in every run")
-           + " each spun a core in SGLang's busy idle loop while another server was measured "
-           "(BENCHMARKS.md, \"This host's noise\").\n")  # fmt: skip
+    busy = "each spun a core in SGLang's busy idle loop while another server was measured"
+    if slept:
+        asleep = ", ".join(map(_short, slept))
+        md += f"\nIdle servers: asleep (`--sleep-on-idle`) in {asleep}; in every other run {busy}"
+    else:
+        md += f"\nIdle servers: in every run {busy}"
+    md += ' (BENCHMARKS.md, "This host\'s noise").\n'
     figures = {"inputs": sorted(results, key=run_order), "stats": stats, "ratio": ratio,
                "idle_servers_slept": slept,
                "ratio_router_probing": probing, "row_source": source, "every_run": every_run,
