@@ -63,6 +63,30 @@ Stats = dict[str, dict[int, dict[str, Any]]]
 ENVELOPE_TEMPERATURE = 0.9
 """The sweep's sampling temperature (accept length near 3.3). Jobs at another temperature run
 another draft quality: their figures get their own section and never fill the sweep's table."""
+SWEEP_NEW_TOKENS = (64, 192)
+"""The sweep's new tokens per request (gpu_envelope.py's NEW_TOKENS; a test keeps them equal)."""
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def workload(result: dict[str, Any]) -> str:
+    """How a run's workload or host differs from the sweep's ('' where it does not). Other
+    request lengths or prefill CUDA graphs change how much of a step is prefill, and pinned
+    servers run on fewer CPUs: such runs get a section of their own, like another
+    temperature."""
+    differences = []
+    low, high = result.get("new_tokens") or SWEEP_NEW_TOKENS
+    if (low, high) != SWEEP_NEW_TOKENS:
+        differences.append(f"{low}-{high} new tokens a request")
+    if graph_tokens := result.get("prefill_graph_tokens"):
+        differences.append(f"prefill CUDA graphs up to {graph_tokens} tokens")
+    if pinned := sorted({len(s["cpus"]) for s in result.get("servers", {}).values()
+                         if s.get("cpus")}):  # fmt: skip
+        each = "-".join(map(str, sorted({pinned[0], pinned[-1]})))
+        differences.append(f"each server pinned to {each} CPUs")
+    return ", ".join(differences)
 
 
 def summarise(windows: Sequence[dict[str, Any]]) -> Stats:
@@ -568,7 +592,9 @@ def run_section(results: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]
                       for r in variants)  # fmt: skip
     slept = sorted((name for name, r in results.items() if idle_servers_slept(r)), key=run_order)
     busy = "each spun a core in SGLang's busy idle loop while another server was measured"
-    if slept:
+    if slept and len(slept) == len(results):
+        md += "\nIdle servers: asleep (`--sleep-on-idle`) in every run"
+    elif slept:
         asleep = ", ".join(map(_short, slept))
         md += f"\nIdle servers: asleep (`--sleep-on-idle`) in {asleep}; in every other run {busy}"
     else:
@@ -595,11 +621,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         RESULTS.glob("gpu-envelope-*.json"), key=lambda path: run_order(path.name)
     )
     results = {p.name: json.loads(p.read_text()) for p in inputs}
-    groups: dict[tuple[int, float], dict[str, dict[str, Any]]] = {}
+    groups: dict[tuple[int, float, str], dict[str, dict[str, Any]]] = {}
     for name, result in results.items():
-        tp_and_temperature = (result.get("tp") or 1,
-                              result.get("temperature", ENVELOPE_TEMPERATURE))  # fmt: skip
-        groups.setdefault(tp_and_temperature, {})[name] = result
+        group_key = (result.get("tp") or 1, result.get("temperature", ENVELOPE_TEMPERATURE),
+                     workload(result))  # fmt: skip
+        groups.setdefault(group_key, {})[name] = result
     fit_runs = sorted(name for name in results if name in args.fit_runs.split(","))
     fitted_stats = summarise([w for name in fit_runs for w in results[name]["windows"]])
     profile = None
@@ -615,15 +641,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         data["step"] = {k: round(v, 8) for k, v in data["step"].items()}
         PROFILE_PATH.write_text(json.dumps(data, indent=2) + "\n")
     args.out.mkdir(parents=True, exist_ok=True)
-    md, summary, stats = run_section(groups.pop((1, ENVELOPE_TEMPERATURE), {}))
+    md, summary, stats = run_section(groups.pop((1, ENVELOPE_TEMPERATURE, ""), {}))
     error = sim_error(profile, fitted_stats) if profile else None
     error_composed = sim_error(profile, stats) if profile else None
     summary.update(simulator=error, simulator_vs_table=error_composed)
     if stats:
         plot(stats, profile, args.out / "gpu_envelope.png")
-    for (tp, temperature), group in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    for (tp, temperature, differs), group in sorted(
+        groups.items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][0])
+    ):
         group_md, group_summary, group_stats = run_section(group)
         accept = statistics.median(r["predicted_accept_length"] for r in group.values())
+        if differs:
+            # The simulator models the sweep's workload only: no check, no curves here.
+            md += (f"\n## Another workload ({differs}), temperature {temperature:g}, tensor "
+                   f"parallel {tp}\n\n" + group_md)  # fmt: skip
+            summary[f"tp{tp}_t{temperature:g}_{slug(differs)}"] = group_summary
+            continue
         if temperature == ENVELOPE_TEMPERATURE:
             md += f"\n## Tensor parallel {tp}: every server spans {tp} GPUs\n\n" + group_md
             key, png = f"tp{tp}", f"gpu_envelope_tp{tp}.png"

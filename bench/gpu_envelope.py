@@ -57,6 +57,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,9 @@ ROUTED = ("specgate", "specgate-probes")
 UPSTREAM = ("upstream-0step", "upstream-always-on")
 """Servers that run unpatched SGLang where run-on-gpu.sh provides it ($SPECGATE_UPSTREAM_SITE)."""
 ROUTER_OFFSET = 500
+NEW_TOKENS = (64, 192)
+"""Each request's max_new_tokens (ignore_eos), drawn uniformly from this range: the sweep's
+workload, with 32-token prompts. Prefills are then about one step in 64 at c = 64."""
 """The router listens at --port-base + ROUTER_OFFSET; the servers at --port-base + 0, 1, ..."""
 LEARN_PATTERN = (4, 8, 12, 16, 24, 32, 48, 64, 96, 64, 48, 32, 24, 16, 12, 8)
 """Closed-loop client counts the router sees before the sweep, 3 s each. The threshold moves at
@@ -103,6 +107,8 @@ class Server:
     env: dict[str, str] = field(default_factory=dict)
     router_port: int | None = None
     """Where specgate's router listens in front of this server (specgate only)."""
+    cpus: list[int] | None = None
+    """The CPUs it runs on, with --pin-cpus (else wherever the OS puts it)."""
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -161,7 +167,8 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def window(server: Server, clients: int, seconds: float, warmup: float, temperature: float,
-           seed: int, profile: Path | None = None) -> dict[str, Any]:  # fmt: skip
+           seed: int, profile: Path | None = None,
+           new_tokens: tuple[int, int] = NEW_TOKENS) -> dict[str, Any]:  # fmt: skip
     """One closed-loop window against one server; with `profile`, a torch profile of 24 decode
     steps is taken into that folder after the warm-up (the window's figures then carry the
     profiler's overhead: they are not measurements)."""
@@ -175,7 +182,7 @@ def window(server: Server, clients: int, seconds: float, warmup: float, temperat
         rng = random.Random(seed * 1000 + i)
         while time.time() < stop_at:
             ids = [rng.randrange(3, 32000) for _ in range(32)]
-            sampling = {"max_new_tokens": rng.randrange(64, 193), "temperature": temperature,
+            sampling = {"max_new_tokens": rng.randint(*new_tokens), "temperature": temperature,
                         "ignore_eos": True}  # fmt: skip
             began = time.time()
             status, body = verify.call(server.client_port, "/generate",
@@ -292,6 +299,57 @@ def write_pair_once(models: Path, c: float) -> None:
         done.write_text(repr(c))
 
 
+def core_groups(
+    cpus: Collection[int], sysfs: Path = Path("/sys/devices/system/cpu")
+) -> list[list[int]]:
+    """`cpus` grouped by physical core (the hardware threads sysfs lists as siblings), in
+    order of their first CPU; a CPU sysfs says nothing of is a core of its own."""
+    groups: dict[int, list[int]] = {}
+    for cpu in sorted(cpus):
+        try:
+            listed = (sysfs / f"cpu{cpu}" / "topology" / "thread_siblings_list").read_text()
+        except OSError:
+            listed = str(cpu)
+        siblings = sorted(set(parse_cpu_list(listed)) & set(cpus))
+        groups.setdefault(siblings[0] if siblings else cpu, siblings or [cpu])
+    return [groups[first] for first in sorted(groups)]
+
+
+def parse_cpu_list(text: str) -> list[int]:
+    """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11] (the kernel's CPU list format)."""
+    cpus: list[int] = []
+    for part in text.strip().split(","):
+        low, _, high = part.partition("-")
+        cpus += range(int(low), int(high or low) + 1)
+    return cpus
+
+
+def cpu_slices(cores: Sequence[Sequence[int]], parts: int) -> list[list[int]]:
+    """Whole physical cores dealt out in contiguous runs, as evenly as they go, so no two parts
+    share a core: two busy threads on one core's hardware threads slow each other, and which
+    servers' threads met there changed from run to run (BENCHMARKS.md, "This host's noise")."""
+    if parts < 1 or len(cores) < parts:
+        raise ValueError(f"{len(cores)} physical cores cannot give {parts} parts one each")
+    per, extra = divmod(len(cores), parts)
+    slices, at = [], 0
+    for i in range(parts):
+        n = per + (1 if i < extra else 0)
+        slices.append(sorted(cpu for core in cores[at : at + n] for cpu in core))
+        at += n
+    return slices
+
+
+def pin_plan(spec: str, cpus: Collection[int], servers: int,
+             sysfs: Path = Path("/sys/devices/system/cpu")) -> list[list[int]]:  # fmt: skip
+    """--pin-cpus K/N: the K-th of N equal shares of `cpus` by physical core, cut into one
+    slice for the benchmark process and one for each of `servers`."""
+    share, _, shares = spec.partition("/")
+    if not (share.isdigit() and shares.isdigit() and 1 <= int(share) <= int(shares)):
+        raise ValueError("give K/N with 1 <= K <= N")
+    cores = cpu_slices(core_groups(cpus, sysfs), int(shares))[int(share) - 1]
+    return cpu_slices(core_groups(cores, sysfs), 1 + servers)
+
+
 def launch(servers: list[Server], out: Path, sim: bool) -> None:
     """Start every server: GPUs in parallel, the servers of one GPU one after another, each
     once the previous one has sized its memory (verify.MEMORY_SIZED)."""
@@ -304,10 +362,13 @@ def launch(servers: list[Server], out: Path, sim: bool) -> None:
                        SIM_THRESHOLD[server.name], "--max-running-requests", "128", "--seed",
                        str(server.port)]  # fmt: skip
                 with open(out / f"{server.name}.log", "wb") as log:
-                    server.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+                    pin = None if server.cpus is None else verify.pin_to(server.cpus)
+                    server.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                                   preexec_fn=pin)  # fmt: skip
                 continue
             env = {**server.env, "CUDA_VISIBLE_DEVICES": server.gpu}
-            server.proc = verify.start(server.name, server.args, server.port, out, env)
+            server.proc = verify.start(server.name, server.args, server.port, out, env,
+                                       cpus=server.cpus)  # fmt: skip
             if i + 1 < len(group):
                 verify.wait_for_log(out / f"{server.name}.log", verify.MEMORY_SIZED, server.proc)
 
@@ -386,6 +447,20 @@ def main() -> int:
     parser.add_argument("--profile-levels", default="",
                         help="after the sweep, a torch profile of 24 decode steps per server at "
                         "each of these levels, summarised into OUT/profiles.txt")  # fmt: skip
+    parser.add_argument(
+        "--new-tokens",
+        default=",".join(map(str, NEW_TOKENS)),
+        help="MIN,MAX: each request's new tokens, drawn uniformly (the sweep's "
+        "workload is the default; other ranges get their own report section)",
+    )
+    parser.add_argument("--prefill-graph-tokens", type=int, default=0,
+                        help="prefills up to this many tokens replay SGLang's breakable CUDA "
+                        "graphs, as SGLang does by default (0: eager prefills, as jobs 1-24 "
+                        "ran; their own report section otherwise)")  # fmt: skip
+    parser.add_argument("--pin-cpus", default="",
+                        help="K/N: take the K-th of N equal shares of the host's physical cores "
+                        "(two runs on one host: 1/2 and 2/2) and give this process (clients, "
+                        "router) and each server a slice of whole cores of its own")  # fmt: skip
     parser.add_argument("--profile-servers", default="",
                         help="comma-separated, the servers --profile-levels profiles (default: "
                         "all)")  # fmt: skip
@@ -421,6 +496,23 @@ def main() -> int:
     if bad := set(profiled) - set(main_servers + extras):
         parser.error(f"--profile-servers: {sorted(bad)} not among --servers/--extra")
     learn_pattern = [int(c) for c in args.learn_pattern.split(",")]
+    try:
+        low, high = (int(n) for n in args.new_tokens.split(","))
+    except ValueError:
+        parser.error(f"--new-tokens {args.new_tokens!r}: give MIN,MAX, two whole numbers")
+    if not 1 <= low <= high:
+        parser.error(f"--new-tokens {args.new_tokens!r}: need 1 <= MIN <= MAX")
+    new_tokens = (low, high)
+    if args.prefill_graph_tokens < 0:
+        parser.error("--prefill-graph-tokens: 0 (eager prefills) or a positive token count")
+    names = [*main_servers, *extras]
+    pinned: list[list[int]] | None = None
+    if args.pin_cpus:
+        try:
+            pinned = pin_plan(args.pin_cpus, os.sched_getaffinity(0), servers=len(names))
+        except ValueError as exc:
+            parser.error(f"--pin-cpus {args.pin_cpus!r}: {exc}")
+        os.sched_setaffinity(0, pinned[0])  # the clients' threads, and the router it starts
     # Servers admit and capture graphs up to the largest level anything runs at, profiles too.
     top = max(levels + extra_levels + profile_levels)
     models = args.models
@@ -436,6 +528,7 @@ def main() -> int:
         max_graph_batch=top,
         dummy_weights=False,
         sleep_on_idle=not args.busy_idle,
+        prefill_graph_tokens=args.prefill_graph_tokens,
     )
     if args.tp > 1:
         common += ["--tp-size", str(args.tp)]
@@ -445,7 +538,6 @@ def main() -> int:
         parser.error(f"--tp {args.tp}: only {len(gpus)} GPUs in CUDA_VISIBLE_DEVICES")
     # Tensor-parallel servers each span the same first --tp GPUs; single-GPU ones spread out.
     placements = [",".join(gpus[: args.tp])] if args.tp > 1 else gpus
-    names = [*main_servers, *extras]
     profile_reserve = (args.warmup + args.seconds + 10) * len(profiled) * len(profile_levels)
     profile_reserve += 30 if profile_levels else 0
     upstream_site = os.environ.get("SPECGATE_UPSTREAM_SITE")
@@ -467,6 +559,7 @@ def main() -> int:
             engine_args(name, common, eagle, adaptive),
             envs[name],
             router_port=args.port_base + ROUTER_OFFSET if name in ROUTED else None,
+            cpus=pinned[1 + i] if pinned else None,
         )
         for i, name in enumerate(names)
     ]
@@ -474,12 +567,15 @@ def main() -> int:
         "date": time.strftime("%Y-%m-%d"), "engine": args.engine,
         "shape": "Llama 3B-class (hidden 3072, 28 layers, GQA 24/8), synthetic pair, bf16",
         "temperature": args.temperature, "c": args.c,
+        "new_tokens": list(new_tokens), "prefill_graph_tokens": args.prefill_graph_tokens,
+        "benchmark_cpus": pinned[0] if pinned else None,
         "predicted_accept_length": round(acceptance(args.c, args.temperature, 3)[1], 3),
         "levels": levels, "repeat": args.repeat, "seconds": args.seconds,
         "warmup": args.warmup, "extra": extras, "extra_levels": extra_levels,
         "tp": args.tp, "max_running": top, "learn_seconds": args.learn_seconds,
         "probe_interval_seconds": args.probe_interval,
-        "servers": {s.name: {"port": s.port, "gpu": s.gpu, "env": s.env, "args": s.args}
+        "servers": {s.name: {"port": s.port, "gpu": s.gpu, "env": s.env, "args": s.args,
+                            "cpus": s.cpus}
                     for s in servers},
         "windows": [], "router_log": [],
     }  # fmt: skip
@@ -514,7 +610,9 @@ def main() -> int:
                 status, body = verify.call(specgate.port, "/set_internal_state", {
                     "server_args": {"speculative_disable_batch_threshold": value}})  # fmt: skip
                 assert status == 200, body
-                got = window(specgate, 4, 1.0, 0.3, args.temperature, seed=99)
+                got = window(
+                    specgate, 4, 1.0, 0.3, args.temperature, seed=99, new_tokens=new_tokens
+                )
                 verify.log(f"switch-first: threshold {value}: {got}")
             results["switched_first"] = True
         learn_until = time.time() + args.learn_seconds
@@ -522,7 +620,8 @@ def main() -> int:
         while time.time() < learn_until:
             assert specgate is not None and specgate.router_port is not None
             c = learn_pattern[step % len(learn_pattern)]
-            got = window(specgate, c, args.learn_hold, 0.5, args.temperature, seed=10_000 + step)
+            got = window(specgate, c, args.learn_hold, 0.5, args.temperature,
+                         seed=10_000 + step, new_tokens=new_tokens)  # fmt: skip
             view = router_view(specgate.router_port)
             results["router_log"].append({"t": round(time.time() - began, 1), "phase": "learn",
                                           "clients": c, "mean_batch": got["mean_batch"],
@@ -548,7 +647,7 @@ def main() -> int:
                 verify.log(results["stopped_early"])
                 break
             got = window(by_name[name], c, args.seconds, args.warmup, args.temperature,
-                         seed=c * 100 + rep)  # fmt: skip
+                         seed=c * 100 + rep, new_tokens=new_tokens)  # fmt: skip
             got.update(server=name, c=c, rep=rep)
             if name.removesuffix("-direct") in ROUTED:
                 assert specgate is not None and specgate.router_port is not None
@@ -564,7 +663,8 @@ def main() -> int:
         for c in profile_levels if not sim else []:
             for name in profiled:
                 window(by_name[name], c, args.seconds, args.warmup, args.temperature, seed=7,
-                       profile=out / "profiles" / f"{name}-c{c}")  # fmt: skip
+                       profile=out / "profiles" / f"{name}-c{c}",
+                       new_tokens=new_tokens)  # fmt: skip
         if profile_levels and not sim:
             summary = subprocess.run(
                 [sys.executable, str(REPO / "worker-image" / "gputest" / "profile_summary.py"),

@@ -198,7 +198,8 @@ def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
     second = run(tmp_path / "second", "--port-base", "31300", "--levels", "2",
                  "--servers", "always-on,specgate-probes", "--extra", "upstream-always-on",
                  "--extra-levels", "2", "--tp", "2", "--direct-too",
-                 "--probe-interval", "90", "--busy-idle")  # fmt: skip
+                 "--probe-interval", "90", "--busy-idle", "--new-tokens", "16,32",
+                 "--prefill-graph-tokens", "512")  # fmt: skip
     for proc in (first, second):
         output, _ = proc.communicate(timeout=240)
         assert proc.returncode == 0, output[-3000:]
@@ -244,6 +245,14 @@ def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
         "PYTHONPATH": "/opt/sglang-unpatched"}  # fmt: skip
     launched = [s for s in second_result["servers"].values() if "direct_of" not in s]
     assert launched and not any("--sleep-on-idle" in s["args"] for s in launched)
+    # Another workload: recorded, and prefills replay SGLang's breakable graphs, not eager.
+    assert second_result["new_tokens"] == [16, 32] and second_result["prefill_graph_tokens"] == 512
+    for server in launched:
+        assert "--disable-prefill-cuda-graph" not in server["args"]
+        at = server["args"].index("--cuda-graph-max-bs-prefill")
+        assert server["args"][at + 1] == "512" and "breakable" in server["args"]
+    assert all("--disable-prefill-cuda-graph" in s["args"] for s in result["servers"].values())
+    assert result["new_tokens"] == [64, 192] and result["prefill_graph_tokens"] == 0
     assert all(w["errors"] == 0 and w["tok_s"] > 0 for w in second_result["windows"])
     assert "error" not in second_result
 
@@ -257,6 +266,11 @@ def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
         # A learning phase shorter than the probing router's first-probe delay learns nothing.
         (["--servers", "plain,specgate-probes", "--learn-seconds", "48"],
          "--learn-seconds 48: specgate-probes' first probe comes 60 s after"),
+        (["--new-tokens", "128"], "--new-tokens '128': give MIN,MAX"),
+        (["--new-tokens", "192,64"], "need 1 <= MIN <= MAX"),
+        (["--prefill-graph-tokens", "-1"], "--prefill-graph-tokens: 0 (eager prefills)"),
+        (["--pin-cpus", "3/2"], "--pin-cpus '3/2': give K/N with 1 <= K <= N"),
+        (["--pin-cpus", "1/4096"], "cannot give 4096 parts one each"),
     ],
 )  # fmt: skip
 def test_gpu_envelope_refuses_bad_arguments(tmp_path: Path, args: list[str], message: str) -> None:
@@ -303,6 +317,45 @@ def test_a_job_at_another_temperature_gets_a_section_of_its_own(
     assert (out / "gpu_envelope_tp1_t1.png").exists()
 
 
+def test_a_job_with_another_workload_gets_a_section_of_its_own(
+    report: ModuleType, tmp_path: Path
+) -> None:
+    """Longer requests or prefill CUDA graphs shrink the prefills' share of a server's time,
+    so off over plain moves: such a job stays out of the sweep's table and the simulator's
+    check, and says how its workload differs."""
+    envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
+    assert report.SWEEP_NEW_TOKENS == envelope.NEW_TOKENS
+
+    def job(plain: float, **workload: object) -> dict[str, object]:
+        windows = [window("plain", 4, plain), window("always-on", 4, 900, accept=3.0),
+                   window("specgate-probes", 4, plain, steps_on=0, steps_off=50)]  # fmt: skip
+        return {"tp": 1, "temperature": 0.9, "predicted_accept_length": 3.0,
+                "windows": windows, **workload}  # fmt: skip
+
+    jobs = {"gpu-envelope-1-sweep.json": job(1000, new_tokens=[64, 192]),
+            "gpu-envelope-2-long.json": job(1500, new_tokens=[512, 1024]),
+            "gpu-envelope-3-graphs.json": job(1700, prefill_graph_tokens=2048),
+            "gpu-envelope-4-pinned.json": job(800, servers={
+                "plain": {"cpus": [4, 5, 6, 7]}, "always-on": {"cpus": [8, 9, 10]}})}  # fmt: skip
+    for name, result in jobs.items():
+        (tmp_path / name).write_text(json.dumps(result))
+    out = tmp_path / "out"
+    assert report.main([*(str(tmp_path / n) for n in jobs), "--out", str(out)]) == 0
+    md = (out / "gpu_envelope.md").read_text()
+    sweep, *others = md.split("## Another workload")
+    assert "1-sweep" in sweep
+    assert not any(run in sweep for run in ("2-long", "3-graphs", "4-pinned"))
+    assert [o.split(")")[0] for o in others] == [
+        " (512-1024 new tokens a request",
+        " (each server pinned to 3-4 CPUs",
+        " (prefill CUDA graphs up to 2048 tokens",
+    ]
+    summary = json.loads((out / "gpu_envelope.json").read_text())
+    assert summary["stats"]["plain"]["4"]["tok_s"] == 1000
+    long_run = summary["tp1_t0.9_512-1024-new-tokens-a-request"]
+    assert long_run["stats"]["plain"]["4"]["tok_s"] == 1500
+
+
 def test_a_run_whose_idle_servers_slept_is_told_apart(report: ModuleType) -> None:
     """A run counts as asleep only if every server it launched had --sleep-on-idle (the
     routed engine measured direct is no server of its own)."""
@@ -338,3 +391,48 @@ def test_the_simulator_is_checked_at_a_held_out_acceptance(report: ModuleType) -
     assert at_128["error"] == round(at_128["simulated"] / (11670 / 10760) - 1, 3)
     # A weaker draft moves the simulated crossover down from the sweep's.
     assert check["simulated_crossover_batch"] < base.crossover_batch()
+
+
+def test_pinning_deals_whole_physical_cores(tmp_path: Path) -> None:
+    """--pin-cpus: sibling hardware threads (as sysfs lists them) stay together, a run's share
+    is whole cores, and its slices (benchmark process first, then each server) never meet."""
+    envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
+    assert envelope.parse_cpu_list("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
+    sysfs = tmp_path / "cpu"
+    for cpu in range(16):  # 8 cores, siblings n and n + 8, as on many x86 hosts
+        topology = sysfs / f"cpu{cpu}" / "topology"
+        topology.mkdir(parents=True)
+        (topology / "thread_siblings_list").write_text(f"{cpu % 8},{cpu % 8 + 8}\n")
+    cores = envelope.core_groups(range(16), sysfs)
+    assert cores == [[n, n + 8] for n in range(8)]
+    # A CPU sysfs does not describe is a core of its own; siblings outside the set drop out.
+    assert envelope.core_groups([0, 1, 99], sysfs) == [[0], [1], [99]]
+    first = envelope.pin_plan("1/2", range(16), servers=3, sysfs=sysfs)
+    second = envelope.pin_plan("2/2", range(16), servers=3, sysfs=sysfs)
+    assert first == [[0, 8], [1, 9], [2, 10], [3, 11]]
+    assert second == [[4, 12], [5, 13], [6, 14], [7, 15]]
+    assert envelope.cpu_slices(cores, 3) == [[0, 1, 2, 8, 9, 10], [3, 4, 5, 11, 12, 13],
+                                             [6, 7, 14, 15]]  # fmt: skip
+    with pytest.raises(ValueError, match="8 physical cores cannot give 9 parts"):
+        envelope.cpu_slices(cores, 9)
+    with pytest.raises(ValueError, match="give K/N"):
+        envelope.pin_plan("0/2", range(16), servers=1, sysfs=sysfs)
+
+
+def test_a_pinned_server_and_its_children_run_on_their_cpus() -> None:
+    """verify.start's preexec pin: set in the child before Python starts, so the processes a
+    server spawns (SGLang's scheduler) inherit it."""
+    import subprocess
+
+    sys.path.insert(0, str(ROOT / "worker-image" / "gputest"))
+    try:
+        import verify
+    finally:
+        sys.path.pop(0)
+    one = min(os.sched_getaffinity(0))
+    code = ("import os, subprocess, sys; print(sorted(os.sched_getaffinity(0))); "
+            "subprocess.run([sys.executable, '-c', "
+            "'import os; print(sorted(os.sched_getaffinity(0)))'])")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          preexec_fn=verify.pin_to([one]), timeout=60)  # fmt: skip
+    assert done.stdout.split() == [f"[{one}]", f"[{one}]"]

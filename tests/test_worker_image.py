@@ -727,6 +727,7 @@ def test_off_step_job_orchestration_without_a_gpu(gpus: int, tmp_path: Path) -> 
     runner = tmp_path / "run.sh"
     runner.write_text(f"""#!/usr/bin/env bash
 echo "${{CUDA_VISIBLE_DEVICES:-none}} $3" >> {calls}
+echo "$3 ${{*:4}}" >> {calls}.args
 mkdir -p "$2"
 case "$3" in
   verify) echo '{{"all_passed": true}}' > "$2/results.json" ;;
@@ -737,7 +738,8 @@ esac
     for script in (smi, runner):
         script.chmod(0o755)
     out = tmp_path / "out"
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OFF_STEP_RUN": str(runner)}
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OFF_STEP_RUN": str(runner),
+           "OFF_STEP_CHECK_ARGS": "--prefill-graph-tokens 4096"}  # fmt: skip
     result = subprocess.run(["bash", str(ROOT / "worker-image" / "gputest" / "off-step-2gpu.sh"),
                              "site.tar.xz", str(out)], capture_output=True, text=True,
                             env=env, timeout=60)  # fmt: skip
@@ -748,6 +750,11 @@ esac
                                       "1 bench/gpu_envelope.py"])  # fmt: skip
     else:
         assert ran == ["none none", "0 verify", "0 bench/gpu_envelope.py"]
+    # OFF_STEP_CHECK_ARGS reach the checks, not the speed runs.
+    args = dict(line.split(" ", 1) for line in Path(f"{calls}.args").read_text().splitlines())
+    assert args["verify"] == "--prefill-graph-tokens 4096"
+    assert args.get("draftkv", "--prefill-graph-tokens 4096") == "--prefill-graph-tokens 4096"
+    assert "--prefill-graph-tokens" not in args["bench/gpu_envelope.py"]
     top = sorted(p.name for p in out.iterdir())
     assert len(top) <= 8 and all(p.is_file() for p in out.iterdir())
     assert {"verify.json", "envelope.json", "logs.tar.xz"} <= set(top)
@@ -755,3 +762,36 @@ esac
     with tarfile.open(out / "logs.tar.xz") as archive:
         names = archive.getnames()
     assert "envelope/plain.log" in names and "setup/setup.log" in names
+
+
+def test_workload_ab_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
+    """bench/workload-ab-2gpu.sh with the GPU runner stood in for: the long-request A/B on GPU
+    0 beside the prefill-graph A/B on GPU 1, each told its one change to the sweep's workload,
+    and the results back as at most 8 files at the top, the rest in one archive."""
+    import tarfile
+
+    calls = tmp_path / "calls.txt"
+    runner = tmp_path / "run.sh"
+    runner.write_text(f"""#!/usr/bin/env bash
+echo "${{CUDA_VISIBLE_DEVICES:-none}} ${{*:3}}" >> {calls}
+mkdir -p "$2"
+[ "$3" = none ] || {{ echo '{{"windows": []}}' > "$2/envelope.json"; echo log > "$2/plain.log"; }}
+""")  # fmt: skip
+    runner.chmod(0o755)
+    out = tmp_path / "out"
+    env = {**os.environ, "WORKLOAD_AB_RUN": str(runner)}
+    result = subprocess.run(["bash", str(ROOT / "bench" / "workload-ab-2gpu.sh"), "site.tar.xz",
+                             str(out), "--temperature", "0.9"], capture_output=True, text=True,
+                            env=env, timeout=60)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    ran = dict(line.split(" ", 1) for line in calls.read_text().splitlines() if line[0] != "n")
+    assert set(ran) == {"0", "1"}
+    assert "--new-tokens 512,1024" in ran["0"] and "--prefill-graph-tokens" not in ran["0"]
+    assert "--prefill-graph-tokens 2048" in ran["1"] and "--new-tokens" not in ran["1"]
+    assert all("--extra patched-off" in a and a.endswith("--temperature 0.9") for a in ran.values())
+    top = sorted(p.name for p in out.iterdir())
+    assert len(top) <= 8 and all(p.is_file() for p in out.iterdir())
+    assert {"long.json", "graphs.json", "logs.tar.xz"} <= set(top)
+    with tarfile.open(out / "logs.tar.xz") as archive:
+        names = archive.getnames()
+    assert {"long/plain.log", "graphs/plain.log", "setup/setup.log"} <= set(names)

@@ -109,6 +109,9 @@ def main() -> int:
     parser.add_argument("--c", type=float, default=12.0, help="synthetic pair: the repeat logit")
     parser.add_argument("--mem-fraction", type=float, default=0.3)
     parser.add_argument("--port", type=int, default=32300)
+    parser.add_argument("--prefill-graph-tokens", type=int, default=0,
+                        help="replay SGLang's breakable prefill CUDA graphs up to this many "
+                        "tokens, as SGLang does by default (0: eager prefills)")  # fmt: skip
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -118,7 +121,8 @@ def main() -> int:
     flip = context_flip(args.prefix, args.gain, SHAPE["hidden"], kv_dim)
     results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "shape": SHAPE,
                                "gain": args.gain, "prefix": args.prefix, "flip_point": flip,
-                               "clients": CLIENTS, "window_s": WINDOW, "runs": {}}  # fmt: skip
+                               "clients": CLIENTS, "window_s": WINDOW, "runs": {},
+                               "prefill_graph_tokens": args.prefill_graph_tokens}  # fmt: skip
     models = Path("/tmp/specgate-models-draftkv")
     began = time.time()
     subprocess.run([sys.executable, str(HERE / "synthetic.py"), str(models),
@@ -127,7 +131,8 @@ def main() -> int:
                    check=True, timeout=600)  # fmt: skip
     log(f"pair written in {time.time() - began:.0f}s; flip point {flip:.0f} tokens")
     flags = [*server_flags(models / "target", mem_fraction=args.mem_fraction, max_running=16,
-                           max_graph_batch=16, dummy_weights=False),
+                           max_graph_batch=16, dummy_weights=False,
+                           prefill_graph_tokens=args.prefill_graph_tokens),
              *EAGLE, "--speculative-draft-model-path", str(models / "draft"),
              "--speculative-disable-batch-threshold", "0"]  # fmt: skip
     proc = start("draftkv", flags, args.port, out, {})

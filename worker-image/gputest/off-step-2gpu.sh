@@ -9,7 +9,8 @@
 # Results land in OUT: verify.json, draftkv.json, envelope.json, their logs, the profile summary
 # (off-step-functions.txt) and logs.tar.xz (server logs and torch profiles).
 #   bash worker-image/gputest/off-step-2gpu.sh [site312.tar.xz] [out-dir] [envelope args...]
-# Extra arguments go to gpu_envelope.py (e.g. --extra patched-off,patched-off-upstream-extend).
+# Extra arguments go to gpu_envelope.py (e.g. --extra patched-off,patched-off-upstream-extend);
+# OFF_STEP_CHECK_ARGS to verify.py and draftkv.py (e.g. --prefill-graph-tokens 4096).
 # The correctness checks and the speed runs use different GPUs on purpose: a server that starts
 # beside others counts their memory against its --mem-fraction-static.
 set -uo pipefail
@@ -23,10 +24,14 @@ checks() {
   export CUDA_VISIBLE_DEVICES=0
   # verify took 169 s beside the speed runs in job 15, and its patched server 141 s to start
   # beside another server in the eighth session: 330 s leaves room.
-  timeout 330 bash "$RUN" "$ARCHIVE" "$OUT/verify" verify > "$OUT/verify.log" 2>&1
+  # shellcheck disable=SC2086
+  timeout 330 bash "$RUN" "$ARCHIVE" "$OUT/verify" verify ${OFF_STEP_CHECK_ARGS:-} \
+    > "$OUT/verify.log" 2>&1
   echo "verify: exit $?" >> "$OUT/verify.log"
   if [ "$GPUS" -gt 1 ] || [ "${OFF_STEP_DRAFTKV:-0}" = 1 ]; then
-    timeout 250 bash "$RUN" "$ARCHIVE" "$OUT/draftkv" draftkv > "$OUT/draftkv.log" 2>&1
+    # shellcheck disable=SC2086
+    timeout 250 bash "$RUN" "$ARCHIVE" "$OUT/draftkv" draftkv ${OFF_STEP_CHECK_ARGS:-} \
+      > "$OUT/draftkv.log" 2>&1
     echo "draftkv: exit $?" >> "$OUT/draftkv.log"
   fi
 }

@@ -29,6 +29,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 KEY = "gputest-key"
@@ -96,16 +97,24 @@ def server_flags(
     max_graph_batch: int | None = None,
     dummy_weights: bool = True,
     sleep_on_idle: bool = False,
+    prefill_graph_tokens: int = 0,
 ) -> list[str]:
     """COMMON for one target model: its weights (random with `dummy_weights`), its share of the
     GPU, and where set the running-request cap and the largest decode CUDA-graph batch.
 
     `sleep_on_idle`: for benchmarks that run servers side by side. An idle SGLang scheduler
     otherwise polls its sockets in a busy loop, one thread at 100% of a core each, and the
-    server being measured shares the host's cores with every idle one."""
+    server being measured shares the host's cores with every idle one.
+
+    `prefill_graph_tokens`: above 0, prefills of up to that many tokens replay SGLang's
+    breakable CUDA graphs (its default outside these tests) instead of running eagerly."""
     flags = [*COMMON, "--model-path", str(target)]
     if sleep_on_idle:
         flags.append("--sleep-on-idle")
+    if prefill_graph_tokens > 0:
+        flags.remove("--disable-prefill-cuda-graph")
+        flags += ["--cuda-graph-backend-prefill", "breakable",
+                  "--cuda-graph-max-bs-prefill", str(prefill_graph_tokens)]  # fmt: skip
     if not dummy_weights:
         at = flags.index("--load-format")
         del flags[at : at + 2]
@@ -166,8 +175,15 @@ draft-KV-only write (the patch's prefill before 2026-11-30's eighth session)."""
 
 
 def start(
-    name: str, args: list[str], port: int, logs: Path, env: dict[str, str] | None = None
+    name: str,
+    args: list[str],
+    port: int,
+    logs: Path,
+    env: dict[str, str] | None = None,
+    cpus: Collection[int] | None = None,
 ) -> subprocess.Popen[bytes]:
+    """Launch one SGLang server; with `cpus`, it and every process it spawns run on those
+    CPUs only (set in the child before it starts Python: inherited by the scheduler)."""
     log(f"starting {name} on :{port}" + (f" with {env}" if env else ""))
     out = open(logs / f"{name}.log", "wb")  # noqa: SIM115 (the server process writes it)
     return subprocess.Popen(
@@ -175,7 +191,14 @@ def start(
         stdout=out,
         stderr=subprocess.STDOUT,
         env={**os.environ, **(env or {})},
+        preexec_fn=None if cpus is None else pin_to(cpus),
     )
+
+
+def pin_to(cpus: Collection[int]) -> Callable[[], None]:
+    """A preexec_fn that confines the child process (and what it spawns) to `cpus`."""
+    chosen = set(cpus)
+    return lambda: os.sched_setaffinity(0, chosen)
 
 
 def wait_healthy(port: int, proc: subprocess.Popen[bytes], timeout: float = 420) -> float:
@@ -379,12 +402,20 @@ def main() -> int:
     )
     parser.add_argument("--port", type=int, default=30100, help="patched server; plain at +100")
     parser.add_argument("--mem-fraction", type=float, default=0.35, help="of each GPU per server")
+    parser.add_argument(
+        "--prefill-graph-tokens",
+        type=int,
+        default=0,
+        help="both servers replay SGLang's breakable prefill CUDA graphs up to this many "
+        "tokens, as SGLang does by default (0: eager prefills)",
+    )
     args = parser.parse_args()
     spec_port, plain_port = args.port, args.port + 100
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     models = Path(f"/tmp/specgate-models-{spec_port}")  # per run: runs may share a machine
-    common = [*server_flags(models / "target", mem_fraction=args.mem_fraction),
+    common = [*server_flags(models / "target", mem_fraction=args.mem_fraction,
+                            prefill_graph_tokens=args.prefill_graph_tokens),
               "--tp-size", str(args.tp)]  # fmt: skip
     (models / "target").mkdir(parents=True, exist_ok=True)
     (models / "draft").mkdir(parents=True, exist_ok=True)
@@ -396,6 +427,7 @@ def main() -> int:
         "date": time.strftime("%Y-%m-%d"),
         "tp": args.tp,
         "upstream_extend": args.upstream_extend,
+        "prefill_graph_tokens": args.prefill_graph_tokens,
     }
     try:
         spec_args = [*common, *EAGLE, "--speculative-draft-model-path", str(models / "draft"),
