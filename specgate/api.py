@@ -35,7 +35,7 @@ QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"
 RESERVED_ENGINE_FLAGS = (
     "model-path|served-model-name|revision|dtype|context-length|tp|tp-size|tensor-parallel-size"
     "|host|port|api-key|enable-metrics|speculative-[a-z-]+|mem-fraction-static"
-    "|max-running-requests|cuda-graph-max-bs"
+    "|max-running-requests|cuda-graph-max-bs(-decode)?"
 )
 
 KubeObject = Annotated[
@@ -258,7 +258,7 @@ class EngineSpec(_Model):
     max_running_requests: int | None = Field(default=None, ge=1, le=65536)
     """Cap on concurrently running requests per pod (`--max-running-requests`)."""
     cuda_graph_max_bs: int | None = Field(default=None, ge=1, le=4096)
-    """Largest batch captured in CUDA graphs (`--cuda-graph-max-bs`)."""
+    """Largest decode batch captured in CUDA graphs (`--cuda-graph-max-bs-decode`)."""
     extra_args: list[str] = Field(default_factory=list, max_length=64)
     """Further SGLang flags, appended verbatim."""
     env: list[KubeObject] = Field(default_factory=list, max_length=128)

@@ -130,7 +130,8 @@ def test_every_spec_field_reaches_the_manifests(full: api.SpecDecodeDeployment) 
     assert _flag(args, "--port") == "31000"
     assert _flag(args, "--mem-fraction-static") == "0.8"
     assert _flag(args, "--max-running-requests") == "128"
-    assert _flag(args, "--cuda-graph-max-bs") == "64"
+    assert _flag(args, "--cuda-graph-max-bs-decode") == "64"
+    assert "--cuda-graph-max-bs" not in args  # 0.5.17's deprecated alias
     assert args[-2:] == ["--log-level", "debug"]
     assert "--enable-metrics" in args
     assert _flag(args, "--api-key") == "$(SPECGATE_ENGINE_API_KEY)"

@@ -130,6 +130,12 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "extraArgs may not set flags the operator renders",
     ),
     (
+        "cel-extra-args-override-graph-batch",
+        {"engine": {"extraArgs": ["--cuda-graph-max-bs-decode=32"]}},
+        "spec.engine",
+        "use the matching spec field",
+    ),
+    (
         "cel-extra-args-override-threshold",
         {"engine": {"extraArgs": ["--speculative-disable-batch-threshold", "3"]}},
         "spec.engine",

@@ -127,7 +127,8 @@ def engine_args(sdd: api.SpecDecodeDeployment) -> list[str]:
     if engine.max_running_requests is not None:
         args += ["--max-running-requests", str(engine.max_running_requests)]
     if engine.cuda_graph_max_bs is not None:
-        args += ["--cuda-graph-max-bs", str(engine.cuda_graph_max_bs)]
+        # SGLang 0.5.17 keeps --cuda-graph-max-bs only as a deprecated alias of this one.
+        args += ["--cuda-graph-max-bs-decode", str(engine.cuda_graph_max_bs)]
     return args + list(engine.extra_args)
 
 
