@@ -617,6 +617,24 @@ def test_profile_summary_splits_a_decode_steps_host_time(tmp_path: Path) -> None
     assert functions == {"forward": 800.0, "draft_extend": 150.0}
     # --kind EXTEND: the prefill's steps alone.
     assert summary.step_functions(trace, "EXTEND") == (1, 5000.0, {"forward": 4000.0})
+    # --part: the loop's other ranges on the steps' thread (a nested repeat once), per range.
+    more = [
+        span("user_annotation", "scheduler.get_next_batch_to_run", 1000, 400),
+        span("user_annotation", "scheduler.get_next_batch_to_run", 1010, 300),  # nested
+        span("python_function", "prepare_for_decode", 1020, 200),
+        span("user_annotation", "scheduler.get_next_batch_to_run", 5000, 600),
+        span("python_function", "prepare_for_decode", 5010, 400),
+        span("python_function", "filter_batch", 5420, 100),
+        span("user_annotation", "scheduler.get_next_batch_to_run", 5000, 600, tid=2),
+        span("python_function", "prepare_for_decode", 5010, 500, tid=2),
+    ]
+    with gzip.open(trace, "wt") as fh:
+        json.dump({"traceEvents": events + more}, fh)
+    assert summary.step_functions(trace, part="get_next_batch_to_run") == (
+        2,
+        500.0,
+        {"prepare_for_decode": 300.0, "filter_batch": 50.0},
+    )
 
 
 def test_profile_summary_splits_the_scheduler_thread_by_kind_of_step(tmp_path: Path) -> None:
@@ -738,8 +756,9 @@ esac
     for script in (smi, runner):
         script.chmod(0o755)
     out = tmp_path / "out"
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OFF_STEP_RUN": str(runner),
-           "OFF_STEP_CHECK_ARGS": "--prefill-graph-tokens 4096"}  # fmt: skip
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OFF_STEP_RUN": str(runner)}
+    if gpus == 1:  # the checks' arguments can be chosen; by default prefill graphs as deployed
+        env["OFF_STEP_CHECK_ARGS"] = "--checks control"
     result = subprocess.run(["bash", str(ROOT / "worker-image" / "gputest" / "off-step-2gpu.sh"),
                              "site.tar.xz", str(out)], capture_output=True, text=True,
                             env=env, timeout=60)  # fmt: skip
@@ -750,11 +769,12 @@ esac
                                       "1 bench/gpu_envelope.py"])  # fmt: skip
     else:
         assert ran == ["none none", "0 verify", "0 bench/gpu_envelope.py"]
-    # OFF_STEP_CHECK_ARGS reach the checks, not the speed runs.
+    # Checks and speed runs replay prefill graphs unless told otherwise (OFF_STEP_CHECK_ARGS
+    # for the checks, the script's own arguments for the speed runs).
     args = dict(line.split(" ", 1) for line in Path(f"{calls}.args").read_text().splitlines())
-    assert args["verify"] == "--prefill-graph-tokens 4096"
-    assert args.get("draftkv", "--prefill-graph-tokens 4096") == "--prefill-graph-tokens 4096"
-    assert "--prefill-graph-tokens" not in args["bench/gpu_envelope.py"]
+    checks = "--prefill-graph-tokens 4096" if gpus == 2 else "--checks control"
+    assert args["verify"] == checks and args.get("draftkv", checks) == checks
+    assert "--prefill-graph-tokens 2048" in args["bench/gpu_envelope.py"]
     top = sorted(p.name for p in out.iterdir())
     assert len(top) <= 8 and all(p.is_file() for p in out.iterdir())
     assert {"verify.json", "envelope.json", "logs.tar.xz"} <= set(top)

@@ -10,7 +10,9 @@
 # (off-step-functions.txt) and logs.tar.xz (server logs and torch profiles).
 #   bash worker-image/gputest/off-step-2gpu.sh [site312.tar.xz] [out-dir] [envelope args...]
 # Extra arguments go to gpu_envelope.py (e.g. --extra patched-off,patched-off-upstream-extend);
-# OFF_STEP_CHECK_ARGS to verify.py and draftkv.py (e.g. --prefill-graph-tokens 4096).
+# OFF_STEP_CHECK_ARGS to verify.py and draftkv.py. Both run prefills through SGLang's breakable
+# CUDA graphs, its default and the operator's pods' (`--prefill-graph-tokens 0` and
+# OFF_STEP_CHECK_ARGS= run them eagerly, as every job before the tenth session did).
 # The correctness checks and the speed runs use different GPUs on purpose: a server that starts
 # beside others counts their memory against its --mem-fraction-static.
 set -uo pipefail
@@ -18,6 +20,7 @@ cd "$(dirname "$0")/../.."
 ARCHIVE=${1:-.gpu/site312.tar.xz}
 OUT=${2:-${OUT:-out}/off-step}
 RUN=${OFF_STEP_RUN:-worker-image/gputest/run-on-gpu.sh}  # tests put a stand-in here
+CHECK_ARGS=${OFF_STEP_CHECK_ARGS---prefill-graph-tokens 4096}
 mkdir -p "$OUT"
 bash "$RUN" "$ARCHIVE" "$OUT/setup" none > "$OUT/setup.log" 2>&1 || { tail -20 "$OUT/setup.log"; exit 1; }
 checks() {
@@ -25,12 +28,12 @@ checks() {
   # verify took 169 s beside the speed runs in job 15, and its patched server 141 s to start
   # beside another server in the eighth session: 330 s leaves room.
   # shellcheck disable=SC2086
-  timeout 330 bash "$RUN" "$ARCHIVE" "$OUT/verify" verify ${OFF_STEP_CHECK_ARGS:-} \
+  timeout 330 bash "$RUN" "$ARCHIVE" "$OUT/verify" verify $CHECK_ARGS \
     > "$OUT/verify.log" 2>&1
   echo "verify: exit $?" >> "$OUT/verify.log"
   if [ "$GPUS" -gt 1 ] || [ "${OFF_STEP_DRAFTKV:-0}" = 1 ]; then
     # shellcheck disable=SC2086
-    timeout 250 bash "$RUN" "$ARCHIVE" "$OUT/draftkv" draftkv ${OFF_STEP_CHECK_ARGS:-} \
+    timeout 250 bash "$RUN" "$ARCHIVE" "$OUT/draftkv" draftkv $CHECK_ARGS \
       > "$OUT/draftkv.log" 2>&1
     echo "draftkv: exit $?" >> "$OUT/draftkv.log"
   fi
@@ -50,14 +53,20 @@ fi
 CUDA_VISIBLE_DEVICES=$SPEED_GPU timeout 540 bash "$RUN" "$ARCHIVE" "$OUT/envelope" bench/gpu_envelope.py \
   --servers plain --extra patched-off,patched-off-lean --levels 16,64 --extra-levels 16,64 \
   --repeat 6 --mem-fraction 0.25 --port-base 30300 --models /tmp/specgate-models-off-step \
-  --deadline 500 --profile-levels 64 --profile-servers plain,patched-off "${@:3}" \
+  --deadline 500 --profile-levels 64 --profile-servers plain,patched-off \
+  --prefill-graph-tokens 2048 "${@:3}" \
   > "$OUT/envelope.log" 2>&1
 echo "gpu_envelope: exit $?"
 [ -n "$CHECKS" ] && wait "$CHECKS"
 tail -n 1 "$OUT/verify.log" "$OUT"/draftkv.log 2>/dev/null
 if [ -d "$OUT/envelope/profiles" ]; then
-  python3 worker-image/gputest/profile_summary.py "$OUT/envelope/profiles" --functions 50 \
-    > "$OUT/off-step-functions.txt" 2>&1
+  # The decode steps' run_batch, then the loop's two other parts, where an off step's host
+  # time outside run_batch goes.
+  for PART in run_batch get_next_batch_to_run process_batch_result; do
+    echo "# profile_summary.py PROFILES --functions 50 --part $PART"
+    python3 worker-image/gputest/profile_summary.py "$OUT/envelope/profiles" --functions 50 \
+      --part "$PART"
+  done > "$OUT/off-step-functions.txt" 2>&1
 fi
 grep -h "speculation-off steps" "$OUT"/*/*.log 2>/dev/null | sort | uniq -c
 # The device tool returns at most 8 files, 2 folders down: the results at the top, the rest

@@ -6,6 +6,7 @@ For each trace: the span from the first to the last GPU kernel, how much of it t
 
     python3 profile_summary.py out/speed/profiles [--top 15]
     python3 profile_summary.py out/speed/profiles --functions 40 [--kind EXTEND]
+    python3 profile_summary.py out/speed/profiles --functions 40 --part get_next_batch_to_run
 
 --functions N: the host side of a decode step instead. For each trace, the scheduler's
 `run_batch` ranges that hold a `step[DECODE ...]` annotation (`step[EXTEND ...]`, a prefill,
@@ -80,9 +81,16 @@ def summarise(path: Path, top: int) -> dict:
     }
 
 
-def step_functions(path: Path, kind: str = "DECODE") -> tuple[int, float, dict[str, float]]:
+def step_functions(
+    path: Path, kind: str = "DECODE", part: str = "run_batch"
+) -> tuple[int, float, dict[str, float]]:
     """Steps of one kind (DECODE, EXTEND), their mean `run_batch` time, and each Python
-    function's inclusive time per such step (microseconds), from one trace."""
+    function's inclusive time per such step (microseconds), from one trace.
+
+    With `part` another range of the scheduler loop (SCHEDULER_PARTS: get_next_batch_to_run,
+    process_batch_result, ...): every such range on the thread that runs the steps, whatever
+    kind of step it prepares or finishes, and the functions' time per range. An off step's
+    host time outside run_batch is there (job 20: get_next_batch_to_run took twice plain's)."""
     events = load(path)
     ranges = [e for e in events if e.get("cat") == "user_annotation"]
     steps = [e for e in ranges if e["name"].startswith(f"step[{kind}")]
@@ -90,6 +98,10 @@ def step_functions(path: Path, kind: str = "DECODE") -> tuple[int, float, dict[s
         r for r in ranges if r["name"] == "scheduler.run_batch" and any(
             s["tid"] == r["tid"] and r["ts"] <= s["ts"] < r["ts"] + r["dur"] for s in steps)
     ]  # fmt: skip
+    if part != "run_batch":
+        threads = {r["tid"] for r in batches}
+        batches = outermost([r for r in ranges if r["name"] == f"scheduler.{part}"
+                             and r["tid"] in threads])  # fmt: skip
     per_function: dict[str, float] = defaultdict(float)
     functions = [e for e in events if e.get("cat") == "python_function"]
     for r in batches:
@@ -109,6 +121,15 @@ SCHEDULER_PARTS = ("scheduler.get_next_batch_to_run", "scheduler.process_batch_r
 """The scheduler loop's other ranges, beside run_batch, that --steps accounts for."""
 
 
+def outermost(found: list[dict]) -> list[dict]:
+    """Ranges of one name on one thread, nested repeats dropped (the outermost kept)."""
+    kept: list[dict] = []
+    for r in sorted(found, key=lambda r: (r["ts"], -r["dur"])):
+        if not kept or r["ts"] >= kept[-1]["ts"] + kept[-1]["dur"]:
+            kept.append(r)
+    return kept
+
+
 def step_kinds(path: Path) -> dict:
     """Where the scheduler thread's time went, by kind of step: for each kind (DECODE, EXTEND,
     ...) the `run_batch` ranges holding such a step, their count and total time, and the
@@ -120,21 +141,15 @@ def step_kinds(path: Path) -> dict:
         return {}
     tid = batches[0]["tid"]
 
-    def outermost(name: str) -> list[dict]:
-        found = sorted((r for r in ranges if r["name"] == name and r["tid"] == tid),
-                       key=lambda r: (r["ts"], -r["dur"]))  # fmt: skip
-        kept: list[dict] = []
-        for r in found:
-            if not kept or r["ts"] >= kept[-1]["ts"] + kept[-1]["dur"]:
-                kept.append(r)
-        return kept
+    def named(name: str) -> list[dict]:
+        return outermost([r for r in ranges if r["name"] == name and r["tid"] == tid])
 
     def inside(r: dict, e: dict) -> bool:
         return r["ts"] <= e["ts"] and e["ts"] + e["dur"] <= r["ts"] + r["dur"]
 
-    batches = outermost("scheduler.run_batch")
+    batches = named("scheduler.run_batch")
     steps = [r for r in ranges if r["name"].startswith("step[") and r["tid"] == tid]
-    drafts = outermost("draft_extend")
+    drafts = named("draft_extend")
     begin = min(float(r["ts"]) for r in batches)
     end = max(float(r["ts"]) + float(r["dur"]) for r in batches)
     kinds: dict[str, dict[str, float]] = {}
@@ -144,7 +159,7 @@ def step_kinds(path: Path) -> dict:
         entry["count"] += 1
         entry["run_batch_us"] += float(r["dur"])
         entry["draft_extend_us"] += sum(float(d["dur"]) for d in drafts if inside(r, d))
-    parts = {name: sum(float(r["dur"]) for r in outermost(name) if begin <= r["ts"] < end)
+    parts = {name: sum(float(r["dur"]) for r in named(name) if begin <= r["ts"] < end)
              for name in SCHEDULER_PARTS}  # fmt: skip
     return {"span_us": end - begin, "kinds": kinds, "parts": parts}
 
@@ -171,10 +186,13 @@ def print_step_kinds(traces: list[Path]) -> None:
             print(f"  {name:34s} {total / 1000:7.1f} ms ({total / span:4.0%})")
 
 
-def print_functions(traces: list[Path], top: int, kind: str = "DECODE") -> None:
-    results = [step_functions(t, kind) for t in traces]
+def print_functions(
+    traces: list[Path], top: int, kind: str = "DECODE", part: str = "run_batch"
+) -> None:
+    results = [step_functions(t, kind, part) for t in traces]
     for trace, (n, mean, _) in zip(traces, results, strict=True):
-        print(f"{trace.parent.name or trace.name}: {n} {kind} steps, run_batch {mean:.0f} us")
+        what = f"{kind} steps, run_batch" if part == "run_batch" else f"{part} ranges, each"
+        print(f"{trace.parent.name or trace.name}: {n} {what} {mean:.0f} us")
     names = {name for _, _, functions in results for name in functions}
     ranked = sorted(names, key=lambda name: -max(r[2].get(name, 0.0) for r in results))
     print(" | ".join(f"{t.parent.name[:14]:>14}" for t in traces) + " | function (us per step)")
@@ -191,6 +209,11 @@ def main() -> int:
     parser.add_argument("--kind", default="DECODE",
                         help="with --functions, the kind of step: DECODE (default) or EXTEND "
                         "(prefills)")  # fmt: skip
+    loop_parts = [name.removeprefix("scheduler.") for name in SCHEDULER_PARTS]
+    parser.add_argument("--part", default="run_batch", choices=["run_batch", *loop_parts],
+                        help="with --functions, the scheduler loop's range to split: run_batch "
+                        "(the steps of --kind, default) or another part of the loop, every "
+                        "range of it")  # fmt: skip
     parser.add_argument("--steps", action="store_true",
                         help="the scheduler thread's time by kind of step (decode, prefill) "
                         "and by loop part")  # fmt: skip
@@ -203,7 +226,7 @@ def main() -> int:
         print_step_kinds(traces)
         return 0
     if args.functions:
-        print_functions(traces, args.functions, args.kind)
+        print_functions(traces, args.functions, args.kind, args.part)
         return 0
     for trace in traces:
         s = summarise(trace, args.top)
