@@ -82,9 +82,9 @@ def workload(result: dict[str, Any]) -> str:
         differences.append(f"{low}-{high} new tokens a request")
     if graph_tokens := result.get("prefill_graph_tokens"):
         differences.append(f"prefill CUDA graphs up to {graph_tokens} tokens")
-    if pinned := sorted({len(s["cpus"]) for s in result.get("servers", {}).values()
-                         if s.get("cpus")}):  # fmt: skip
-        each = "-".join(map(str, sorted({pinned[0], pinned[-1]})))
+    if sizes := sorted({len(s["cpus"]) for s in result.get("servers", {}).values()
+                        if s.get("cpus")}):  # fmt: skip
+        each = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
         differences.append(f"each server pinned to {each} CPUs")
     return ", ".join(differences)
 

@@ -88,10 +88,10 @@ ROUTED = ("specgate", "specgate-probes")
 UPSTREAM = ("upstream-0step", "upstream-always-on")
 """Servers that run unpatched SGLang where run-on-gpu.sh provides it ($SPECGATE_UPSTREAM_SITE)."""
 ROUTER_OFFSET = 500
+"""The router listens at --port-base + ROUTER_OFFSET; the servers at --port-base + 0, 1, ..."""
 NEW_TOKENS = (64, 192)
 """Each request's max_new_tokens (ignore_eos), drawn uniformly from this range: the sweep's
 workload, with 32-token prompts. Prefills are then about one step in 64 at c = 64."""
-"""The router listens at --port-base + ROUTER_OFFSET; the servers at --port-base + 0, 1, ..."""
 LEARN_PATTERN = (4, 8, 12, 16, 24, 32, 48, 64, 96, 64, 48, 32, 24, 16, 12, 8)
 """Closed-loop client counts the router sees before the sweep, 3 s each. The threshold moves at
 most to 2T+1 per cooldown and needs samples of both modes around each new value, so from 8 to
@@ -326,8 +326,7 @@ def parse_cpu_list(text: str) -> list[int]:
 
 def cpu_slices(cores: Sequence[Sequence[int]], parts: int) -> list[list[int]]:
     """Whole physical cores dealt out in contiguous runs, as evenly as they go, so no two parts
-    share a core: two busy threads on one core's hardware threads slow each other, and which
-    servers' threads met there changed from run to run (BENCHMARKS.md, "This host's noise")."""
+    share a core (two busy threads on one core's hardware threads slow each other)."""
     if parts < 1 or len(cores) < parts:
         raise ValueError(f"{len(cores)} physical cores cannot give {parts} parts one each")
     per, extra = divmod(len(cores), parts)
@@ -455,8 +454,8 @@ def main() -> int:
     )
     parser.add_argument("--prefill-graph-tokens", type=int, default=0,
                         help="prefills up to this many tokens replay SGLang's breakable CUDA "
-                        "graphs, as SGLang does by default (0: eager prefills, as jobs 1-24 "
-                        "ran; their own report section otherwise)")  # fmt: skip
+                        "graphs, as SGLang does by default (0: eager prefills, as the "
+                        "sweep's jobs ran; their own report section otherwise)")  # fmt: skip
     parser.add_argument("--pin-cpus", default="",
                         help="K/N: take the K-th of N equal shares of the host's physical cores "
                         "(two runs on one host: 1/2 and 2/2) and give this process (clients, "
