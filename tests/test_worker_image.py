@@ -784,12 +784,9 @@ esac
     assert "envelope/plain.log" in names and "setup/setup.log" in names
 
 
-def test_workload_ab_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
-    """bench/workload-ab-2gpu.sh with the GPU runner stood in for: the long-request A/B on GPU
-    0 beside the prefill-graph A/B on GPU 1, each told its one change to the sweep's workload,
-    and the results back as at most 8 files at the top, the rest in one archive."""
-    import tarfile
-
+def _two_run_job(tmp_path: Path, script: str, env_var: str, *args: str) -> tuple[dict, Path]:
+    """Run a two-GPU job script of bench/ with the GPU runner stood in for: what each GPU's
+    run was told, and where the results came back."""
     calls = tmp_path / "calls.txt"
     runner = tmp_path / "run.sh"
     runner.write_text(f"""#!/usr/bin/env bash
@@ -799,19 +796,43 @@ mkdir -p "$2"
 """)  # fmt: skip
     runner.chmod(0o755)
     out = tmp_path / "out"
-    env = {**os.environ, "WORKLOAD_AB_RUN": str(runner)}
-    result = subprocess.run(["bash", str(ROOT / "bench" / "workload-ab-2gpu.sh"), "site.tar.xz",
-                             str(out), "--temperature", "0.9"], capture_output=True, text=True,
-                            env=env, timeout=60)  # fmt: skip
+    env = {**os.environ, env_var: str(runner)}
+    result = subprocess.run(["bash", str(ROOT / "bench" / script), "site.tar.xz", str(out), *args],
+                            capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     ran = dict(line.split(" ", 1) for line in calls.read_text().splitlines() if line[0] != "n")
+    return ran, out
+
+
+def _results_came_back(out: Path, files: set[str], logs: set[str]) -> None:
+    """At most 8 files at the top (what the device tool returns), the rest in one archive."""
+    import tarfile
+
+    top = sorted(p.name for p in out.iterdir())
+    assert len(top) <= 8 and all(p.is_file() for p in out.iterdir())
+    assert files | {"logs.tar.xz"} <= set(top)
+    with tarfile.open(out / "logs.tar.xz") as archive:
+        assert logs | {"setup/setup.log"} <= set(archive.getnames())
+
+
+def test_workload_ab_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
+    """bench/workload-ab-2gpu.sh: the long-request A/B on GPU 0 beside the prefill-graph A/B
+    on GPU 1, each told its one change to the sweep's workload, and both the extra arguments."""
+    ran, out = _two_run_job(tmp_path, "workload-ab-2gpu.sh", "WORKLOAD_AB_RUN",
+                            "--temperature", "0.9")  # fmt: skip
     assert set(ran) == {"0", "1"}
     assert "--new-tokens 512,1024" in ran["0"] and "--prefill-graph-tokens" not in ran["0"]
     assert "--prefill-graph-tokens 2048" in ran["1"] and "--new-tokens" not in ran["1"]
     assert all("--extra patched-off" in a and a.endswith("--temperature 0.9") for a in ran.values())
-    top = sorted(p.name for p in out.iterdir())
-    assert len(top) <= 8 and all(p.is_file() for p in out.iterdir())
-    assert {"long.json", "graphs.json", "logs.tar.xz"} <= set(top)
-    with tarfile.open(out / "logs.tar.xz") as archive:
-        names = archive.getnames()
-    assert {"long/plain.log", "graphs/plain.log", "setup/setup.log"} <= set(names)
+    _results_came_back(out, {"long.json", "graphs.json"}, {"long/plain.log", "graphs/plain.log"})
+
+
+def test_pinned_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
+    """bench/pinned-2gpu.sh: the c = 4 rerun on GPU 0 and the off A/B on GPU 1, each on its own
+    half of the host's cores, on ports and model folders of their own."""
+    ran, out = _two_run_job(tmp_path, "pinned-2gpu.sh", "PINNED_RUN")
+    assert set(ran) == {"0", "1"}
+    assert "--levels 4 " in ran["0"] and "--pin-cpus 1/2" in ran["0"]
+    assert "--extra patched-off" in ran["1"] and "--pin-cpus 2/2" in ran["1"]
+    assert "--port-base 31300" in ran["1"] and "--port-base" not in ran["0"]
+    _results_came_back(out, {"c4.json", "off.json"}, {"c4/plain.log", "off/plain.log"})
