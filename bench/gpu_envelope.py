@@ -25,6 +25,9 @@ patched and the adaptive servers ran 20-30% under always-on without ever having 
 and specgate against patched-8 side by side tells whether one switch (which re-applies the
 speculating state) removes that. --direct-too also measures the routed server's engine at its
 own port (the router still sets its threshold), in the same rotation: the proxy's cost.
+--new-tokens, --prefill-graph-tokens and --pin-cpus change the workload or the host setup
+(longer requests, prefills through SGLang's default breakable CUDA graphs, each process on
+CPUs of its own); bench/envelope_report.py reports such runs in sections of their own.
 
 At every concurrency c the windows alternate between the servers (the order rotates each
 repeat), so a host that drifts during the run slows all of them alike. Each window: c
