@@ -364,7 +364,7 @@ def launch(servers: list[Server], out: Path, sim: bool) -> None:
                        SIM_THRESHOLD[server.name], "--max-running-requests", "128", "--seed",
                        str(server.port)]  # fmt: skip
                 with open(out / f"{server.name}.log", "wb") as log:
-                    pin = None if server.cpus is None else verify.pin_to(server.cpus)
+                    pin = verify.pin_to(server.cpus)
                     server.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                                    preexec_fn=pin)  # fmt: skip
                 continue

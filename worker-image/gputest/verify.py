@@ -191,12 +191,15 @@ def start(
         stdout=out,
         stderr=subprocess.STDOUT,
         env={**os.environ, **(env or {})},
-        preexec_fn=None if cpus is None else pin_to(cpus),
+        preexec_fn=pin_to(cpus),
     )
 
 
-def pin_to(cpus: Collection[int]) -> Callable[[], None]:
-    """A preexec_fn that confines the child process (and what it spawns) to `cpus`."""
+def pin_to(cpus: Collection[int] | None) -> Callable[[], None] | None:
+    """A preexec_fn that confines the child process (and what it spawns) to `cpus`; None, and
+    so no pinning, without them."""
+    if cpus is None:
+        return None
     chosen = set(cpus)
     return lambda: os.sched_setaffinity(0, chosen)
 
