@@ -322,3 +322,22 @@ async def test_fast_counter_scan_agrees_with_the_prometheus_parser(
         assert counter_total(text, name) == full[name] > 0
     assert counter_total(text, "sglang:no_such_metric") == 0.0
     assert counter_total('x_total{a="1"} 2\nx_total{a="2"} 3.5\nx_totals 9\n', "x_total") == 5.5
+
+
+async def test_flush_cache_only_when_idle(pods: SimCluster, http: httpx.AsyncClient) -> None:
+    """SGLang's /flush_cache: 400 while requests run, 200 once idle, waiting up to ?timeout
+    seconds for that (bench/gpu_envelope.py --flush-cache calls it between windows)."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    url = pods.urls[0]
+    body = {"input_ids": [1] * 8, "sampling_params": {"max_new_tokens": 400}}
+    running = asyncio.create_task(http.post(url + "/generate", json=body, headers=headers))
+    while not (await EngineClient(url, http, api_key=KEY).loads()).running:
+        await asyncio.sleep(0.01)
+    busy = await http.post(url + "/flush_cache", headers=headers)
+    assert busy.status_code == 400 and "pending requests" in busy.text
+    waited = await http.post(url + "/flush_cache?timeout=30", headers=headers)
+    # It waited for the engine to go idle (the response may still be on its way to the client).
+    assert waited.status_code == 200
+    assert (await EngineClient(url, http, api_key=KEY).loads()).running == 0
+    (await running).raise_for_status()
+    assert (await http.post(url + "/flush_cache", headers={})).status_code == 401

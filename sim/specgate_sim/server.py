@@ -3,12 +3,14 @@ control contract (`specgate.contract`).
 
 Checked against the 0.5.17 source: `/v1/loads` (entrypoints/v1_loads.py, LoadSnapshot),
 `/server_info` (server args + `internal_states`), `/set_internal_state` (a list of booleans),
-auth (utils/auth.py: /health* and /metrics need no key, everything else a Bearer key), metric
-names (observability/metrics_collector.py), native `/generate` SSE ending in `data: [DONE]`.
+`/flush_cache` (idle engines only), auth (utils/auth.py: /health* and /metrics need no key,
+everything else a Bearer key), metric names (observability/metrics_collector.py), native
+`/generate` SSE ending in `data: [DONE]`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import secrets
@@ -245,6 +247,21 @@ def create_app(pod: SimPod) -> FastAPI:
             return _error(400, str(exc))
         pod.core.set_threshold(threshold)
         return JSONResponse([True])
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache(timeout: float = 0.0) -> Response:
+        # SGLang flushes only an idle engine, waiting up to `timeout` s for it to become one.
+        # A simulated pod keeps no prefix cache: there is nothing else to empty.
+        if timeout < 0:
+            return _error(400, "timeout: a number of seconds >= 0")
+        until = time.monotonic() + timeout
+        while pod.core.has_work() and time.monotonic() < until:
+            await asyncio.sleep(0.02)
+        if pod.core.has_work():
+            return Response(
+                "Cache not flushed because there are pending requests.\n", status_code=400
+            )
+        return Response("Cache flushed.\n", status_code=200)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
