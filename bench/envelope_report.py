@@ -73,15 +73,17 @@ def slug(text: str) -> str:
 
 def workload(result: dict[str, Any]) -> str:
     """How a run's workload or host differs from the sweep's ('' where it does not). Other
-    request lengths or prefill CUDA graphs change how much of a step is prefill, and pinned
-    servers run on fewer CPUs: such runs get a section of their own, like another
-    temperature."""
+    request lengths or prefill CUDA graphs change how much of a step is prefill, pinned
+    servers run on fewer CPUs, and emptied prefix caches spare the servers the evictions of a
+    full one: such runs get a section of their own, like another temperature."""
     differences = []
     low, high = result.get("new_tokens") or SWEEP_NEW_TOKENS
     if (low, high) != SWEEP_NEW_TOKENS:
         differences.append(f"{low}-{high} new tokens a request")
     if graph_tokens := result.get("prefill_graph_tokens"):
         differences.append(f"prefill CUDA graphs up to {graph_tokens} tokens")
+    if result.get("flush_cache"):
+        differences.append("prefix caches emptied before each window")
     if sizes := sorted({len(s["cpus"]) for s in result.get("servers", {}).values()
                         if s.get("cpus")}):  # fmt: skip
         each = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"

@@ -28,6 +28,9 @@ own port (the router still sets its threshold), in the same rotation: the proxy'
 --new-tokens, --prefill-graph-tokens and --pin-cpus change the workload or the host setup
 (longer requests, prefills through SGLang's default breakable CUDA graphs, each process on
 CPUs of its own); bench/envelope_report.py reports such runs in sections of their own.
+--flush-cache empties each server's prefix cache before each of its windows. Without it a
+server's radix tree fills with finished requests and every allocation then evicts (host time
+on each step or two); the speculative servers, with smaller KV pools, get there first.
 
 At every concurrency c the windows alternate between the servers (the order rotates each
 repeat), so a host that drifts during the run slows all of them alike. Each window: c
@@ -120,15 +123,19 @@ class Server:
         return self.router_port if self.router_port is not None else self.port
 
 
-def engine_args(name: str, common: list[str], eagle: list[str], adaptive: Path) -> list[str]:
+def engine_args(name: str, common: list[str], eagle: list[str], adaptive: Path,
+                routed_threshold: int = 8) -> list[str]:  # fmt: skip
+    """A server's engine flags; routed ones start at `routed_threshold`, which their router
+    adopts from them (it continues from what a pod runs with)."""
+    routed = [*common, *eagle, "--speculative-disable-batch-threshold", str(routed_threshold)]
     return {
         "plain": common,
         "always-on": [*common, *eagle],
         "upstream-always-on": [*common, *eagle],
         "upstream-0step": [*common, *eagle, "--speculative-adaptive",
                            "--speculative-adaptive-config", str(adaptive)],
-        "specgate": [*common, *eagle, "--speculative-disable-batch-threshold", "8"],
-        "specgate-probes": [*common, *eagle, "--speculative-disable-batch-threshold", "8"],
+        "specgate": routed,
+        "specgate-probes": routed,
         "patched-off": [*common, *eagle, "--speculative-disable-batch-threshold", "0"],
         "patched-8": [*common, *eagle, "--speculative-disable-batch-threshold", "8"],
         "patched-off-upstream-extend": [*common, *eagle,
@@ -139,12 +146,12 @@ def engine_args(name: str, common: list[str], eagle: list[str], adaptive: Path) 
     }[name]  # fmt: skip
 
 
-SIM_THRESHOLD = {"plain": "0", "always-on": "none", "upstream-0step": "8", "specgate": "8",
+SIM_THRESHOLD = {"plain": "0", "always-on": "none", "upstream-0step": "8",
                  "patched-off": "0", "patched-8": "8",
                  "patched-off-upstream-extend": "0", "patched-off-lean": "0",
                  "patched-off-full-prefill": "0",
-                 "upstream-always-on": "none",
-                 "specgate-probes": "8"}  # fmt: skip
+                 "upstream-always-on": "none"}  # fmt: skip
+"""The simulated pods' thresholds (the routed ones start at --router-threshold)."""
 
 
 def get_json(url: str, timeout: float = 10) -> Any:
@@ -169,12 +176,24 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def flush_prefix_cache(port: int, wait: float = 10.0) -> bool:
+    """Empty an idle engine's prefix cache (SGLang's /flush_cache, which waits up to `wait`
+    seconds for running requests to finish); whether it did."""
+    status, body = verify.call(port, f"/flush_cache?timeout={wait:g}", {}, timeout=wait + 30)
+    flushed: bool = status == 200
+    if not flushed:
+        verify.log(f"flush_cache at :{port}: {status} {body}")
+    return flushed
+
+
 def window(server: Server, clients: int, seconds: float, warmup: float, temperature: float,
-           seed: int, profile: Path | None = None,
-           new_tokens: tuple[int, int] = NEW_TOKENS) -> dict[str, Any]:  # fmt: skip
+           seed: int, profile: Path | None = None, new_tokens: tuple[int, int] = NEW_TOKENS,
+           flush: bool = False) -> dict[str, Any]:  # fmt: skip
     """One closed-loop window against one server; with `profile`, a torch profile of 24 decode
     steps is taken into that folder after the warm-up (the window's figures then carry the
-    profiler's overhead: they are not measurements)."""
+    profiler's overhead: they are not measurements). With `flush`, the engine's prefix cache
+    is emptied first (see --flush-cache)."""
+    flushed = flush_prefix_cache(server.port) if flush else None
     spans: list[tuple[float, float, int]] = []
     errors: list[int] = []
     lock = threading.Lock()
@@ -224,6 +243,7 @@ def window(server: Server, clients: int, seconds: float, warmup: float, temperat
         "accept_length": round(d[5] / d[1], 3) if d[1] else None,
         "steps_on": d[6],
         "steps_off": d[7],
+        **({"cache_flushed": flushed} if flush else {}),
     }
 
 
@@ -236,13 +256,16 @@ def router_view(port: int) -> dict[str, Any]:
     return view
 
 
+MAX_THRESHOLD = 128
+"""specgate's router moves the threshold up to here; specgate-probes' to PROBES' maxThreshold."""
 PROBES = {"probeSeconds": 3, "maxThreshold": 256}
 """specgate-probes' router: room to speculate at 128. Its probe interval is --probe-interval:
 60 s by default here, so that probes happen within a 10-minute job (the router's own default
 is 600 s, which makes the exploration cost at a steady load ten times smaller)."""
 
 
-def start_router(server: Server, out: Path, probe_interval: float) -> subprocess.Popen[bytes]:
+def start_router(server: Server, out: Path, probe_interval: float,
+                 threshold: int = 8) -> subprocess.Popen[bytes]:  # fmt: skip
     assert server.router_port is not None
     config = out / "router.yaml"
     config.write_text(
@@ -251,8 +274,8 @@ def start_router(server: Server, out: Path, probe_interval: float) -> subprocess
                 "backends": [f"http://127.0.0.1:{server.port}"],
                 "engineApiKey": verify.KEY,
                 "control": {
-                    "threshold": 8,
-                    "maxThreshold": 128,
+                    "threshold": threshold,
+                    "maxThreshold": MAX_THRESHOLD,
                     "cooldownSeconds": 5,
                     "hysteresis": 1,
                     "minSamples": 4,
@@ -352,7 +375,7 @@ def pin_plan(spec: str, cpus: Collection[int], servers: int,
     return cpu_slices(core_groups(cores, sysfs), 1 + servers)
 
 
-def launch(servers: list[Server], out: Path, sim: bool) -> None:
+def launch(servers: list[Server], out: Path, sim: bool, routed_threshold: int = 8) -> None:
     """Start every server: GPUs in parallel, the servers of one GPU one after another, each
     once the previous one has sized its memory (verify.MEMORY_SIZED)."""
 
@@ -361,7 +384,8 @@ def launch(servers: list[Server], out: Path, sim: bool) -> None:
             if sim:
                 cmd = [str(Path(sys.executable).parent / "specgate"), "sim", "--port",
                        str(server.port), "--api-key", verify.KEY, "--threshold",
-                       SIM_THRESHOLD[server.name], "--max-running-requests", "128", "--seed",
+                       str(routed_threshold) if server.name in ROUTED
+                       else SIM_THRESHOLD[server.name], "--max-running-requests", "128", "--seed",
                        str(server.port)]  # fmt: skip
                 with open(out / f"{server.name}.log", "wb") as log:
                     pin = verify.pin_to(server.cpus)
@@ -463,6 +487,15 @@ def main() -> int:
                         help="K/N: take the K-th of N equal shares of the host's physical cores "
                         "(two runs on one host: 1/2 and 2/2) and give this process (clients, "
                         "router) and each server a slice of whole cores of its own")  # fmt: skip
+    parser.add_argument("--router-threshold", type=int, default=8,
+                        help="the threshold the routed engine starts with and its router adopts "
+                        "(above the largest batch, with no learning phase and no probe within "
+                        "the run, the routed engine speculates throughout)")  # fmt: skip
+    parser.add_argument("--flush-cache", action="store_true",
+                        help="empty each server's prefix cache before each of its windows, so "
+                        "every window starts from the same empty cache (without it, servers with "
+                        "smaller KV pools, the speculative ones, fill theirs first, then "
+                        "evict from the radix tree every step or two; plain does not)")  # fmt: skip
     parser.add_argument("--profile-servers", default="",
                         help="comma-separated, the servers --profile-levels profiles (default: "
                         "all)")  # fmt: skip
@@ -505,6 +538,10 @@ def main() -> int:
     if not 1 <= low <= high:
         parser.error(f"--new-tokens {args.new_tokens!r}: need 1 <= MIN <= MAX")
     new_tokens = (low, high)
+    top_threshold = PROBES["maxThreshold"] if "specgate-probes" in routed else MAX_THRESHOLD
+    if not 0 <= args.router_threshold <= top_threshold:
+        parser.error(f"--router-threshold {args.router_threshold}: 0 to {top_threshold} for "
+                     f"{routed[0] if routed else 'a routed server'}")  # fmt: skip
     if args.prefill_graph_tokens < 0:
         parser.error("--prefill-graph-tokens: 0 (eager prefills) or a positive token count")
     names = [*main_servers, *extras]
@@ -558,7 +595,7 @@ def main() -> int:
             name,
             args.port_base + i,
             placements[i % len(placements)],
-            engine_args(name, common, eagle, adaptive),
+            engine_args(name, common, eagle, adaptive, args.router_threshold),
             envs[name],
             router_port=args.port_base + ROUTER_OFFSET if name in ROUTED else None,
             cpus=pinned[1 + i] if pinned else None,
@@ -570,7 +607,8 @@ def main() -> int:
         "shape": "Llama 3B-class (hidden 3072, 28 layers, GQA 24/8), synthetic pair, bf16",
         "temperature": args.temperature, "c": args.c,
         "new_tokens": list(new_tokens), "prefill_graph_tokens": args.prefill_graph_tokens,
-        "benchmark_cpus": pinned[0] if pinned else None,
+        "benchmark_cpus": pinned[0] if pinned else None, "flush_cache": args.flush_cache,
+        "router_threshold": args.router_threshold,
         "predicted_accept_length": round(acceptance(args.c, args.temperature, 3)[1], 3),
         "levels": levels, "repeat": args.repeat, "seconds": args.seconds,
         "warmup": args.warmup, "extra": extras, "extra_levels": extra_levels,
@@ -588,7 +626,7 @@ def main() -> int:
 
     router = None
     try:
-        launch(servers, out, sim)
+        launch(servers, out, sim, args.router_threshold)
         for s in servers:
             assert s.proc is not None
             s_up = verify.wait_healthy(s.port, s.proc, timeout=480)
@@ -597,7 +635,7 @@ def main() -> int:
         by_name = {s.name: s for s in servers}
         specgate = next((s for s in servers if s.name in ROUTED), None)
         if specgate is not None:
-            router = start_router(specgate, out, args.probe_interval)
+            router = start_router(specgate, out, args.probe_interval, args.router_threshold)
         if args.direct_too:
             # The same engine, reached at its own port: not launched or stopped on its own.
             assert specgate is not None
@@ -649,7 +687,8 @@ def main() -> int:
                 verify.log(results["stopped_early"])
                 break
             got = window(by_name[name], c, args.seconds, args.warmup, args.temperature,
-                         seed=c * 100 + rep, new_tokens=new_tokens)  # fmt: skip
+                         seed=c * 100 + rep, new_tokens=new_tokens,
+                         flush=args.flush_cache)  # fmt: skip
             got.update(server=name, c=c, rep=rep)
             if name.removesuffix("-direct") in ROUTED:
                 assert specgate is not None and specgate.router_port is not None
@@ -665,8 +704,8 @@ def main() -> int:
         for c in profile_levels if not sim else []:
             for name in profiled:
                 window(by_name[name], c, args.seconds, args.warmup, args.temperature, seed=7,
-                       profile=out / "profiles" / f"{name}-c{c}",
-                       new_tokens=new_tokens)  # fmt: skip
+                       profile=out / "profiles" / f"{name}-c{c}", new_tokens=new_tokens,
+                       flush=args.flush_cache)  # fmt: skip
         if profile_levels and not sim:
             summary = subprocess.run(
                 [sys.executable, str(REPO / "worker-image" / "gputest" / "profile_summary.py"),

@@ -194,11 +194,13 @@ def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
 
     first = run(tmp_path / "first", "--levels", "1,4", "--learn-seconds", "2", "--extra",
                 "patched-off,patched-8", "--extra-levels", "4", "--switch-first",
-                "--profile-levels", "8", "--profile-servers", "plain")  # fmt: skip
+                "--profile-levels", "8", "--profile-servers", "plain",
+                "--flush-cache")  # fmt: skip
     second = run(tmp_path / "second", "--port-base", "31300", "--levels", "2",
                  "--servers", "always-on,specgate-probes", "--extra", "upstream-always-on",
                  "--extra-levels", "2", "--tp", "2", "--direct-too",
                  "--probe-interval", "90", "--busy-idle", "--new-tokens", "16,32",
+                 "--router-threshold", "146",
                  "--prefill-graph-tokens", "512")  # fmt: skip
     for proc in (first, second):
         output, _ = proc.communicate(timeout=240)
@@ -222,6 +224,9 @@ def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
     assert all(w["threshold"] == 8 and w["errors"] == 0 for w in specgate)
     assert all(w["tok_s"] > 0 for w in result["windows"])
     assert result["router_log"] and "error" not in result
+    # --flush-cache: every window began with its idle engine's prefix cache emptied.
+    assert result["flush_cache"] is True
+    assert all(w["cache_flushed"] is True for w in result["windows"])
 
     second_result = json.loads((tmp_path / "second" / "envelope.json").read_text())
     assert {(w["server"], w["c"]) for w in second_result["windows"]} == {
@@ -230,9 +235,11 @@ def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
     ports = {name: s["port"] for name, s in second_result["servers"].items()}
     assert ports == {"always-on": 31300, "specgate-probes": 31301, "upstream-always-on": 31302,
                      "specgate-probes-direct": 31301}  # fmt: skip
-    # --direct-too: the routed engine also at its own port, its threshold still the router's.
+    # --direct-too: the routed engine also at its own port, its threshold still the router's,
+    # which started where --router-threshold put it.
     direct = [w for w in second_result["windows"] if w["server"] == "specgate-probes-direct"]
-    assert len(direct) == 2 and all(w["threshold"] == 8 for w in direct)
+    assert len(direct) == 2 and all(w["threshold"] == 146 for w in direct)
+    assert second_result["router_threshold"] == 146 and result["router_threshold"] == 8
     # Tensor-parallel servers all span both GPUs; the first run spread its servers over them.
     assert second_result["tp"] == 2
     assert {s["gpu"] for s in second_result["servers"].values()} == {"0,1"}
@@ -253,6 +260,8 @@ def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
         assert server["args"][at + 1] == "512" and "breakable" in server["args"]
     assert all("--disable-prefill-cuda-graph" in s["args"] for s in result["servers"].values())
     assert result["new_tokens"] == [64, 192] and result["prefill_graph_tokens"] == 0
+    assert second_result["flush_cache"] is False
+    assert not any("cache_flushed" in w for w in second_result["windows"])
     assert all(w["errors"] == 0 and w["tok_s"] > 0 for w in second_result["windows"])
     assert "error" not in second_result
 
@@ -269,6 +278,9 @@ def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
         (["--new-tokens", "128"], "--new-tokens '128': give MIN,MAX"),
         (["--new-tokens", "192,64"], "need 1 <= MIN <= MAX"),
         (["--prefill-graph-tokens", "-1"], "--prefill-graph-tokens: 0 (eager prefills)"),
+        (["--router-threshold", "146"], "--router-threshold 146: 0 to 128 for specgate"),
+        (["--servers", "specgate-probes", "--router-threshold", "-1"],
+         "--router-threshold -1: 0 to 256 for specgate-probes"),
         (["--pin-cpus", "3/2"], "--pin-cpus '3/2': give K/N with 1 <= K <= N"),
         (["--pin-cpus", "1/4096"], "cannot give 4096 parts one each"),
     ],
@@ -321,8 +333,8 @@ def test_a_job_with_another_workload_gets_a_section_of_its_own(
     report: ModuleType, tmp_path: Path
 ) -> None:
     """Longer requests or prefill CUDA graphs shrink the prefills' share of a server's time,
-    so off over plain moves: such a job stays out of the sweep's table and the simulator's
-    check, and says how its workload differs."""
+    and emptied prefix caches spare evictions, so off over plain moves: such a job stays out
+    of the sweep's table and the simulator's check, and says how its workload differs."""
     envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
     assert report.SWEEP_NEW_TOKENS == envelope.NEW_TOKENS
 
@@ -336,19 +348,22 @@ def test_a_job_with_another_workload_gets_a_section_of_its_own(
             "gpu-envelope-2-long.json": job(1500, new_tokens=[512, 1024]),
             "gpu-envelope-3-graphs.json": job(1700, prefill_graph_tokens=2048),
             "gpu-envelope-4-pinned.json": job(800, servers={
-                "plain": {"cpus": [4, 5, 6, 7]}, "always-on": {"cpus": [8, 9, 10]}})}  # fmt: skip
+                "plain": {"cpus": [4, 5, 6, 7]}, "always-on": {"cpus": [8, 9, 10]}}),
+            "gpu-envelope-5-flushed.json": job(1100, flush_cache=True),
+            "gpu-envelope-6-not-flushed.json": job(1000, flush_cache=False)}  # fmt: skip
     for name, result in jobs.items():
         (tmp_path / name).write_text(json.dumps(result))
     out = tmp_path / "out"
     assert report.main([*(str(tmp_path / n) for n in jobs), "--out", str(out)]) == 0
     md = (out / "gpu_envelope.md").read_text()
     sweep, *others = md.split("## Another workload")
-    assert "1-sweep" in sweep
-    assert not any(run in sweep for run in ("2-long", "3-graphs", "4-pinned"))
+    assert "1-sweep" in sweep and "6-not-flushed" in sweep
+    assert not any(run in sweep for run in ("2-long", "3-graphs", "4-pinned", "5-flushed"))
     assert [o.split(")")[0] for o in others] == [
         " (512-1024 new tokens a request",
         " (each server pinned to 3-4 CPUs",
         " (prefill CUDA graphs up to 2048 tokens",
+        " (prefix caches emptied before each window",
     ]
     summary = json.loads((out / "gpu_envelope.json").read_text())
     assert summary["stats"]["plain"]["4"]["tok_s"] == 1000

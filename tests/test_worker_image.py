@@ -827,6 +827,34 @@ def test_workload_ab_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
     _results_came_back(out, {"long.json", "graphs.json"}, {"long/plain.log", "graphs/plain.log"})
 
 
+def test_flush_ab_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
+    """bench/flush-ab-2gpu.sh: the same A/B on both GPUs, prefix caches kept on GPU 0 and
+    emptied before each window (and profiled) on GPU 1, on ports and models of their own."""
+    ran, out = _two_run_job(tmp_path, "flush-ab-2gpu.sh", "FLUSH_AB_RUN", "--temperature", "1.0")
+    assert set(ran) == {"0", "1"}
+    assert "--flush-cache" not in ran["0"] and "--flush-cache" in ran["1"]
+    assert "--profile-levels 16,64" in ran["1"] and "--port-base 31300" in ran["1"]
+    for args in ran.values():
+        assert "--extra patched-off" in args and "--prefill-graph-tokens 2048" in args
+        assert args.endswith("--temperature 1.0")
+    _results_came_back(out, {"kept.json", "flushed.json"}, {"kept/plain.log", "flushed/plain.log"})
+
+
+def test_sweep_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
+    """bench/sweep-2gpu.sh: the low levels with all four servers on GPU 0 beside the learned high
+    levels on GPU 1, both as deployed (prefill graphs, emptied caches), on ports of their own."""
+    ran, out = _two_run_job(tmp_path, "sweep-2gpu.sh", "SWEEP_RUN", "--seconds", "3")
+    assert set(ran) == {"0", "1"}
+    assert "--levels 4,8,2,1" in ran["0"] and "upstream-0step" in ran["0"]
+    assert "--probe-interval 600" in ran["0"] and "--learn-seconds" not in ran["0"]
+    assert "--levels 16,128,64,32" in ran["1"] and "--learn-seconds 90" in ran["1"]
+    assert "--port-base 31300" in ran["1"] and "--port-base" not in ran["0"]
+    for args in ran.values():
+        assert "--prefill-graph-tokens 2048 --flush-cache" in args and "specgate-probes" in args
+        assert args.endswith("--seconds 3")
+    _results_came_back(out, {"low.json", "high.json"}, {"low/plain.log", "high/plain.log"})
+
+
 def test_pinned_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
     """bench/pinned-2gpu.sh: the c = 4 rerun on GPU 0 and the off A/B on GPU 1, each on its own
     half of the host's cores, on ports and model folders of their own."""

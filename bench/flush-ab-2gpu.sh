@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Is part of the off server's gap to plain decoding its fuller prefix cache? One job on two GPUs
+# (about 9 min), plain against the patch pinned off, window by window at c = 16 and 64, prefills
+# through SGLang's breakable CUDA graphs as deployed (bench/gpu_envelope.py):
+#   GPU 0: as jobs 26-27: each server's radix tree fills with finished requests over the run,
+#          the off server's first (its KV pool is about two thirds of plain's), after which it
+#          evicts on every step or two;
+#   GPU 1: the same with --flush-cache (every window starts from an empty cache), then torch
+#          profiles of both at c = 16 and 64, split by part of the scheduler loop.
+# Results: OUT/kept.json, OUT/flushed.json, their logs, OUT/functions.txt (the profiles'
+# summary), logs.tar.xz (server logs and the profiles).
+#   bash bench/flush-ab-2gpu.sh [site312.tar.xz] [out-dir] [gpu_envelope args for both...]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ARCHIVE=${1:-.gpu/site312.tar.xz}
+OUT=${2:-${OUT:-out}/flush-ab}
+RUN=${FLUSH_AB_RUN:-worker-image/gputest/run-on-gpu.sh}  # tests put a stand-in here
+mkdir -p "$OUT"
+bash "$RUN" "$ARCHIVE" "$OUT/setup" none > "$OUT/setup.log" 2>&1 || { tail -20 "$OUT/setup.log"; exit 1; }
+AB=(--servers plain --extra patched-off --levels 16,64 --extra-levels 16,64 --mem-fraction 0.25
+    --prefill-graph-tokens 2048 --repeat 8 --deadline 500)
+CUDA_VISIBLE_DEVICES=0 timeout 540 bash "$RUN" "$ARCHIVE" "$OUT/kept" bench/gpu_envelope.py \
+  "${AB[@]}" "${@:3}" > "$OUT/kept.log" 2>&1 &
+KEPT=$!
+CUDA_VISIBLE_DEVICES=1 timeout 540 bash "$RUN" "$ARCHIVE" "$OUT/flushed" bench/gpu_envelope.py \
+  "${AB[@]}" --flush-cache --profile-levels 16,64 --port-base 31300 \
+  --models /tmp/specgate-models-flushed "${@:3}" > "$OUT/flushed.log" 2>&1
+echo "flushed: exit $?"
+wait "$KEPT"
+echo "kept: exit $?"
+if [ -d "$OUT/flushed/profiles" ]; then
+  for PART in run_batch get_next_batch_to_run process_batch_result; do
+    echo "# profile_summary.py PROFILES --functions 50 --part $PART"
+    python3 worker-image/gputest/profile_summary.py "$OUT/flushed/profiles" --functions 50 \
+      --part "$PART"
+  done > "$OUT/functions.txt" 2>&1
+fi
+grep -h "flush_cache at" "$OUT/flushed.log" | head
+# The device tool returns at most 8 files, 2 folders down: the results at the top, the rest
+# (server logs, profiles) in one archive.
+cp "$OUT/kept/envelope.json" "$OUT/kept.json" 2>/dev/null
+cp "$OUT/flushed/envelope.json" "$OUT/flushed.json" 2>/dev/null
+mv "$OUT/setup.log" "$OUT/setup/" 2>/dev/null
+PARTS=$(cd "$OUT" && ls -d setup kept flushed 2>/dev/null)
+# shellcheck disable=SC2086
+tar -cJf "$OUT/logs.tar.xz" -C "$OUT" $PARTS && (cd "$OUT" && rm -rf $PARTS)
+ls -l "$OUT"
