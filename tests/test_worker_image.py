@@ -407,6 +407,46 @@ def _assigned_attrs(source: Path, class_name: str) -> set[str]:
     return names
 
 
+def _scalar_index_assignments(function: ast.FunctionDef) -> list[str]:
+    """`x[i] = <number>` statements in a function: on a CUDA tensor indexed by a tensor, torch
+    copies the number to the GPU with a blocking copy, a stream sync."""
+    found = []
+    for node in ast.walk(function):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Subscript) for t in node.targets):
+            value = node.value.operand if isinstance(node.value, ast.UnaryOp) else node.value
+            if isinstance(value, ast.Constant) and isinstance(value.value, (int, float)):
+                found.append(f"{function.name}, line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_the_patch_adds_no_stream_sync_through_scalar_index_assignment(patched_site: Path) -> None:
+    """Job 35 found `position[rows] = -1` in the lagged writer's forget() syncing the stream on
+    every prefill (1.1 ms each at batch 128, the overlap scheduler's queue drained): no method
+    the patch adds or changes on the worker's per-step path may assign a number through an
+    index (index_fill_ and masked_fill_ take it as a kernel argument)."""
+    (wheel,) = WHEELS.glob("sglang-0.5.17-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        upstream_worker = zf.read("sglang/srt/speculative/eagle_worker_v2.py").decode()
+
+    def methods(source: str) -> dict[str, ast.FunctionDef]:
+        return {f"{c.name}.{f.name}": f for c in ast.walk(ast.parse(source))
+                if isinstance(c, ast.ClassDef) for f in c.body
+                if isinstance(f, ast.FunctionDef)}  # fmt: skip
+
+    speculative = patched_site / "sglang" / "srt" / "speculative"
+    before = {name: ast.dump(f) for name, f in methods(upstream_worker).items()}
+    changed = [f for name, f in methods((speculative / "eagle_worker_v2.py").read_text()).items()
+               if before.get(name) != ast.dump(f)]  # fmt: skip
+    writer = methods((speculative / "lagged_draft_kv.py").read_text())
+    assert "EAGLEWorkerV2._catch_up_lagged_draft_kv" in {f"EAGLEWorkerV2.{f.name}" for f in changed}
+    assert {"LaggedDraftKvWriter.forget", "LaggedDraftKvWriter.keep"} <= set(writer)
+    found = [hit for f in [*changed, *writer.values()] for hit in _scalar_index_assignments(f)]
+    assert found == []
+    # The check itself sees the statement it is for.
+    bad = ast.parse("def forget(self, rows):\n    self.position[rows] = -1\n").body[0]
+    assert isinstance(bad, ast.FunctionDef) and len(_scalar_index_assignments(bad)) == 1
+
+
 def test_lagged_draft_kv_write_reads_what_the_eagle3_draft_has(patched_site: Path) -> None:
     """The lagged write recomputes the EAGLE-3 draft's first-layer K and V outside its
     forward, so it reads the draft's modules by name. Each name must be one SGLang's
