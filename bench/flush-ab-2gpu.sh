@@ -29,11 +29,15 @@ echo "flushed: exit $?"
 wait "$KEPT"
 echo "kept: exit $?"
 if [ -d "$OUT/flushed/profiles" ]; then
-  for PART in run_batch get_next_batch_to_run process_batch_result; do
-    echo "# profile_summary.py PROFILES --functions 50 --part $PART"
-    python3 worker-image/gputest/profile_summary.py "$OUT/flushed/profiles" --functions 50 \
-      --part "$PART"
-  done > "$OUT/functions.txt" 2>&1
+  {
+    for PART in run_batch get_next_batch_to_run process_batch_result; do
+      echo "# profile_summary.py PROFILES --functions 50 --part $PART"
+      python3 worker-image/gputest/profile_summary.py "$OUT/flushed/profiles" --functions 50 \
+        --part "$PART"
+    done
+    echo "# profile_summary.py PROFILES --syncs"
+    python3 worker-image/gputest/profile_summary.py "$OUT/flushed/profiles" --syncs
+  } > "$OUT/functions.txt" 2>&1
 fi
 grep -h "flush_cache at" "$OUT/flushed.log" | head
 # The device tool returns at most 8 files, 2 folders down: the results at the top, the rest

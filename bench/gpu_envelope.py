@@ -707,10 +707,14 @@ def main() -> int:
                        profile=out / "profiles" / f"{name}-c{c}", new_tokens=new_tokens,
                        flush=args.flush_cache)  # fmt: skip
         if profile_levels and not sim:
-            summary = subprocess.run(
-                [sys.executable, str(REPO / "worker-image" / "gputest" / "profile_summary.py"),
-                 str(out / "profiles")], capture_output=True, text=True, timeout=300)  # fmt: skip
-            (out / "profiles.txt").write_text(summary.stdout + summary.stderr)
+            # The kernels and ranges, then the syncs that block the host (BENCHMARKS.md job 35).
+            summaries = [
+                subprocess.run(
+                    [sys.executable, str(REPO / "worker-image" / "gputest" / "profile_summary.py"),
+                     str(out / "profiles"), *extra], capture_output=True, text=True, timeout=300)
+                for extra in ([], ["--syncs"])
+            ]  # fmt: skip
+            (out / "profiles.txt").write_text("".join(r.stdout + r.stderr for r in summaries))
     except Exception as exc:
         results["error"] = f"{type(exc).__name__}: {exc}"
         verify.log(results["error"])

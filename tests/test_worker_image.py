@@ -677,6 +677,46 @@ def test_profile_summary_splits_a_decode_steps_host_time(tmp_path: Path) -> None
     )
 
 
+def test_profile_summary_finds_the_syncs_that_block_the_host(tmp_path: Path) -> None:
+    """--syncs: blocking syncs during the steps, grouped by call and by the Python frames around
+    them on their thread (innermost first, object addresses dropped); syncs before the first
+    step (the profiler starting) and runtime calls that do not block left out."""
+    import gzip
+
+    summary = _gputest_module("profile_summary")
+
+    def span(cat: str, name: str, ts: int, dur: int, tid: int = 1) -> dict[str, object]:
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "tid": tid}
+
+    events = [span("cuda_runtime", "cudaDeviceSynchronize", 0, 900)]  # before any step
+    for ts in (1000, 5000):
+        events += [
+            span("user_annotation", "step[EXTEND bs=1 toks=32]", ts, 3000),
+            span("python_function", "worker.py(10): forward_batch_generation", ts, 2000),
+            span("python_function", "lagged_draft_kv.py(61): forget", ts + 100, 1500),
+            span("cuda_runtime", "cudaStreamSynchronize", ts + 200, 1100),
+            span("cuda_runtime", "cudaLaunchKernel", ts + 1400, 5),  # not a sync
+            span(
+                "python_function",
+                "<built-in method synchronize of Event object at 0x7f1>",
+                ts + 2100,
+                50,
+            ),
+            span("cuda_runtime", "cudaEventSynchronize", ts + 2110, 30),
+        ]
+    events[-1]["tid"] = 2  # the second event sync on another thread: no frame around it
+    trace = tmp_path / "rank0.trace.json.gz"
+    with gzip.open(trace, "wt") as fh:
+        json.dump({"traceEvents": events}, fh)
+    steps, sites = summary.host_syncs(trace)
+    assert steps == 2
+    assert sites == {
+        ("cudaStreamSynchronize", "forget < forward_batch_generation"): [1100.0, 1100.0],
+        ("cudaEventSynchronize", "<built-in method synchronize of Event object>"): [30.0],
+        ("cudaEventSynchronize", "(no Python frame)"): [30.0],
+    }
+
+
 def test_profile_summary_splits_the_scheduler_thread_by_kind_of_step(tmp_path: Path) -> None:
     """--steps: run_batch ranges by the step they hold (nested ranges of one name once), the
     draft extend inside prefills, the loop's other parts, and the range holding no step (where

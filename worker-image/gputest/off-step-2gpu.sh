@@ -60,13 +60,17 @@ echo "gpu_envelope: exit $?"
 [ -n "$CHECKS" ] && wait "$CHECKS"
 tail -n 1 "$OUT/verify.log" "$OUT"/draftkv.log 2>/dev/null
 if [ -d "$OUT/envelope/profiles" ]; then
-  # The decode steps' run_batch, then the loop's two other parts, where an off step's host
-  # time outside run_batch goes.
-  for PART in run_batch get_next_batch_to_run process_batch_result; do
-    echo "# profile_summary.py PROFILES --functions 50 --part $PART"
-    python3 worker-image/gputest/profile_summary.py "$OUT/envelope/profiles" --functions 50 \
-      --part "$PART"
-  done > "$OUT/off-step-functions.txt" 2>&1
+  # The decode steps' run_batch, the loop's two other parts (where an off step's host time
+  # outside run_batch goes), and the syncs that make the host wait for the GPU.
+  {
+    for PART in run_batch get_next_batch_to_run process_batch_result; do
+      echo "# profile_summary.py PROFILES --functions 50 --part $PART"
+      python3 worker-image/gputest/profile_summary.py "$OUT/envelope/profiles" --functions 50 \
+        --part "$PART"
+    done
+    echo "# profile_summary.py PROFILES --syncs"
+    python3 worker-image/gputest/profile_summary.py "$OUT/envelope/profiles" --syncs
+  } > "$OUT/off-step-functions.txt" 2>&1
 fi
 grep -h "speculation-off steps" "$OUT"/*/*.log 2>/dev/null | sort | uniq -c
 # The device tool returns at most 8 files, 2 folders down: the results at the top, the rest

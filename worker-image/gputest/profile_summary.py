@@ -7,6 +7,7 @@ For each trace: the span from the first to the last GPU kernel, how much of it t
     python3 profile_summary.py out/speed/profiles [--top 15]
     python3 profile_summary.py out/speed/profiles --functions 40 [--kind EXTEND]
     python3 profile_summary.py out/speed/profiles --functions 40 --part get_next_batch_to_run
+    python3 profile_summary.py out/speed/profiles --syncs
 
 --functions N: the host side of a decode step instead. For each trace, the scheduler's
 `run_batch` ranges that hold a `step[DECODE ...]` annotation (`step[EXTEND ...]`, a prefill,
@@ -14,6 +15,11 @@ with --kind EXTEND), and the N Python functions with the most inclusive time per
 the traces side by side as columns. Traces taken minutes apart on a shared host run at
 different speeds: compare functions within one trace, and across traces only what both run
 (the target's decode) to see how far the host moved.
+
+--syncs: every cudaStreamSynchronize / cudaEventSynchronize / cudaDeviceSynchronize during the
+steps, grouped by the Python frames around it. The overlap scheduler keeps the host a step
+ahead of the GPU; a sync outside the result copy makes it wait for the GPU to drain (job 35:
+one in the lagged writer's forget() on every prefill).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import re
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -186,6 +193,53 @@ def print_step_kinds(traces: list[Path]) -> None:
             print(f"  {name:34s} {total / 1000:7.1f} ms ({total / span:4.0%})")
 
 
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize")
+"""CUDA runtime calls that block the host until the GPU catches up."""
+
+
+def host_syncs(path: Path, depth: int = 4) -> tuple[int, dict[tuple[str, str], list[float]]]:
+    """The decode and prefill steps' blocking syncs, by call and by the innermost `depth` Python
+    frames around each (innermost first): how many steps, and each site's wait times (us)."""
+    events = load(path)
+    steps = [e for e in events if e.get("cat") == "user_annotation"
+             and str(e["name"]).startswith("step[")]  # fmt: skip
+    frames = sorted((e for e in events if e.get("cat") == "python_function"),
+                    key=lambda e: float(e["ts"]))  # fmt: skip
+    sites: dict[tuple[str, str], list[float]] = defaultdict(list)
+    if not steps:
+        return 0, sites
+    begin = min(float(e["ts"]) for e in steps)
+    end = max(float(e["ts"]) + float(e["dur"]) for e in steps)
+    for sync in events:
+        start = float(sync["ts"])
+        if sync.get("name") not in SYNC_CALLS or not begin <= start <= end:
+            continue
+        stop = start + float(sync.get("dur", 0))
+        around = [
+            f
+            for f in frames
+            if f.get("tid") == sync.get("tid")
+            and float(f["ts"]) <= start <= stop <= float(f["ts"]) + float(f["dur"])
+        ]
+        around.sort(key=lambda f: float(f["dur"]))
+        # Builtins are named with their object's address ("... of Event object at 0x7f..."):
+        # dropped, so one site in several traces reads the same.
+        where = " < ".join(re.sub(r" at 0x[0-9a-f]+", "", str(f["name"]).rsplit(": ", 1)[-1])
+                           for f in around[:depth])  # fmt: skip
+        sites[(str(sync["name"]), where or "(no Python frame)")].append(float(sync.get("dur", 0)))
+    return len(steps), sites
+
+
+def print_syncs(traces: list[Path]) -> None:
+    for trace in traces:
+        steps, sites = host_syncs(trace)
+        total = sum(sum(waits) for waits in sites.values())
+        print(f"{trace.parent.name or trace.name}: {sum(map(len, sites.values()))} blocking "
+              f"syncs in {steps} steps, {total / 1000:.1f} ms waiting")  # fmt: skip
+        for (call, where), waits in sorted(sites.items(), key=lambda kv: -sum(kv[1])):
+            print(f"  {len(waits):4d} x {call:22s} {sum(waits) / 1000:7.1f} ms  in {where}")
+
+
 def print_functions(
     traces: list[Path], top: int, kind: str = "DECODE", part: str = "run_batch"
 ) -> None:
@@ -217,6 +271,10 @@ def main() -> int:
     parser.add_argument("--steps", action="store_true",
                         help="the scheduler thread's time by kind of step (decode, prefill) "
                         "and by loop part")  # fmt: skip
+    parser.add_argument("--syncs", action="store_true",
+                        help="the blocking host-device syncs during the steps, by call and by "
+                        "the Python frames around them (each drains the overlap scheduler's "
+                        "queue)")  # fmt: skip
     args = parser.parse_args()
     traces = sorted(Path(args.folder).rglob("*.trace.json*"))
     if not traces:
@@ -224,6 +282,9 @@ def main() -> int:
         return 1
     if args.steps:
         print_step_kinds(traces)
+        return 0
+    if args.syncs:
+        print_syncs(traces)
         return 0
     if args.functions:
         print_functions(traces, args.functions, args.kind, args.part)
