@@ -421,7 +421,7 @@ def _scalar_index_assignments(function: ast.FunctionDef) -> list[str]:
 
 def test_the_patch_adds_no_stream_sync_through_scalar_index_assignment(patched_site: Path) -> None:
     """Job 35 found `position[rows] = -1` in the lagged writer's forget() syncing the stream on
-    every prefill (1.1 ms each at batch 128, the overlap scheduler's queue drained): no method
+    every prefill (1.2 ms each at batch 128, the overlap scheduler's queue drained): no method
     the patch adds or changes on the worker's per-step path may assign a number through an
     index (index_fill_ and masked_fill_ take it as a kernel argument)."""
     (wheel,) = WHEELS.glob("sglang-0.5.17-*.whl")
