@@ -297,6 +297,30 @@ def off_ratios(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return rows
 
 
+def scheduler_per_step(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per run, server and c, over the windows that timed it: a decode step's wall time and
+    the first scheduler's main thread in it, on a CPU and waiting for one (from /proc). The
+    rest of the wall time it was blocked (the GPU, a lock, a socket). Same work at more CPU
+    time per step is a slower CPU; more run-queue time is a contended one."""
+    rows: list[dict[str, Any]] = []
+    for run in sorted(results, key=run_order):
+        seconds = float(results[run].get("seconds") or 0.0)
+        groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        for w in results[run]["windows"]:
+            if w.get("scheduler_run_ms") and w.get("decode_steps"):
+                groups.setdefault((w["server"], w["c"]), []).append(w)
+        for (server, c), ws in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+            steps = sum(float(w["decode_steps"]) for w in ws)
+            wall = seconds * 1000 * len(ws) / steps
+            on_cpu = sum(w["scheduler_run_ms"][0] for w in ws) / steps
+            waiting = sum(w["scheduler_runqueue_ms"][0] for w in ws) / steps
+            rows.append({"run": run, "server": server, "c": c, "windows": len(ws),
+                         "wall_ms": round(wall, 3), "on_cpu_ms": round(on_cpu, 3),
+                         "runqueue_ms": round(waiting, 3),
+                         "blocked_ms": round(wall - on_cpu - waiting, 3)})  # fmt: skip
+    return rows
+
+
 def accept_rate(accept_length: float, steps: int) -> float:
     """The per-token rate a whose chain 1 + a + ... + a^steps gives this accept length."""
     lo, hi = 0.0, 1.0
@@ -592,6 +616,15 @@ def run_section(results: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]
         md += "".join(f"| {_short(r['run'])} | {r['c']} | {r['server']} | {r['over']} | "
                       f"{r['pairs']} | {r['geomean']} | {r['p05']}-{r['p95']} |\n"
                       for r in variants)  # fmt: skip
+    host = scheduler_per_step(results)
+    if host:
+        md += ("\nA decode step's time and the scheduler's main thread in it (rank 0, /proc "
+               "schedstat; ms per decode step of the windows, prefills included):\n\n"
+               "| run | server | c | windows | wall | on a CPU | waiting for a CPU | blocked |\n"
+               "|---|---|---|---|---|---|---|---|\n")  # fmt: skip
+        md += "".join(f"| {_short(r['run'])} | {r['server']} | {r['c']} | {r['windows']} | "
+                      f"{r['wall_ms']} | {r['on_cpu_ms']} | {r['runqueue_ms']} | "
+                      f"{r['blocked_ms']} |\n" for r in host)  # fmt: skip
     slept = sorted((name for name, r in results.items() if idle_servers_slept(r)), key=run_order)
     busy = "each spun a core in SGLang's busy idle loop while another server was measured"
     if slept and len(slept) == len(results):
@@ -607,7 +640,7 @@ def run_section(results: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]
                "ratio_router_probing": probing, "row_source": source, "every_run": every_run,
                "off_vs_plain_side_by_side": side_by_side, "same_mode_pairs": pairs,
                "same_mode_summary": same_mode_rows,
-               "off_variant_pairs": variants}  # fmt: skip
+               "off_variant_pairs": variants, "scheduler_per_step": host}  # fmt: skip
     return md, figures, stats
 
 

@@ -169,6 +169,63 @@ def moments(port: int) -> list[float]:
     return [*sums, *steps]
 
 
+SCHEDULER_COMM = "sglang::schedul"
+"""An SGLang scheduler process's name as /proc/PID/comm gives it (setproctitle's
+"sglang::scheduler...", cut to 15 characters)."""
+
+
+def scheduler_pids(server_pid: int, proc: Path = Path("/proc")) -> list[int]:
+    """The SGLang scheduler processes under a launched server (one per tensor-parallel rank):
+    descendants of `server_pid` whose name says so, in pid order."""
+    children: dict[int, list[int]] = {}
+    names: dict[int, str] = {}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            names[int(entry.name)] = (entry / "comm").read_text().strip()
+        except OSError:
+            continue  # gone meanwhile
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [server_pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            todo.append(child)
+            if names.get(child, "").startswith(SCHEDULER_COMM):
+                found.append(child)
+    return sorted(found)
+
+
+def main_thread_times(pid: int, proc: Path = Path("/proc")) -> tuple[float, float] | None:
+    """A process's main thread: ms on a CPU and ms waiting in a run queue for one
+    (/proc/PID/task/PID/schedstat); None once it is gone. Wall time minus both is time it was
+    blocked: on the GPU, a lock, a socket."""
+    try:
+        run_ns, wait_ns, _ = (proc / str(pid) / "task" / str(pid) / "schedstat").read_text().split()
+    except (OSError, ValueError):
+        return None
+    return int(run_ns) / 1e6, int(wait_ns) / 1e6
+
+
+def scheduler_times(pids: Sequence[int], proc: Path = Path("/proc")) -> list[tuple[float, float]]:
+    """main_thread_times of each scheduler still there."""
+    return [t for t in (main_thread_times(pid, proc) for pid in pids) if t is not None]
+
+
+def scheduler_deltas(before: list[tuple[float, float]],
+                     after: list[tuple[float, float]]) -> dict[str, list[float]]:  # fmt: skip
+    """Each scheduler's main thread over a window: ms on a CPU and ms waiting for one (nothing
+    where there is no scheduler, as with simulated pods, or one went away meanwhile)."""
+    if not before or len(after) != len(before):
+        return {}
+    pairs = list(zip(before, after, strict=True))
+    return {"scheduler_run_ms": [round(a[0] - b[0], 1) for b, a in pairs],
+            "scheduler_runqueue_ms": [round(a[1] - b[1], 1) for b, a in pairs]}  # fmt: skip
+
+
 def percentile(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -194,6 +251,7 @@ def window(server: Server, clients: int, seconds: float, warmup: float, temperat
     profiler's overhead: they are not measurements). With `flush`, the engine's prefix cache
     is emptied first (see --flush-cache)."""
     flushed = flush_prefix_cache(server.port) if flush else None
+    schedulers = scheduler_pids(server.proc.pid) if server.proc is not None else []
     spans: list[tuple[float, float, int]] = []
     errors: list[int] = []
     lock = threading.Lock()
@@ -224,7 +282,9 @@ def window(server: Server, clients: int, seconds: float, warmup: float, temperat
             "output_dir": str(profile), "num_steps": 24, "activities": ["CPU", "GPU"]})  # fmt: skip
         verify.log(f"profile of {server.name} c={clients} into {profile}: {status} {body}")
     before = moments(server.port)
+    host_before = scheduler_times(schedulers)
     time.sleep(max(0.0, stop_at - time.time()))
+    host_after = scheduler_times(schedulers)
     after = moments(server.port)
     for t in threads:
         t.join()
@@ -243,7 +303,9 @@ def window(server: Server, clients: int, seconds: float, warmup: float, temperat
         "accept_length": round(d[5] / d[1], 3) if d[1] else None,
         "steps_on": d[6],
         "steps_off": d[7],
+        "decode_steps": d[0],
         **({"cache_flushed": flushed} if flush else {}),
+        **scheduler_deltas(host_before, host_after),
     }
 
 
@@ -639,7 +701,7 @@ def main() -> int:
         if args.direct_too:
             # The same engine, reached at its own port: not launched or stopped on its own.
             assert specgate is not None
-            direct = replace(specgate, name=f"{specgate.name}-direct", router_port=None, proc=None)
+            direct = replace(specgate, name=f"{specgate.name}-direct", router_port=None)
             by_name[direct.name] = direct
             main_servers.append(direct.name)
             results["servers"][direct.name] = {"port": direct.port, "gpu": direct.gpu,

@@ -227,6 +227,9 @@ def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
     # --flush-cache: every window began with its idle engine's prefix cache emptied.
     assert result["flush_cache"] is True
     assert all(w["cache_flushed"] is True for w in result["windows"])
+    # Decode steps counted; a simulated pod has no SGLang scheduler process to time.
+    assert all(w["decode_steps"] > 0 for w in result["windows"])
+    assert not any("scheduler_run_ms" in w for w in result["windows"])
 
     second_result = json.loads((tmp_path / "second" / "envelope.json").read_text())
     assert {(w["server"], w["c"]) for w in second_result["windows"]} == {
@@ -406,6 +409,74 @@ def test_the_simulator_is_checked_at_a_held_out_acceptance(report: ModuleType) -
     assert at_128["error"] == round(at_128["simulated"] / (11670 / 10760) - 1, 3)
     # A weaker draft moves the simulated crossover down from the sweep's.
     assert check["simulated_crossover_batch"] < base.crossover_batch()
+
+
+def test_the_report_splits_a_decode_step_by_what_the_scheduler_thread_did(
+    report: ModuleType, tmp_path: Path
+) -> None:
+    """Windows that timed their scheduler: per server and c, a decode step's wall time and the
+    rank-0 scheduler's main thread on a CPU, waiting for one, and blocked; other windows and
+    runs left out."""
+    windows = [
+        window("plain", 16, 4000, decode_steps=1000, scheduler_run_ms=[3000.0, 1.0],
+               scheduler_runqueue_ms=[100.0, 1.0]),
+        window("plain", 16, 4000, decode_steps=1000, scheduler_run_ms=[3200.0],
+               scheduler_runqueue_ms=[300.0]),
+        window("patched-off", 16, 3600, decode_steps=800, scheduler_run_ms=[3400.0],
+               scheduler_runqueue_ms=[0.0]),
+        window("always-on", 16, 6000),  # not timed
+    ]  # fmt: skip
+    results = {"gpu-envelope-40-timed.json": {"seconds": 4.0, "tp": 1, "temperature": 0.9,
+                                              "windows": windows},
+               "gpu-envelope-39-untimed.json": {"seconds": 4.0, "tp": 1, "temperature": 0.9,
+                                                "windows": [window("plain", 16, 4000)]}}  # fmt: skip
+    rows = report.scheduler_per_step(results)
+    assert rows == [
+        {"run": "gpu-envelope-40-timed.json", "server": "patched-off", "c": 16, "windows": 1,
+         "wall_ms": 5.0, "on_cpu_ms": 4.25, "runqueue_ms": 0.0, "blocked_ms": 0.75},
+        {"run": "gpu-envelope-40-timed.json", "server": "plain", "c": 16, "windows": 2,
+         "wall_ms": 4.0, "on_cpu_ms": 3.1, "runqueue_ms": 0.2, "blocked_ms": 0.7},
+    ]  # fmt: skip
+    md, figures, _ = report.run_section(results)
+    assert "| 40-timed | plain | 16 | 2 | 4.0 | 3.1 | 0.2 | 0.7 |" in md
+    assert figures["scheduler_per_step"] == rows
+    assert "scheduler's main thread" not in report.run_section(
+        {"gpu-envelope-39-untimed.json": results["gpu-envelope-39-untimed.json"]})[0]
+
+
+def test_a_window_times_each_scheduler_main_thread(tmp_path: Path) -> None:
+    """The SGLang schedulers under a launched server (any depth, by their process name; the
+    detokenizer and unrelated processes left out), their main threads' CPU and run-queue time
+    from schedstat, and a window's differences (none where a scheduler went away)."""
+    envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
+    proc = tmp_path / "proc"
+
+    def process(pid: int, ppid: int, comm: str, schedstat: str | None = None) -> None:
+        entry = proc / str(pid)
+        entry.mkdir(parents=True)
+        (entry / "stat").write_text(f"{pid} ({comm[:15]}) S {ppid} {pid} 0 0 -1\n")
+        (entry / "comm").write_text(comm[:15] + "\n")
+        if schedstat is not None:
+            (entry / "task" / str(pid)).mkdir(parents=True)
+            (entry / "task" / str(pid) / "schedstat").write_text(schedstat)
+
+    process(100, 1, "python3")  # the launched server (its HTTP process)
+    process(101, 100, "python3")  # a wrapper between them
+    process(105, 101, "sglang::scheduler_TP1", "9000000 1000000 40\n")
+    process(103, 101, "sglang::scheduler_TP0", "5000000 2500000 30\n")
+    process(104, 100, "sglang::detokenizer")
+    process(200, 1, "sglang::scheduler_TP0")  # another server's
+    (proc / "self").mkdir()  # not a process
+    assert envelope.scheduler_pids(100, proc) == [103, 105]
+    assert envelope.scheduler_pids(999, proc) == []
+    before = envelope.scheduler_times([103, 105, 106], proc)  # 106 is gone
+    assert before == [(5.0, 2.5), (9.0, 1.0)]
+    (proc / "103" / "task" / "103" / "schedstat").write_text("8000000 2600000 50\n")
+    after = envelope.scheduler_times([103, 105], proc)
+    assert envelope.scheduler_deltas(before, after) == {
+        "scheduler_run_ms": [3.0, 0.0], "scheduler_runqueue_ms": [0.1, 0.0]}  # fmt: skip
+    assert envelope.scheduler_deltas(before, after[:1]) == {}
+    assert envelope.scheduler_deltas([], []) == {}
 
 
 def test_pinning_deals_whole_physical_cores(tmp_path: Path) -> None:
