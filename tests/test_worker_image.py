@@ -935,6 +935,23 @@ def test_sweep_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
     _results_came_back(out, {"low.json", "high.json"}, {"low/plain.log", "high/plain.log"})
 
 
+def test_speculating_gap_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
+    """bench/speculating-gap-2gpu.sh: verify then draftkv with prefill graphs on GPU 0, beside the
+    deployed sweep of plain, always-on, the held-speculating routed engine (direct too) and
+    pinned-off on GPU 1."""
+    ran, out = _two_run_job(tmp_path, "speculating-gap-2gpu.sh", "SPECULATING_GAP_RUN",
+                            "--repeat", "4")  # fmt: skip
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    assert [c.split()[:2] for c in calls if c[0] == "0"] == [["0", "verify"], ["0", "draftkv"]]
+    assert all("--prefill-graph-tokens 4096" in c for c in calls if c[0] == "0")
+    envelope = ran["1"]
+    assert "--servers plain,always-on,specgate-probes --direct-too" in envelope
+    assert "--router-threshold 146" in envelope and "--extra patched-off" in envelope
+    assert "--prefill-graph-tokens 2048 --flush-cache" in envelope
+    assert envelope.endswith("--repeat 4") and "--port-base 31300" in envelope
+    _results_came_back(out, {"envelope.json"}, {"envelope/plain.log", "verify/plain.log"})
+
+
 def test_pinned_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
     """bench/pinned-2gpu.sh: the c = 4 rerun on GPU 0 and the off A/B on GPU 1, each on its own
     half of the host's cores, on ports and model folders of their own."""
