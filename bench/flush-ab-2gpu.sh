@@ -15,8 +15,9 @@ cd "$(dirname "$0")/.."
 ARCHIVE=${1:-.gpu/site312.tar.xz}
 OUT=${2:-${OUT:-out}/flush-ab}
 RUN=${FLUSH_AB_RUN:-worker-image/gputest/run-on-gpu.sh}  # tests put a stand-in here
-mkdir -p "$OUT"
-bash "$RUN" "$ARCHIVE" "$OUT/setup" none > "$OUT/setup.log" 2>&1 || { tail -20 "$OUT/setup.log"; exit 1; }
+# shellcheck source=worker-image/gputest/job-lib.sh
+. worker-image/gputest/job-lib.sh
+job_setup "$RUN" "$ARCHIVE" "$OUT" || exit 1
 AB=(--servers plain --extra patched-off --levels 16,64 --extra-levels 16,64 --mem-fraction 0.25
     --prefill-graph-tokens 2048 --repeat 8 --deadline 500)
 CUDA_VISIBLE_DEVICES=0 timeout 540 bash "$RUN" "$ARCHIVE" "$OUT/kept" bench/gpu_envelope.py \
@@ -29,23 +30,11 @@ echo "flushed: exit $?"
 wait "$KEPT"
 echo "kept: exit $?"
 if [ -d "$OUT/flushed/profiles" ]; then
-  {
-    for PART in run_batch get_next_batch_to_run process_batch_result; do
-      echo "# profile_summary.py PROFILES --functions 50 --part $PART"
-      python3 worker-image/gputest/profile_summary.py "$OUT/flushed/profiles" --functions 50 \
-        --part "$PART"
-    done
-    echo "# profile_summary.py PROFILES --syncs"
-    python3 worker-image/gputest/profile_summary.py "$OUT/flushed/profiles" --syncs
-  } > "$OUT/functions.txt" 2>&1
+  profile_splits "$OUT/flushed/profiles" > "$OUT/functions.txt" 2>&1
 fi
 grep -h "flush_cache at" "$OUT/flushed.log" | head
-# The device tool returns at most 8 files, 2 folders down: the results at the top, the rest
-# (server logs, profiles) in one archive.
+# The results at the top of OUT, the rest in logs.tar.xz (job-lib.sh's pack_logs).
 cp "$OUT/kept/envelope.json" "$OUT/kept.json" 2>/dev/null
 cp "$OUT/flushed/envelope.json" "$OUT/flushed.json" 2>/dev/null
-mv "$OUT/setup.log" "$OUT/setup/" 2>/dev/null
-PARTS=$(cd "$OUT" && ls -d setup kept flushed 2>/dev/null)
-# shellcheck disable=SC2086
-tar -cJf "$OUT/logs.tar.xz" -C "$OUT" $PARTS && (cd "$OUT" && rm -rf $PARTS)
+pack_logs "$OUT" setup kept flushed
 ls -l "$OUT"

@@ -13,8 +13,9 @@ cd "$(dirname "$0")/.."
 ARCHIVE=${1:-.gpu/site312.tar.xz}
 OUT=${2:-${OUT:-out}/pinned}
 RUN=${PINNED_RUN:-worker-image/gputest/run-on-gpu.sh}  # tests put a stand-in here
-mkdir -p "$OUT"
-bash "$RUN" "$ARCHIVE" "$OUT/setup" none > "$OUT/setup.log" 2>&1 || { tail -20 "$OUT/setup.log"; exit 1; }
+# shellcheck source=worker-image/gputest/job-lib.sh
+. worker-image/gputest/job-lib.sh
+job_setup "$RUN" "$ARCHIVE" "$OUT" || exit 1
 CUDA_VISIBLE_DEVICES=0 timeout 540 bash "$RUN" "$ARCHIVE" "$OUT/c4" bench/gpu_envelope.py \
   --servers plain,always-on,specgate-probes --levels 4 --repeat 30 --seconds 2 --warmup 0.5 \
   --temperature 0.9 --probe-interval 600 --deadline 440 --pin-cpus 1/2 > "$OUT/c4.log" 2>&1 &
@@ -34,8 +35,6 @@ cp "$OUT/off/envelope.json" "$OUT/off.json" 2>/dev/null
 for f in /sys/devices/system/cpu/cpu*/topology/thread_siblings_list; do
   echo "$f: $(cat "$f")"
 done > "$OUT/setup/thread-siblings.txt" 2>/dev/null
-mv "$OUT/setup.log" "$OUT/setup/" 2>/dev/null
-PARTS=$(cd "$OUT" && ls -d setup c4 off 2>/dev/null)
-# shellcheck disable=SC2086
-tar -cJf "$OUT/logs.tar.xz" -C "$OUT" $PARTS && (cd "$OUT" && rm -rf $PARTS)
+# The results at the top of OUT, the rest in logs.tar.xz (job-lib.sh's pack_logs).
+pack_logs "$OUT" setup c4 off
 ls -l "$OUT"

@@ -15,8 +15,9 @@ cd "$(dirname "$0")/.."
 ARCHIVE=${1:-.gpu/site312.tar.xz}
 OUT=${2:-${OUT:-out}/speculating-gap}
 RUN=${SPECULATING_GAP_RUN:-worker-image/gputest/run-on-gpu.sh}  # tests put a stand-in here
-mkdir -p "$OUT"
-bash "$RUN" "$ARCHIVE" "$OUT/setup" none > "$OUT/setup.log" 2>&1 || { tail -20 "$OUT/setup.log"; exit 1; }
+# shellcheck source=worker-image/gputest/job-lib.sh
+. worker-image/gputest/job-lib.sh
+job_setup "$RUN" "$ARCHIVE" "$OUT" || exit 1
 (
   export CUDA_VISIBLE_DEVICES=0
   timeout 330 bash "$RUN" "$ARCHIVE" "$OUT/verify" verify --prefill-graph-tokens 4096 \
@@ -36,13 +37,9 @@ CUDA_VISIBLE_DEVICES=1 timeout 540 bash "$RUN" "$ARCHIVE" "$OUT/envelope" bench/
 echo "gpu_envelope: exit $?"
 wait "$CHECKS"
 tail -n 1 "$OUT/verify.log" "$OUT/draftkv.log"
-# The device tool returns at most 8 files, 2 folders down: the results at the top, the rest
-# (server logs) in one archive.
+# The results at the top of OUT, the rest in logs.tar.xz (job-lib.sh's pack_logs).
 cp "$OUT/verify/results.json" "$OUT/verify.json" 2>/dev/null
 cp "$OUT/draftkv/draftkv.json" "$OUT/draftkv.json" 2>/dev/null
 cp "$OUT/envelope/envelope.json" "$OUT/envelope.json" 2>/dev/null
-mv "$OUT/setup.log" "$OUT/setup/" 2>/dev/null
-PARTS=$(cd "$OUT" && ls -d setup verify draftkv envelope 2>/dev/null)
-# shellcheck disable=SC2086
-tar -cJf "$OUT/logs.tar.xz" -C "$OUT" $PARTS && (cd "$OUT" && rm -rf $PARTS)
+pack_logs "$OUT" setup verify draftkv envelope
 ls -l "$OUT"

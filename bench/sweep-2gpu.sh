@@ -15,8 +15,9 @@ cd "$(dirname "$0")/.."
 ARCHIVE=${1:-.gpu/site312.tar.xz}
 OUT=${2:-${OUT:-out}/sweep}
 RUN=${SWEEP_RUN:-worker-image/gputest/run-on-gpu.sh}  # tests put a stand-in here
-mkdir -p "$OUT"
-bash "$RUN" "$ARCHIVE" "$OUT/setup" none > "$OUT/setup.log" 2>&1 || { tail -20 "$OUT/setup.log"; exit 1; }
+# shellcheck source=worker-image/gputest/job-lib.sh
+. worker-image/gputest/job-lib.sh
+job_setup "$RUN" "$ARCHIVE" "$OUT" || exit 1
 DEPLOYED=(--prefill-graph-tokens 2048 --flush-cache --temperature 0.9 --repeat 3 --deadline 530)
 CUDA_VISIBLE_DEVICES=0 timeout 570 bash "$RUN" "$ARCHIVE" "$OUT/low" bench/gpu_envelope.py \
   --servers plain,always-on,upstream-0step,specgate-probes --levels 4,8,2,1 \
@@ -30,12 +31,8 @@ echo "high: exit $?"
 wait "$LOW"
 echo "low: exit $?"
 grep -h "flush_cache at\|Traceback" "$OUT/low.log" "$OUT/high.log" | sort | uniq -c | head
-# The device tool returns at most 8 files, 2 folders down: the results at the top, the rest
-# (server and router logs) in one archive.
+# The results at the top of OUT, the rest in logs.tar.xz (job-lib.sh's pack_logs).
 cp "$OUT/low/envelope.json" "$OUT/low.json" 2>/dev/null
 cp "$OUT/high/envelope.json" "$OUT/high.json" 2>/dev/null
-mv "$OUT/setup.log" "$OUT/setup/" 2>/dev/null
-PARTS=$(cd "$OUT" && ls -d setup low high 2>/dev/null)
-# shellcheck disable=SC2086
-tar -cJf "$OUT/logs.tar.xz" -C "$OUT" $PARTS && (cd "$OUT" && rm -rf $PARTS)
+pack_logs "$OUT" setup low high
 ls -l "$OUT"

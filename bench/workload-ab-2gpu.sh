@@ -13,8 +13,9 @@ cd "$(dirname "$0")/.."
 ARCHIVE=${1:-.gpu/site312.tar.xz}
 OUT=${2:-${OUT:-out}/workload-ab}
 RUN=${WORKLOAD_AB_RUN:-worker-image/gputest/run-on-gpu.sh}  # tests put a stand-in here
-mkdir -p "$OUT"
-bash "$RUN" "$ARCHIVE" "$OUT/setup" none > "$OUT/setup.log" 2>&1 || { tail -20 "$OUT/setup.log"; exit 1; }
+# shellcheck source=worker-image/gputest/job-lib.sh
+. worker-image/gputest/job-lib.sh
+job_setup "$RUN" "$ARCHIVE" "$OUT" || exit 1
 AB=(--servers plain --extra patched-off --levels 16,64 --extra-levels 16,64 --mem-fraction 0.25
     --deadline 500)
 CUDA_VISIBLE_DEVICES=0 timeout 540 bash "$RUN" "$ARCHIVE" "$OUT/long" bench/gpu_envelope.py \
@@ -27,12 +28,8 @@ echo "graphs: exit $?"
 wait "$LONG"
 echo "long: exit $?"
 grep -h "prefill CUDA graph\|Capture prefill\|Traceback" "$OUT"/graphs/*.log 2>/dev/null | sort | uniq -c | head
-# The device tool returns at most 8 files, 2 folders down: the results at the top, the rest
-# (server logs) in one archive.
+# The results at the top of OUT, the rest in logs.tar.xz (job-lib.sh's pack_logs).
 cp "$OUT/long/envelope.json" "$OUT/long.json" 2>/dev/null
 cp "$OUT/graphs/envelope.json" "$OUT/graphs.json" 2>/dev/null
-mv "$OUT/setup.log" "$OUT/setup/" 2>/dev/null
-PARTS=$(cd "$OUT" && ls -d setup long graphs 2>/dev/null)
-# shellcheck disable=SC2086
-tar -cJf "$OUT/logs.tar.xz" -C "$OUT" $PARTS && (cd "$OUT" && rm -rf $PARTS)
+pack_logs "$OUT" setup long graphs
 ls -l "$OUT"

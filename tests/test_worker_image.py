@@ -952,6 +952,39 @@ def test_speculating_gap_job_orchestration_without_a_gpu(tmp_path: Path) -> None
     _results_came_back(out, {"envelope.json"}, {"envelope/plain.log", "verify/plain.log"})
 
 
+def test_job_lib_splits_profiles_by_loop_part_and_lists_syncs(tmp_path: Path) -> None:
+    """job-lib.sh's profile_splits, as the job scripts call it: the three loop parts' function
+    tables, then the syncs, for a folder of traces."""
+    import gzip
+
+    trace = tmp_path / "profiles" / "plain-c16" / "rank0.trace.json.gz"
+    trace.parent.mkdir(parents=True)
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "scheduler.run_batch", "ts": 0, "dur": 900,
+         "tid": 1},
+        {"ph": "X", "cat": "user_annotation", "name": "step[DECODE bs=16]", "ts": 10, "dur": 800,
+         "tid": 1},
+        {"ph": "X", "cat": "python_function", "name": "x.py(1): forget", "ts": 20, "dur": 500,
+         "tid": 1},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 30, "dur": 400,
+         "tid": 1},
+    ]  # fmt: skip
+    with gzip.open(trace, "wt") as fh:
+        json.dump({"traceEvents": events}, fh)
+    script = f". worker-image/gputest/job-lib.sh && profile_splits {tmp_path / 'profiles'}"
+    result = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True,
+                            timeout=60)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    headers = [line for line in result.stdout.splitlines() if line.startswith("# ")]
+    assert headers == [
+        "# profile_summary.py PROFILES --functions 50 --part run_batch",
+        "# profile_summary.py PROFILES --functions 50 --part get_next_batch_to_run",
+        "# profile_summary.py PROFILES --functions 50 --part process_batch_result",
+        "# profile_summary.py PROFILES --syncs",
+    ]
+    assert "1 x cudaStreamSynchronize" in result.stdout and "in forget" in result.stdout
+
+
 def test_pinned_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
     """bench/pinned-2gpu.sh: the c = 4 rerun on GPU 0 and the off A/B on GPU 1, each on its own
     half of the host's cores, on ports and model folders of their own."""

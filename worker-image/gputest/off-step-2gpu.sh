@@ -21,8 +21,9 @@ ARCHIVE=${1:-.gpu/site312.tar.xz}
 OUT=${2:-${OUT:-out}/off-step}
 RUN=${OFF_STEP_RUN:-worker-image/gputest/run-on-gpu.sh}  # tests put a stand-in here
 CHECK_ARGS=${OFF_STEP_CHECK_ARGS---prefill-graph-tokens 4096}
-mkdir -p "$OUT"
-bash "$RUN" "$ARCHIVE" "$OUT/setup" none > "$OUT/setup.log" 2>&1 || { tail -20 "$OUT/setup.log"; exit 1; }
+# shellcheck source=worker-image/gputest/job-lib.sh
+. worker-image/gputest/job-lib.sh
+job_setup "$RUN" "$ARCHIVE" "$OUT" || exit 1
 checks() {
   export CUDA_VISIBLE_DEVICES=0
   # verify took 169 s beside the speed runs in job 15, and its patched server 141 s to start
@@ -60,26 +61,12 @@ echo "gpu_envelope: exit $?"
 [ -n "$CHECKS" ] && wait "$CHECKS"
 tail -n 1 "$OUT/verify.log" "$OUT"/draftkv.log 2>/dev/null
 if [ -d "$OUT/envelope/profiles" ]; then
-  # The decode steps' run_batch, the loop's two other parts (where an off step's host time
-  # outside run_batch goes), and the syncs that make the host wait for the GPU.
-  {
-    for PART in run_batch get_next_batch_to_run process_batch_result; do
-      echo "# profile_summary.py PROFILES --functions 50 --part $PART"
-      python3 worker-image/gputest/profile_summary.py "$OUT/envelope/profiles" --functions 50 \
-        --part "$PART"
-    done
-    echo "# profile_summary.py PROFILES --syncs"
-    python3 worker-image/gputest/profile_summary.py "$OUT/envelope/profiles" --syncs
-  } > "$OUT/off-step-functions.txt" 2>&1
+  profile_splits "$OUT/envelope/profiles" > "$OUT/off-step-functions.txt" 2>&1
 fi
 grep -h "speculation-off steps" "$OUT"/*/*.log 2>/dev/null | sort | uniq -c
-# The device tool returns at most 8 files, 2 folders down: the results at the top, the rest
-# (server logs, torch profiles) in one archive.
+# The results at the top of OUT, the rest in logs.tar.xz (job-lib.sh's pack_logs).
 cp "$OUT/verify/results.json" "$OUT/verify.json" 2>/dev/null
 cp "$OUT/draftkv/draftkv.json" "$OUT/draftkv.json" 2>/dev/null
 cp "$OUT/envelope/envelope.json" "$OUT/envelope.json" 2>/dev/null
-mv "$OUT/setup.log" "$OUT/setup/" 2>/dev/null
-PARTS=$(cd "$OUT" && ls -d setup verify draftkv envelope 2>/dev/null)
-# shellcheck disable=SC2086
-tar -cJf "$OUT/logs.tar.xz" -C "$OUT" $PARTS && (cd "$OUT" && rm -rf $PARTS)
+pack_logs "$OUT" setup verify draftkv envelope
 ls -l "$OUT"

@@ -1,0 +1,31 @@
+# Shared by the two-GPU job scripts (bench/*-2gpu.sh, worker-image/gputest/off-step-2gpu.sh),
+# which source it from the repository root. Functions only: nothing runs on sourcing.
+
+# Unpack and patch SGLang once (run-on-gpu.sh's `none`) before jobs run side by side.
+job_setup() {  # RUN ARCHIVE OUT
+  mkdir -p "$3"
+  bash "$1" "$2" "$3/setup" none > "$3/setup.log" 2>&1 || { tail -20 "$3/setup.log"; return 1; }
+}
+
+# A folder of torch traces: host time per step by part of the scheduler loop (where an off
+# step's host time outside run_batch goes), then the syncs that make the host wait for the GPU.
+profile_splits() {  # PROFILES
+  local part
+  for part in run_batch get_next_batch_to_run process_batch_result; do
+    echo "# profile_summary.py PROFILES --functions 50 --part $part"
+    python3 worker-image/gputest/profile_summary.py "$1" --functions 50 --part "$part"
+  done
+  echo "# profile_summary.py PROFILES --syncs"
+  python3 worker-image/gputest/profile_summary.py "$1" --syncs
+}
+
+# The device tool returns at most 8 files, 2 folders down: the results stay at the top of OUT,
+# the named parts (server logs, profiles, the set-up log) go into OUT/logs.tar.xz.
+pack_logs() {  # OUT PART...
+  local out=$1 parts
+  shift
+  mv "$out/setup.log" "$out/setup/" 2>/dev/null
+  parts=$(cd "$out" && ls -d "$@" 2>/dev/null)
+  # shellcheck disable=SC2086
+  tar -cJf "$out/logs.tar.xz" -C "$out" $parts && (cd "$out" && rm -rf $parts)
+}
