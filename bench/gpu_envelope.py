@@ -170,7 +170,7 @@ def moments(port: int) -> list[float]:
 
 
 SCHEDULER_COMM = "sglang::schedul"
-"""An SGLang scheduler process's name as /proc/PID/comm gives it (setproctitle's
+"""An SGLang scheduler process's name as /proc/PID/stat gives it (setproctitle's
 "sglang::scheduler...", cut to 15 characters)."""
 
 
@@ -184,10 +184,10 @@ def scheduler_pids(server_pid: int, proc: Path = Path("/proc")) -> list[int]:
             continue
         try:
             stat = (entry / "stat").read_text()
-            names[int(entry.name)] = (entry / "comm").read_text().strip()
         except OSError:
             continue  # gone meanwhile
         # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+        names[int(entry.name)] = stat[stat.index("(") + 1 : stat.rindex(")")]
         ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
         children.setdefault(ppid, []).append(int(entry.name))
     found, todo = [], [server_pid]

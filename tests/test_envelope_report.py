@@ -457,7 +457,6 @@ def test_a_window_times_each_scheduler_main_thread(tmp_path: Path) -> None:
         entry = proc / str(pid)
         entry.mkdir(parents=True)
         (entry / "stat").write_text(f"{pid} ({comm[:15]}) S {ppid} {pid} 0 0 -1\n")
-        (entry / "comm").write_text(comm[:15] + "\n")
         if schedstat is not None:
             (entry / "task" / str(pid)).mkdir(parents=True)
             (entry / "task" / str(pid) / "schedstat").write_text(schedstat)
