@@ -14,7 +14,12 @@ closed-loop runs, 32-token prompts and 128 new tokens as in the sweep), the acce
 measured accept length. Its error is reported against every server-level median the simulator
 models: plain, always-on, and the patched server pinned off.
 
-    .venv/bin/python bench/envelope_report.py [--write-profile]
+The sweep as the operator's pods run it (prefill CUDA graphs, jobs 32-33) has a profile of its
+own (h200-3b-synthetic-deployed.json), fitted and checked the same way in its section, with its
+plot (gpu_envelope_deployed.png); --held-out refits it to four levels and reports its error at
+the other four (minutes of fitting).
+
+    .venv/bin/python bench/envelope_report.py [--write-profile] [--held-out]
 """
 
 from __future__ import annotations
@@ -118,6 +123,16 @@ def summarise(windows: Sequence[dict[str, Any]]) -> Stats:
 
 ROUTED = ("specgate", "specgate-probes")
 FITTED_RUNS = ("gpu-envelope-1-low-c.json", "gpu-envelope-2-high-c.json")
+DEPLOYED = "prefill CUDA graphs up to 2048 tokens, prefix caches emptied before each window"
+"""workload() of the sweep as the operator's pods run it (jobs 32-33), which has a simulator
+profile of its own."""
+DEPLOYED_PROFILE_PATH = PROFILE_PATH.with_name("h200-3b-synthetic-deployed.json")
+DEPLOYED_FITTED_RUNS = (
+    "gpu-envelope-32-sweep-deployed-low-c.json",
+    "gpu-envelope-33-sweep-deployed-high-c.json",
+)
+HELD_OUT_FIT_LEVELS = (1, 4, 16, 64)
+"""--held-out: the deployed profile refitted to these levels, its error at the others."""
 """The jobs the simulator profile is fitted to: the first two, run ten minutes apart. Jobs 3
 and 4 ran hours later on a host up to 1.5x faster, and one smooth profile cannot fit rows from
 both (refitted to the composed table, three points stayed 11-19% off)."""
@@ -405,6 +420,17 @@ def fit_profile(stats: Stats, base: Profile, iterations: int = 300, restarts: in
     return with_costs(base, [math.exp(v) for v in start])
 
 
+def held_out_check(stats: Stats, base: Profile, fit_levels: Sequence[int]) -> dict[str, Any]:
+    """The profile refitted to `fit_levels` only, its error at every other level (minutes of
+    fitting: run by --held-out, not by every report)."""
+
+    def at(keep: Callable[[int], bool]) -> Stats:
+        return {s: {c: r for c, r in by_c.items() if keep(c)} for s, by_c in stats.items()}
+
+    fitted = fit_profile(at(lambda c: c in fit_levels), base)
+    return sim_error(fitted, at(lambda c: c not in fit_levels))
+
+
 def sim_error(profile: Profile, stats: Stats) -> dict[str, Any]:
     rows = []
     for server in SIM_THRESHOLD:
@@ -493,7 +519,12 @@ def _short(run: str) -> str:
 
 
 def plot(
-    stats: Stats, profile: Profile | None, path: Path, tp: int = 1, accept: float = 3.3
+    stats: Stats,
+    profile: Profile | None,
+    path: Path,
+    tp: int = 1,
+    accept: float = 3.3,
+    setup: str = "",
 ) -> None:
     import matplotlib
 
@@ -507,7 +538,9 @@ def plot(
         cs = sorted(stats[server])
         rows = [stats[server][c] for c in cs]
         y = [r["tok_s"] for r in rows]
-        err = [[r["tok_s"] - r["min"] for r in rows], [r["max"] - r["tok_s"] for r in rows]]
+        # The median is rounded to 0.1 tok/s, the range is not: clamp at 0.
+        err = [[max(0.0, r["tok_s"] - r["min"]) for r in rows],
+               [max(0.0, r["max"] - r["tok_s"]) for r in rows]]  # fmt: skip
         left.errorbar(cs, y, yerr=err, marker="o", capsize=3, label=label)
         right.plot(cs, [r["tpot_ms_p50"] for r in rows], marker="o", label=label)
     if profile is not None:
@@ -524,7 +557,7 @@ def plot(
     left.legend(fontsize=7)
     where = "H200" if tp == 1 else f"{tp} H200s, tensor parallel {tp},"
     fig.suptitle(f"{where} 3B-class synthetic pair (accept length ~{accept:.1f}), SGLang 0.5.17 "
-                 "+ specgate\n"
+                 f"+ specgate{', ' + setup if setup else ''}\n"
                  "each concurrency from one GPU job where it could be (BENCHMARKS.md); servers "
                  "that job lacked come from another, whose host ran up to 1.5x slower",
                  fontsize=9)  # fmt: skip
@@ -644,6 +677,50 @@ def run_section(results: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]
     return md, figures, stats
 
 
+def load_profile(path: Path) -> Profile:
+    return Profile.model_validate(json.loads(path.read_text()))
+
+
+def write_profile(profile: Profile, path: Path) -> None:
+    data = profile.model_dump(by_alias=True)
+    data["step"] = {k: round(v, 8) for k, v in data["step"].items()}
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def deployed_calibration(group: dict[str, dict[str, Any]], table: Stats, args: argparse.Namespace,
+                         summary: dict[str, Any], accept: float) -> str:  # fmt: skip
+    """The deployed profile against the runs it is fitted to and the section's table (refitted
+    first with --write-profile, checked on held-out levels with --held-out), and the section's
+    plot with its curves: markdown ('' where the group holds none of those runs)."""
+    runs = [name for name in DEPLOYED_FITTED_RUNS if name in group]
+    if not runs:
+        return ""
+    fitted_stats = summarise([w for name in runs for w in group[name]["windows"]])
+    profile = load_profile(DEPLOYED_PROFILE_PATH)
+    if args.write_profile:
+        profile = fit_profile(fitted_stats, profile)
+        write_profile(profile, DEPLOYED_PROFILE_PATH)
+    fitted = sim_error(profile, fitted_stats)
+    composed = sim_error(profile, table) if table else None
+    summary.update(simulator=fitted, simulator_vs_table=composed)
+    against_table = (f", {composed['mape']:.1%} over the table's {len(composed['points'])}"
+                     if composed else "")  # fmt: skip
+    md = (f"\nThe simulator ({profile.name}): MAPE {fitted['mape']:.1%} over the "
+          f"{len(fitted['points'])} medians of the runs it is fitted to "
+          f"({', '.join(map(_short, runs))}){against_table}; speculation wins (measured) at "
+          f"c = {fitted['measured_speculation_wins_at']}, simulated crossover batch "
+          f"{fitted['simulated_crossover_batch']}.\n")  # fmt: skip
+    if args.held_out:
+        check = held_out_check(fitted_stats, profile, HELD_OUT_FIT_LEVELS)
+        summary["simulator_held_out"] = check
+        md += (f"Refitted to c = {', '.join(map(str, HELD_OUT_FIT_LEVELS))} only: MAPE "
+               f"{check['mape']:.1%} at the other levels (worst "
+               f"{max(abs(p['error']) for p in check['points']):.1%}).\n")  # fmt: skip
+    plot(table or fitted_stats, profile, args.out / "gpu_envelope_deployed.png", accept=accept,
+         setup="as deployed (prefill CUDA graphs, caches emptied before each window)")  # fmt: skip
+    return md
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("inputs", nargs="*", type=Path)
@@ -651,6 +728,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--write-profile", action="store_true")
     parser.add_argument("--fit-runs", default=",".join(FITTED_RUNS),
                         help="the runs (file names) the profile is fitted to, pooled")  # fmt: skip
+    parser.add_argument("--held-out", action="store_true",
+                        help="also refit the deployed profile to c = "
+                        f"{', '.join(map(str, HELD_OUT_FIT_LEVELS))} and print its error at "
+                        "the other levels (minutes)")  # fmt: skip
     args = parser.parse_args(argv)
     inputs = args.inputs or sorted(
         RESULTS.glob("gpu-envelope-*.json"), key=lambda path: run_order(path.name)
@@ -665,16 +746,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     fitted_stats = summarise([w for name in fit_runs for w in results[name]["windows"]])
     profile = None
     if PROFILE_PATH.exists() and not args.write_profile:
-        profile = Profile.model_validate(json.loads(PROFILE_PATH.read_text()))
+        profile = load_profile(PROFILE_PATH)
     elif args.write_profile:
-        base = Profile.model_validate(json.loads(PROFILE_PATH.read_text())) \
-            if PROFILE_PATH.exists() else None  # fmt: skip
-        if base is None:
+        if not PROFILE_PATH.exists():
             raise SystemExit(f"{PROFILE_PATH} is missing: it holds the metadata to fit into")
-        profile = fit_profile(fitted_stats, base)
-        data = profile.model_dump(by_alias=True)
-        data["step"] = {k: round(v, 8) for k, v in data["step"].items()}
-        PROFILE_PATH.write_text(json.dumps(data, indent=2) + "\n")
+        profile = fit_profile(fitted_stats, load_profile(PROFILE_PATH))
+        write_profile(profile, PROFILE_PATH)
     args.out.mkdir(parents=True, exist_ok=True)
     md, summary, stats = run_section(groups.pop((1, ENVELOPE_TEMPERATURE, ""), {}))
     error = sim_error(profile, fitted_stats) if profile else None
@@ -688,10 +765,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         group_md, group_summary, group_stats = run_section(group)
         accept = statistics.median(r["predicted_accept_length"] for r in group.values())
         if differs:
-            # The simulator models the sweep's workload only: no check, no curves here.
             md += (f"\n## Another workload ({differs}), temperature {temperature:g}, tensor "
                    f"parallel {tp}\n\n" + group_md)  # fmt: skip
             summary[f"tp{tp}_t{temperature:g}_{slug(differs)}"] = group_summary
+            if (differs, tp, temperature) == (DEPLOYED, 1, ENVELOPE_TEMPERATURE):
+                # The deployed sweep has a simulator profile of its own; other workloads none.
+                md += deployed_calibration(group, group_stats, args, group_summary, accept)
             continue
         if temperature == ENVELOPE_TEMPERATURE:
             md += f"\n## Tensor parallel {tp}: every server spans {tp} GPUs\n\n" + group_md

@@ -374,6 +374,37 @@ def test_a_job_with_another_workload_gets_a_section_of_its_own(
     assert long_run["stats"]["plain"]["4"]["tok_s"] == 1500
 
 
+def test_the_deployed_sweep_is_checked_against_its_own_profile(
+    report: ModuleType, tmp_path: Path
+) -> None:
+    """Jobs with prefill graphs and emptied caches (the deployed sweep) get the deployed
+    profile's error and a plot with its curves; a workload with no profile gets neither."""
+    deployed = report.load_profile(report.DEPLOYED_PROFILE_PATH)
+    levels = (1, 16, 128)
+    windows = [window(server, c, report.simulate(deployed, server, c) * scale, accept=accept)
+               for server, scale, accept in (("plain", 1.25, 1.0), ("always-on", 1.0, 3.3))
+               for c in levels]  # fmt: skip
+    job = {"tp": 1, "temperature": 0.9, "predicted_accept_length": 3.3,
+           "prefill_graph_tokens": 2048, "flush_cache": True, "windows": windows}  # fmt: skip
+    other = {**job, "flush_cache": False}
+    inputs = {report.DEPLOYED_FITTED_RUNS[0]: job, "gpu-envelope-31-graphs-only.json": other}
+    for name, result in inputs.items():
+        (tmp_path / name).write_text(json.dumps(result))
+    out = tmp_path / "out"
+    assert report.main([*(str(tmp_path / n) for n in inputs), "--out", str(out)]) == 0
+    md = (out / "gpu_envelope.md").read_text()
+    graphs_only, deployed_section = md.split("## Another workload (")[1:]
+    assert deployed_section.startswith(report.DEPLOYED)
+    assert "The simulator" not in graphs_only
+    # Plain ran 25% above the profile (-20% error), always-on on it: 10% over six medians.
+    assert f"The simulator ({deployed.name}): MAPE 10.0% over the 6 medians" in deployed_section
+    summary = json.loads((out / "gpu_envelope.json").read_text())
+    check = summary[f"tp1_t0.9_{report.slug(report.DEPLOYED)}"]["simulator"]
+    assert {p["server"]: p["error"] for p in check["points"] if p["c"] == 16} == {
+        "plain": -0.2, "always-on": 0.0}  # fmt: skip
+    assert (out / "gpu_envelope_deployed.png").stat().st_size > 20_000
+
+
 def test_a_run_whose_idle_servers_slept_is_told_apart(report: ModuleType) -> None:
     """A run counts as asleep only if every server it launched had --sleep-on-idle (the
     routed engine measured direct is no server of its own)."""
