@@ -20,12 +20,8 @@ RUN=${SPECULATING_GAP_RUN:-worker-image/gputest/run-on-gpu.sh}  # tests put a st
 job_setup "$RUN" "$ARCHIVE" "$OUT" || exit 1
 (
   export CUDA_VISIBLE_DEVICES=0
-  timeout 330 bash "$RUN" "$ARCHIVE" "$OUT/verify" verify --prefill-graph-tokens 4096 \
-    > "$OUT/verify.log" 2>&1
-  echo "verify: exit $?" >> "$OUT/verify.log"
-  timeout 250 bash "$RUN" "$ARCHIVE" "$OUT/draftkv" draftkv --prefill-graph-tokens 4096 \
-    > "$OUT/draftkv.log" 2>&1
-  echo "draftkv: exit $?" >> "$OUT/draftkv.log"
+  gpu_check verify 330 "$RUN" "$ARCHIVE" "$OUT" --prefill-graph-tokens 4096
+  gpu_check draftkv 250 "$RUN" "$ARCHIVE" "$OUT" --prefill-graph-tokens 4096
 ) &
 CHECKS=$!
 CUDA_VISIBLE_DEVICES=1 timeout 540 bash "$RUN" "$ARCHIVE" "$OUT/envelope" bench/gpu_envelope.py \

@@ -7,6 +7,15 @@ job_setup() {  # RUN ARCHIVE OUT
   bash "$1" "$2" "$3/setup" none > "$3/setup.log" 2>&1 || { tail -20 "$3/setup.log"; return 1; }
 }
 
+# One engine check (verify, draftkv) on the GPUs CUDA_VISIBLE_DEVICES names, cut at TIMEOUT
+# seconds: its results in OUT/NAME, its output and exit status in OUT/NAME.log.
+gpu_check() {  # NAME TIMEOUT RUN ARCHIVE OUT [check args...]
+  local name=$1 limit=$2 run=$3 archive=$4 out=$5
+  shift 5
+  timeout "$limit" bash "$run" "$archive" "$out/$name" "$name" "$@" > "$out/$name.log" 2>&1
+  echo "$name: exit $?" >> "$out/$name.log"
+}
+
 # A folder of torch traces: host time per step by part of the scheduler loop (where an off
 # step's host time outside run_batch goes), then the syncs that make the host wait for the GPU.
 profile_splits() {  # PROFILES

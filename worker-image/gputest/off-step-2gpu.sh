@@ -29,14 +29,10 @@ checks() {
   # verify took 169 s beside the speed runs in job 15, and its patched server 141 s to start
   # beside another server in the eighth session: 330 s leaves room.
   # shellcheck disable=SC2086
-  timeout 330 bash "$RUN" "$ARCHIVE" "$OUT/verify" verify $CHECK_ARGS \
-    > "$OUT/verify.log" 2>&1
-  echo "verify: exit $?" >> "$OUT/verify.log"
+  gpu_check verify 330 "$RUN" "$ARCHIVE" "$OUT" $CHECK_ARGS
   if [ "$GPUS" -gt 1 ] || [ "${OFF_STEP_DRAFTKV:-0}" = 1 ]; then
     # shellcheck disable=SC2086
-    timeout 250 bash "$RUN" "$ARCHIVE" "$OUT/draftkv" draftkv $CHECK_ARGS \
-      > "$OUT/draftkv.log" 2>&1
-    echo "draftkv: exit $?" >> "$OUT/draftkv.log"
+    gpu_check draftkv 250 "$RUN" "$ARCHIVE" "$OUT" $CHECK_ARGS
   fi
 }
 # With one GPU (a 10-minute call holds no more): verify, then the speed runs, on GPU 0;
