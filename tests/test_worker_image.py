@@ -950,6 +950,9 @@ def test_speculating_gap_job_orchestration_without_a_gpu(tmp_path: Path) -> None
     assert "--prefill-graph-tokens 2048 --flush-cache" in envelope
     assert envelope.endswith("--repeat 4") and "--port-base 31300" in envelope
     _results_came_back(out, {"envelope.json"}, {"envelope/plain.log", "verify/plain.log"})
+    # Each check's log ends with its exit status (job-lib.sh's gpu_check).
+    for check in ("verify", "draftkv"):
+        assert (out / f"{check}.log").read_text().splitlines()[-1] == f"{check}: exit 0"
 
 
 def test_job_lib_splits_profiles_by_loop_part_and_lists_syncs(tmp_path: Path) -> None:
