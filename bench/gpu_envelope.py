@@ -28,6 +28,11 @@ own port (the router still sets its threshold), in the same rotation: the proxy'
 --new-tokens, --prefill-graph-tokens and --pin-cpus change the workload or the host setup
 (longer requests, prefills through SGLang's default breakable CUDA graphs, each process on
 CPUs of its own); bench/envelope_report.py reports such runs in sections of their own.
+--client-keepalive gives each client one connection it keeps (SDK clients do; by default a
+client opens a connection per request). Every window records the host's TCP counters (accept
+queues overflowed, SYNs sent again) and, through the router, the router's CPU time and its
+in-flight count sampled four times a second: at c = 128 the router held far fewer requests
+than there were clients in some windows (BENCHMARKS.md job 36), and these tell why.
 --flush-cache empties each server's prefix cache before each of its windows. Without it a
 server's radix tree fills with finished requests and every allocation then evicts (host time
 on each step or two); the speculative servers, with smaller KV pools, get there first.
@@ -54,6 +59,8 @@ job; the low levels, which need no learning, are a second job.)
 from __future__ import annotations
 
 import argparse
+import contextlib
+import http.client
 import json
 import os
 import random
@@ -113,6 +120,8 @@ class Server:
     env: dict[str, str] = field(default_factory=dict)
     router_port: int | None = None
     """Where specgate's router listens in front of this server (specgate only)."""
+    router_pid: int | None = None
+    """The router's process, once started: each window records its CPU time."""
     cpus: list[int] | None = None
     """The CPUs it runs on, with --pin-cpus (else wherever the OS puts it)."""
     proc: subprocess.Popen[bytes] | None = None
@@ -226,6 +235,129 @@ def scheduler_deltas(before: list[tuple[float, float]],
             "scheduler_runqueue_ms": [round(a[1] - b[1], 1) for b, a in pairs]}  # fmt: skip
 
 
+TCP_COUNTERS = {
+    "Tcp": ("ActiveOpens", "PassiveOpens", "AttemptFails", "EstabResets", "RetransSegs"),
+    "TcpExt": ("ListenOverflows", "ListenDrops", "TCPSynRetrans", "TCPTimeouts"),
+}
+"""The host's TCP counters each window records the change of: accept queues that overflowed
+and SYNs sent again (a connection waiting a second or more to open) tell connection churn
+apart from a busy process."""
+
+
+def tcp_counters(proc: Path = Path("/proc")) -> dict[str, int]:
+    """TCP_COUNTERS from /proc/net/snmp and /proc/net/netstat (lines come in pairs: the names,
+    then the values, each line led by its group); the ones this kernel lacks are left out."""
+    found: dict[str, int] = {}
+    for name in ("snmp", "netstat"):
+        try:
+            lines = (proc / "net" / name).read_text().splitlines()
+        except OSError:
+            continue
+        for head, values in zip(lines[::2], lines[1::2], strict=False):
+            group, _, keys = head.partition(":")
+            wanted = TCP_COUNTERS.get(group, ())
+            for key, value in zip(keys.split(), values.partition(":")[2].split(), strict=False):
+                if key in wanted:
+                    found[key] = int(value)
+    return found
+
+
+def time_wait_sockets(proc: Path = Path("/proc")) -> int:
+    """Sockets in TIME_WAIT (state 06 in /proc/net/tcp and tcp6): what a client that opens a
+    connection per request leaves behind, for 60 s each."""
+    count = 0
+    for name in ("tcp", "tcp6"):
+        try:
+            lines = (proc / "net" / name).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        count += sum(1 for line in lines if line.split()[3:4] == ["06"])
+    return count
+
+
+class RouterTrace:
+    """Samples the router's own view of its pod while a window runs: requests the router holds
+    (inFlight) against the batch the engine reported at its last scrape. A router holding
+    fewer requests than there are clients means requests wait before reaching it."""
+
+    def __init__(self, port: int, origin: float, every: float = 0.25) -> None:
+        self.port, self.origin, self.every = port, origin, every
+        self.samples: list[tuple[float, int | None, int | None]] = []
+        """(seconds since `origin`, the router's in-flight count, the engine's batch)"""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="router-trace", daemon=True)
+
+    def __enter__(self) -> RouterTrace:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            view = router_view(self.port, timeout=max(self.every, 1.0))
+            self.samples.append((round(time.time() - self.origin, 2), view.get("inFlight"),
+                                 view.get("batch")))  # fmt: skip
+
+    def summary(self) -> dict[str, Any]:
+        """The router's in-flight count from `origin` on, at its 10th and 50th percentiles,
+        and every sample (those before `origin`, in the warm-up, too)."""
+        held: list[float] = [n for t, n, _ in self.samples if t >= 0 and n is not None]
+        return {"router_in_flight_p10": percentile(held, 0.1),
+                "router_in_flight_p50": percentile(held, 0.5),
+                "router_trace": [list(x) for x in self.samples]}  # fmt: skip
+
+
+class PersistentClient:
+    """One client's keep-alive HTTP/1.1 connection, as SDK clients hold one (verify.call opens a
+    connection per request). A connection the server closed meanwhile (idle between windows)
+    is opened again once."""
+
+    def __init__(self, port: int, timeout: float = 120) -> None:
+        self.port, self.timeout = port, timeout
+        self.conn: http.client.HTTPConnection | None = None
+
+    def call(self, path: str, body: object) -> tuple[int, object]:
+        data = json.dumps(body).encode()
+        headers = {"Authorization": f"Bearer {verify.KEY}", "Content-Type": "application/json"}
+        for attempt in (0, 1):
+            if self.conn is None:
+                self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout)
+            try:
+                self.conn.request("POST", path, body=data, headers=headers)
+                resp = self.conn.getresponse()
+                raw = resp.read()
+            except (http.client.HTTPException, OSError):
+                self.close()
+                if attempt:
+                    return 0, None
+                continue
+            if resp.will_close:
+                self.close()
+            try:
+                return resp.status, json.loads(raw) if raw else None
+            except json.JSONDecodeError:
+                return resp.status, raw.decode(errors="replace")
+        return 0, None
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
+def router_deltas(before: tuple[float, float] | None,
+                  after: tuple[float, float] | None) -> dict[str, float]:  # fmt: skip
+    """The router's main thread over a window: ms on a CPU (about the window's length when the
+    router is the bottleneck) and ms waiting for one."""
+    if before is None or after is None:
+        return {}
+    return {"router_run_ms": round(after[0] - before[0], 1),
+            "router_runqueue_ms": round(after[1] - before[1], 1)}  # fmt: skip
+
+
 def percentile(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -245,13 +377,15 @@ def flush_prefix_cache(port: int, wait: float = 10.0) -> bool:
 
 def window(server: Server, clients: int, seconds: float, warmup: float, temperature: float,
            seed: int, profile: Path | None = None, new_tokens: tuple[int, int] = NEW_TOKENS,
-           flush: bool = False) -> dict[str, Any]:  # fmt: skip
+           flush: bool = False, keepalive: bool = False) -> dict[str, Any]:  # fmt: skip
     """One closed-loop window against one server; with `profile`, a torch profile of 24 decode
     steps is taken into that folder after the warm-up (the window's figures then carry the
     profiler's overhead: they are not measurements). With `flush`, the engine's prefix cache
-    is emptied first (see --flush-cache)."""
+    is emptied first (see --flush-cache); with `keepalive`, each client keeps one connection
+    (see --client-keepalive). Through a router, the router's in-flight count is sampled."""
     flushed = flush_prefix_cache(server.port) if flush else None
     schedulers = scheduler_pids(server.proc.pid) if server.proc is not None else []
+    time_wait = time_wait_sockets()
     spans: list[tuple[float, float, int]] = []
     errors: list[int] = []
     lock = threading.Lock()
@@ -260,34 +394,44 @@ def window(server: Server, clients: int, seconds: float, warmup: float, temperat
 
     def client(i: int) -> None:
         rng = random.Random(seed * 1000 + i)
+        conn = PersistentClient(server.client_port) if keepalive else None
         while time.time() < stop_at:
             ids = [rng.randrange(3, 32000) for _ in range(32)]
             sampling = {"max_new_tokens": rng.randint(*new_tokens), "temperature": temperature,
                         "ignore_eos": True}  # fmt: skip
+            body = {"input_ids": ids, "sampling_params": sampling}
             began = time.time()
-            status, body = verify.call(server.client_port, "/generate",
-                                       {"input_ids": ids, "sampling_params": sampling})  # fmt: skip
+            status, answer = (conn.call("/generate", body) if conn is not None
+                              else verify.call(server.client_port, "/generate", body))  # fmt: skip
             with lock:
-                if status == 200 and isinstance(body, dict):
-                    spans.append((began, time.time(), len(body["output_ids"])))
+                if status == 200 and isinstance(answer, dict):
+                    spans.append((began, time.time(), len(answer["output_ids"])))
                 else:
                     errors.append(status)
+        if conn is not None:
+            conn.close()
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
-    for t in threads:
-        t.start()
-    time.sleep(max(0.0, window_start - time.time()))
-    if profile is not None:
-        status, body = verify.call(server.port, "/start_profile", {
-            "output_dir": str(profile), "num_steps": 24, "activities": ["CPU", "GPU"]})  # fmt: skip
-        verify.log(f"profile of {server.name} c={clients} into {profile}: {status} {body}")
-    before = moments(server.port)
-    host_before = scheduler_times(schedulers)
-    time.sleep(max(0.0, stop_at - time.time()))
-    host_after = scheduler_times(schedulers)
-    after = moments(server.port)
-    for t in threads:
-        t.join()
+    with (RouterTrace(server.router_port, origin=window_start) if server.router_port is not None
+          else contextlib.nullcontext()) as trace:  # fmt: skip
+        for t in threads:
+            t.start()
+        time.sleep(max(0.0, window_start - time.time()))
+        if profile is not None:
+            status, body = verify.call(server.port, "/start_profile", {"output_dir": str(profile),
+                "num_steps": 24, "activities": ["CPU", "GPU"]})  # fmt: skip
+            verify.log(f"profile of {server.name} c={clients} into {profile}: {status} {body}")
+        before = moments(server.port)
+        host_before = scheduler_times(schedulers)
+        router_before = main_thread_times(server.router_pid) if server.router_pid else None
+        tcp_before = tcp_counters()
+        time.sleep(max(0.0, stop_at - time.time()))
+        tcp_after = tcp_counters()
+        router_after = main_thread_times(server.router_pid) if server.router_pid else None
+        host_after = scheduler_times(schedulers)
+        after = moments(server.port)
+        for t in threads:
+            t.join()
     d = [a - b for a, b in zip(after, before, strict=True)]
     tokens = tokens_in_window(spans, window_start, stop_at)
     tpot = [1000 * (end - began) / n for began, end, n in spans
@@ -306,12 +450,17 @@ def window(server: Server, clients: int, seconds: float, warmup: float, temperat
         "decode_steps": d[0],
         **({"cache_flushed": flushed} if flush else {}),
         **scheduler_deltas(host_before, host_after),
+        **router_deltas(router_before, router_after),
+        **(trace.summary() if trace is not None else {}),
+        "tcp": {k: tcp_after[k] - tcp_before[k] for k in tcp_after if k in tcp_before},
+        "time_wait_sockets": time_wait,
+        **({"client_keepalive": True} if keepalive else {}),
     }
 
 
-def router_view(port: int) -> dict[str, Any]:
+def router_view(port: int, timeout: float = 10) -> dict[str, Any]:
     try:
-        pods = get_json(f"http://127.0.0.1:{port}/specgate/pods")["pods"]
+        pods = get_json(f"http://127.0.0.1:{port}/specgate/pods", timeout=timeout)["pods"]
     except OSError as exc:
         return {"error": str(exc)}
     view: dict[str, Any] = pods[0] if pods else {}
@@ -553,6 +702,10 @@ def main() -> int:
                         help="the threshold the routed engine starts with and its router adopts "
                         "(above the largest batch, with no learning phase and no probe within "
                         "the run, the routed engine speculates throughout)")  # fmt: skip
+    parser.add_argument("--client-keepalive", action="store_true",
+                        help="each client keeps one HTTP connection open, as SDK clients do "
+                        "(without it, a connection per request: about 140 new connections a "
+                        "second at c = 128)")  # fmt: skip
     parser.add_argument("--flush-cache", action="store_true",
                         help="empty each server's prefix cache before each of its windows, so "
                         "every window starts from the same empty cache (without it, servers with "
@@ -670,7 +823,7 @@ def main() -> int:
         "temperature": args.temperature, "c": args.c,
         "new_tokens": list(new_tokens), "prefill_graph_tokens": args.prefill_graph_tokens,
         "benchmark_cpus": pinned[0] if pinned else None, "flush_cache": args.flush_cache,
-        "router_threshold": args.router_threshold,
+        "router_threshold": args.router_threshold, "client_keepalive": args.client_keepalive,
         "predicted_accept_length": round(acceptance(args.c, args.temperature, 3)[1], 3),
         "levels": levels, "repeat": args.repeat, "seconds": args.seconds,
         "warmup": args.warmup, "extra": extras, "extra_levels": extra_levels,
@@ -698,6 +851,8 @@ def main() -> int:
         specgate = next((s for s in servers if s.name in ROUTED), None)
         if specgate is not None:
             router = start_router(specgate, out, args.probe_interval, args.router_threshold)
+            specgate.router_pid = router.pid
+            (out / "router.pid").write_text(f"{router.pid}\n")  # for a profiler to attach to
         if args.direct_too:
             # The same engine, reached at its own port: not launched or stopped on its own.
             assert specgate is not None
@@ -749,8 +904,8 @@ def main() -> int:
                 verify.log(results["stopped_early"])
                 break
             got = window(by_name[name], c, args.seconds, args.warmup, args.temperature,
-                         seed=c * 100 + rep, new_tokens=new_tokens,
-                         flush=args.flush_cache)  # fmt: skip
+                         seed=c * 100 + rep, new_tokens=new_tokens, flush=args.flush_cache,
+                         keepalive=args.client_keepalive)  # fmt: skip
             got.update(server=name, c=c, rep=rep)
             if name.removesuffix("-direct") in ROUTED:
                 assert specgate is not None and specgate.router_port is not None

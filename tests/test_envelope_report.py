@@ -200,7 +200,7 @@ def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
                  "--servers", "always-on,specgate-probes", "--extra", "upstream-always-on",
                  "--extra-levels", "2", "--tp", "2", "--direct-too",
                  "--probe-interval", "90", "--busy-idle", "--new-tokens", "16,32",
-                 "--router-threshold", "146",
+                 "--router-threshold", "146", "--client-keepalive",
                  "--prefill-graph-tokens", "512")  # fmt: skip
     for proc in (first, second):
         output, _ = proc.communicate(timeout=240)
@@ -267,6 +267,17 @@ def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
     assert not any("cache_flushed" in w for w in second_result["windows"])
     assert all(w["errors"] == 0 and w["tok_s"] > 0 for w in second_result["windows"])
     assert "error" not in second_result
+    # Through the router, each window samples the router's in-flight count and times its main
+    # thread; every window counts the host's TCP trouble. --client-keepalive is recorded.
+    assert second_result["client_keepalive"] is True and result["client_keepalive"] is False
+    routed = [w for w in second_result["windows"] if w["server"] == "specgate-probes"]
+    for w in routed:
+        assert w["client_keepalive"] is True
+        assert 1 <= w["router_in_flight_p50"] <= 2 and w["router_trace"]
+        assert w["router_run_ms"] > 0 and "router_runqueue_ms" in w
+    assert not any("router_trace" in w for w in direct)
+    assert all(isinstance(w["tcp"], dict) and w["time_wait_sockets"] >= 0
+               for w in result["windows"] + second_result["windows"])  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -509,6 +520,76 @@ def test_a_window_times_each_scheduler_main_thread(tmp_path: Path) -> None:
         "scheduler_run_ms": [3.0, 0.0], "scheduler_runqueue_ms": [0.1, 0.0]}  # fmt: skip
     assert envelope.scheduler_deltas(before, after[:1]) == {}
     assert envelope.scheduler_deltas([], []) == {}
+
+
+def test_a_window_counts_the_hosts_tcp_trouble(tmp_path: Path) -> None:
+    """The TCP counters come from /proc/net/snmp and netstat's paired lines (names, then
+    values); TIME_WAIT sockets are state 06 in /proc/net/tcp and tcp6."""
+    envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
+    net = tmp_path / "net"
+    net.mkdir()
+    (net / "snmp").write_text(
+        "Ip: Forwarding DefaultTTL\nIp: 1 64\n"
+        "Tcp: RtoAlgorithm ActiveOpens PassiveOpens AttemptFails EstabResets RetransSegs\n"
+        "Tcp: 1 120 118 3 2 40\n"
+    )
+    (net / "netstat").write_text(
+        "TcpExt: SyncookiesSent ListenOverflows ListenDrops TCPTimeouts\nTcpExt: 0 7 9 11\n"
+    )
+    assert envelope.tcp_counters(tmp_path) == {
+        "ActiveOpens": 120, "PassiveOpens": 118, "AttemptFails": 3, "EstabResets": 2,
+        "RetransSegs": 40, "ListenOverflows": 7, "ListenDrops": 9, "TCPTimeouts": 11}  # fmt: skip
+    head = "  sl  local_address rem_address   st tx_queue rx_queue\n"
+    (net / "tcp").write_text(head + "   0: 0100007F:7A30 0100007F:D3B2 06 0:0\n"
+                             "   1: 0100007F:7A30 00000000:0000 0A 0:0\n"
+                             "   2: 0100007F:7A31 0100007F:D3B4 06 0:0\n")  # fmt: skip
+    assert envelope.time_wait_sockets(tmp_path) == 2  # no tcp6 file: counted as none
+    assert envelope.tcp_counters(tmp_path / "nowhere") == {}
+
+
+def test_a_persistent_client_keeps_its_connection_and_reopens_a_closed_one() -> None:
+    """--client-keepalive: one connection for request after request; when the server drops
+    it (as an idle keep-alive connection is dropped between windows), the next call opens a
+    new one and succeeds."""
+    import http.server
+    import threading
+
+    envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
+    connections: list[int] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def setup(self) -> None:
+            super().setup()
+            connections.append(self.client_address[1])
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            answer = json.dumps({"echo": json.loads(body), "auth": self.headers["Authorization"]})
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer.encode())
+            # The third request's connection is dropped without a word, as an idle one is.
+            self.close_connection = len(connections) == 1 and body == b'{"n": 2}'
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = envelope.PersistentClient(server.server_address[1], timeout=10)
+        for n in range(4):
+            status, answer = client.call("/generate", {"n": n})
+            assert status == 200 and answer["echo"] == {"n": n}
+            assert answer["auth"] == "Bearer gputest-key"
+        assert len(connections) == 2  # requests 0-2 on the first, 3 on a new one
+        client.close()
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_pinning_deals_whole_physical_cores(tmp_path: Path) -> None:

@@ -955,6 +955,44 @@ def test_speculating_gap_job_orchestration_without_a_gpu(tmp_path: Path) -> None
         assert (out / f"{check}.log").read_text().splitlines()[-1] == f"{check}: exit 0"
 
 
+def test_router_stall_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
+    """bench/router-stall.sh: the routed engine and its own port at c = 128 twice on one GPU, one
+    run after the other (a connection per request, then kept connections), on ports and
+    models of their own; no py-spy wheel, no recording, and the job goes on."""
+    calls = tmp_path / "calls.txt"
+    runner = tmp_path / "run.sh"
+    runner.write_text(f"""#!/usr/bin/env bash
+echo "${{*:3}}" >> {calls}
+mkdir -p "$2"
+[ "$3" = none ] || {{ echo '{{"windows": []}}' > "$2/envelope.json"; echo log > "$2/router.log"; }}
+""")  # fmt: skip
+    runner.chmod(0o755)
+    out = tmp_path / "out"
+    env = {**os.environ, "ROUTER_STALL_RUN": str(runner), "ROUTER_STALL_PYSPY": ""}
+    result = subprocess.run(["bash", str(ROOT / "bench" / "router-stall.sh"), "site.tar.xz",
+                             str(out), "--seconds", "3"], capture_output=True, text=True,
+                            env=env, timeout=60)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    ran = calls.read_text().splitlines()
+    assert ran[0] == "none" and len(ran) == 3
+    conn, keep = ran[1:]
+    for args in (conn, keep):
+        assert "--servers specgate-probes --direct-too --levels 128" in args
+        assert "--router-threshold 146" in args and "--prefill-graph-tokens 2048" in args
+        assert "--flush-cache" in args and args.endswith("--seconds 3")
+    assert "--client-keepalive" not in conn and "--port-base" not in conn
+    assert "--client-keepalive --port-base 31300" in keep
+    _results_came_back(out, {"conn.json", "keep.json"},
+                       {"conn/router.log", "keep/router.log", "host/net.txt"})  # fmt: skip
+    assert "no py-spy wheel" in (out / "pyspy.log").read_text()
+    import tarfile
+
+    with tarfile.open(out / "logs.tar.xz") as archive:
+        member = archive.extractfile("host/net.txt")
+        assert member is not None
+        assert "net.core.somaxconn = " in member.read().decode()
+
+
 def test_job_lib_splits_profiles_by_loop_part_and_lists_syncs(tmp_path: Path) -> None:
     """job-lib.sh's profile_splits, as the job scripts call it: the three loop parts' function
     tables, then the syncs, for a folder of traces."""

@@ -38,3 +38,30 @@ pack_logs() {  # OUT PART...
   # shellcheck disable=SC2086
   tar -cJf "$out/logs.tar.xz" -C "$out" $parts && (cd "$out" && rm -rf $parts)
 }
+
+# py-spy (from its wheel, carried in .gpu/: the device has no network) records where a router's
+# process spends its time, idle samples included, in py-spy's raw format (folded stacks), while
+# it lives: bench/gpu_envelope.py writes RUN_DIR/router.pid once the router is up. No wheel
+# (an empty WHEEL), no recording.
+record_router() {  # WHEEL RUN_DIR OUTFILE SECONDS
+  local wheel=$1 dir=$2 outfile=$3 seconds=$4 spy=/tmp/specgate-pyspy/py-spy
+  [ -n "$wheel" ] || { echo "record_router: no py-spy wheel"; return 0; }
+  if [ ! -x "$spy" ]; then
+    python3 -m zipfile -e "$wheel" /tmp/specgate-pyspy/wheel || return 0
+    install -m 755 /tmp/specgate-pyspy/wheel/py_spy-*.data/scripts/py-spy "$spy" || return 0
+  fi
+  for _ in $(seq "$((seconds * 2))"); do [ -f "$dir/router.pid" ] && break; sleep 0.5; done
+  [ -f "$dir/router.pid" ] || { echo "record_router: no $dir/router.pid"; return 0; }
+  timeout "$((seconds + 30))" "$spy" record --pid "$(cat "$dir/router.pid")" --rate 200 --idle \
+    --format raw --nonblocking --duration "$seconds" --output "$outfile"
+  echo "record_router: exit $?"
+}
+
+# The host's network limits that bear on connection churn (bench/router-stall.sh).
+host_net() {
+  local key
+  for key in net.core.somaxconn net.ipv4.tcp_max_syn_backlog net.ipv4.ip_local_port_range \
+    net.ipv4.tcp_tw_reuse net.ipv4.tcp_syncookies net.ipv4.tcp_fin_timeout; do
+    echo "$key = $(cat "/proc/sys/${key//.//}" 2>/dev/null)"
+  done
+}
