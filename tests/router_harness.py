@@ -8,12 +8,14 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import aiohttp
 import httpx
 import uvicorn
 
 from specgate_router.app import create_app
-from specgate_router.settings import RouterSettings
+from specgate_router.settings import ResilienceSettings, RouterSettings
 from specgate_router.state import RouterState
+from specgate_router.upstream import Upstream
 from specgate_sim.cluster import free_ports
 
 
@@ -33,13 +35,15 @@ async def run_router(
     settings: dict[str, Any] | RouterSettings,
     *,
     transport: httpx.AsyncBaseTransport | None = None,
+    upstream: Upstream | None = None,
     config_path: str | None = None,
     ready: bool = True,
     port: int | None = None,
 ) -> AsyncIterator[RouterServer]:
     if isinstance(settings, dict):
         settings = RouterSettings.model_validate(settings)
-    app = create_app(settings, transport=transport, config_path=config_path, identity="test")
+    app = create_app(settings, transport=transport, upstream=upstream, config_path=config_path,
+                     identity="test")  # fmt: skip
     port = port or free_ports(1)[0]
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                             timeout_graceful_shutdown=30)  # fmt: skip
@@ -63,9 +67,27 @@ async def run_router(
         await task
 
 
+class FaultyUpstream(Upstream):
+    """The router's forwarded requests over real HTTP, except those to a URL matching `fail`,
+    which raise `error` (a refused connection by default)."""
+
+    def __init__(
+        self,
+        fail: Callable[[str], bool],
+        error: type[aiohttp.ClientError] = aiohttp.ClientConnectionError,
+    ) -> None:
+        super().__init__(ResilienceSettings())
+        self.fail, self.error = fail, error
+
+    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> aiohttp.ClientResponse:
+        if self.fail(url):
+            raise self.error("injected failure")
+        return await super().post(url, body, headers)
+
+
 class FaultyTransport(httpx.AsyncBaseTransport):
-    """Real HTTP, except requests matching `fail` raise `error` (a refused connection by
-    default)."""
+    """The router's scrapes and pushes over real HTTP, except requests matching `fail`, which
+    raise `error` (a refused connection by default)."""
 
     def __init__(
         self,

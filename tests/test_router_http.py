@@ -16,7 +16,13 @@ from specgate_sim import profile as profiles
 from specgate_sim.cluster import SimCluster
 from specgate_sim.pod import PodSettings
 
-from .router_harness import FaultyTransport, is_error_event, run_router, stream_events
+from .router_harness import (
+    FaultyTransport,
+    FaultyUpstream,
+    is_error_event,
+    run_router,
+    stream_events,
+)
 
 pytestmark = pytest.mark.integration
 PROFILE = profiles.load("rtx-pro-6000-x8")
@@ -173,8 +179,8 @@ async def test_a_pod_killed_under_load_loses_no_request(http: httpx.AsyncClient)
 async def test_failure_before_first_byte_is_retried_on_another_pod(http: httpx.AsyncClient) -> None:
     async with sims(2) as pods:
         broken = pods.urls[0]
-        transport = FaultyTransport(lambda req: str(req.url) == broken + CHAT)
-        async with run_router(router_settings(pods.urls), transport=transport) as r:
+        upstream = FaultyUpstream(lambda url: url == broken + CHAT)
+        async with run_router(router_settings(pods.urls), upstream=upstream) as r:
             results = await asyncio.gather(
                 *(http.post(r.url + CHAT, json=chat(4)) for _ in range(8))
             )

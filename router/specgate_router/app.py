@@ -1,4 +1,4 @@
-"""The router's HTTP app: `create_app(settings, transport=None)`, no module-level state."""
+"""The router's HTTP app: `create_app(settings)`, no module-level state."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from specgate_router import proxy, requests
 from specgate_router.errors import BadRequest, PayloadTooLarge, RouterError
 from specgate_router.settings import RouterSettings
 from specgate_router.state import RouterState
+from specgate_router.upstream import Upstream
 
 log = logging.getLogger("specgate.router")
 
@@ -51,15 +52,18 @@ def create_app(
     settings: RouterSettings,
     *,
     transport: httpx.AsyncBaseTransport | None = None,
+    upstream: Upstream | None = None,
     config_path: str | None = None,
     identity: str | None = None,
 ) -> FastAPI:
+    """`transport` carries the control plane's scrapes and pushes, `upstream` the forwarded
+    requests: tests replace either to inject failures."""
     state_box: dict[str, RouterState] = {}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state = RouterState(
-            settings, transport=transport, config_path=config_path,
+            settings, transport=transport, upstream=upstream, config_path=config_path,
             identity=identity or socket.gethostname(),
         )  # fmt: skip
         state_box["state"] = state

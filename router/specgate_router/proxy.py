@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-import httpx
+import aiohttp
 from starlette.responses import Response, StreamingResponse
 
 from specgate_router import placement
@@ -29,11 +29,11 @@ from specgate_router.errors import NoCapacity, UpstreamFailed, UpstreamRejectedK
 from specgate_router.pods import PodState
 from specgate_router.requests import RoutedRequest
 from specgate_router.state import RouterState
+from specgate_router.upstream import RETRYABLE
 
 log = logging.getLogger("specgate.router.proxy")
 
 _TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
-_RETRYABLE = (httpx.TransportError, httpx.StreamError)
 
 
 class _Retry(Exception):
@@ -91,32 +91,34 @@ def _headers(state: RouterState, request_id: str) -> dict[str, str]:
 
 async def _open(
     state: RouterState, pod: PodState, req: RoutedRequest, request_id: str
-) -> tuple[httpx.Response, AsyncIterator[bytes], bytes]:
+) -> tuple[aiohttp.ClientResponse, AsyncIterator[bytes], bytes]:
     """Send and wait for the first byte of the answer; anything failing so far is retryable."""
-    upstream = state.http.build_request(
-        "POST", pod.url + req.path, content=req.body, headers=_headers(state, request_id)
-    )
     try:
-        resp = await state.http.send(upstream, stream=True)
-    except _RETRYABLE as exc:
+        resp = await state.upstream.post(pod.url + req.path, req.body,
+                                         _headers(state, request_id))  # fmt: skip
+    except RETRYABLE as exc:
         raise _Retry("connect", f"{type(exc).__name__}: {exc}") from exc
-    if resp.status_code >= 500:
-        detail = (await resp.aread())[:300].decode(errors="replace")
-        await resp.aclose()
-        raise _Retry("upstream_5xx", f"HTTP {resp.status_code}: {detail}")
-    if resp.status_code in (401, 403):
-        await resp.aclose()
+    if resp.status >= 500:
+        try:
+            detail = (await resp.read())[:300].decode(errors="replace")
+        except RETRYABLE as exc:
+            detail = f"(body cut: {type(exc).__name__})"
+        finally:
+            resp.release()
+        raise _Retry("upstream_5xx", f"HTTP {resp.status}: {detail}")
+    if resp.status in (401, 403):
+        resp.release()
         raise UpstreamRejectedKey(
-            f"engine pod {pod.name} refused the router's API key (HTTP {resp.status_code}):"
+            f"engine pod {pod.name} refused the router's API key (HTTP {resp.status}):"
             " check the engine key Secret"
         )
-    chunks = resp.aiter_raw()
+    chunks = resp.content.iter_any()
     try:
         first = await chunks.__anext__()
     except StopAsyncIteration:
         first = b""
-    except _RETRYABLE as exc:
-        await resp.aclose()
+    except RETRYABLE as exc:
+        resp.release()
         raise _Retry("first_byte", f"{type(exc).__name__}: {exc}") from exc
     return resp, chunks, first
 
@@ -175,29 +177,29 @@ async def forward(state: RouterState, req: RoutedRequest, request_id: str) -> Re
             release()
             raise
         timing.first = time.monotonic()
-        if req.stream and resp.status_code == 200:
+        if req.stream and resp.status == 200:
             return StreamingResponse(
                 _relay(state, pod, req, resp, chunks, first, timing, release),
-                status_code=resp.status_code,
+                status_code=resp.status,
                 media_type=resp.headers.get("content-type", "text/event-stream"),
                 headers={"x-request-id": request_id, "x-specgate-pod": pod.name},
             )
         try:
             body = first + b"".join([c async for c in chunks])
-        except _RETRYABLE as exc:
+        except RETRYABLE as exc:
             pod.breaker.on_failure(state.clock(), res)
             last_error = f"{pod.name}: body cut: {exc}"
             if attempt + 1 < res.max_attempts:
                 state.metrics.retries.labels("body").inc()
             continue
         finally:
-            await resp.aclose()
+            resp.release()
             release()
         pod.breaker.on_success()
-        _account(state, req, pod, resp.status_code, timing, _tokens_of(body), streamed=False)
+        _account(state, req, pod, resp.status, timing, _tokens_of(body), streamed=False)
         return Response(
             body,
-            status_code=resp.status_code,
+            status_code=resp.status,
             media_type=resp.headers.get("content-type", "application/json"),
             headers={"x-request-id": request_id, "x-specgate-pod": pod.name},
         )
@@ -209,7 +211,7 @@ async def _relay(
     state: RouterState,
     pod: PodState,
     req: RoutedRequest,
-    resp: httpx.Response,
+    resp: aiohttp.ClientResponse,
     chunks: AsyncIterator[bytes],
     first: bytes,
     timing: Timing,
@@ -230,7 +232,7 @@ async def _relay(
         if rest:
             yield rest
         pod.breaker.on_success()
-    except _RETRYABLE as exc:
+    except RETRYABLE as exc:
         status = "stream_error"
         pod.breaker.on_failure(state.clock(), state.settings.resilience)
         state.metrics.stream_errors.labels(pod.name).inc()
@@ -240,7 +242,7 @@ async def _relay(
         yield b"data: " + json.dumps(error).encode() + b"\n\n"
         yield b"data: [DONE]\n\n"
     finally:
-        await resp.aclose()
+        resp.release()  # back to the pool when the body was read to its end, else closed
         release()  # type: ignore[operator]
         _account(state, req, pod, status, timing, tap.tokens, streamed=True)
 

@@ -1,8 +1,9 @@
 """The router's live state and its background loops.
 
-`RouterState` owns the pod table, the engine HTTP client, the metrics and every background
-task (scraper, controller, config watcher, discovery, leader election, status publisher);
-`start()` launches them and `stop()` cancels and awaits every one.
+`RouterState` owns the pod table, the engine HTTP clients (httpx for scrapes and threshold
+pushes, `Upstream` for the requests it forwards), the metrics and every background task
+(scraper, controller, config watcher, discovery, leader election, status publisher); `start()`
+launches them and `stop()` cancels and awaits every one.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from specgate_router import settings as settings_mod
 from specgate_router.metrics import RouterMetrics
 from specgate_router.pods import PodState, Scrape
 from specgate_router.settings import RouterSettings, TrafficClass
+from specgate_router.upstream import Upstream
 
 log = logging.getLogger("specgate.router")
 
@@ -38,6 +40,7 @@ class RouterState:
         settings: RouterSettings,
         *,
         transport: httpx.AsyncBaseTransport | None = None,
+        upstream: Upstream | None = None,
         config_path: str | None = None,
         clock: Clock = time.monotonic,
         rng: random.Random | None = None,
@@ -54,6 +57,7 @@ class RouterState:
             timeout=httpx.Timeout(res.read_timeout_seconds, connect=res.connect_timeout_seconds),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
         )
+        self.upstream = upstream or Upstream(res)
         self.pods: dict[str, PodState] = {}
         self.metrics = RouterMetrics()
         self.metrics.attach_pods(lambda: list(self.pods.values()), lambda: self.settings, clock)
@@ -106,6 +110,7 @@ class RouterState:
         self._tasks.append(asyncio.create_task(coro, name=name))  # type: ignore[arg-type]
 
     async def start(self) -> None:
+        await self.upstream.start()
         self.spawn(self._every(lambda: self.settings.control.scrape_interval_seconds,
                                self.scrape_all), "scraper")  # fmt: skip
         self.spawn(self._every(lambda: self.settings.control.scrape_interval_seconds,
@@ -131,6 +136,7 @@ class RouterState:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+        await self.upstream.close()
         await self.http.aclose()
         if self.kube is not None:
             await self.kube.aclose()
