@@ -1,5 +1,5 @@
 """The router's engine client, side by side: CPU per forwarded request through httpx's pool (what
-the router used until job 37) and through `specgate_router.upstream.Upstream` (aiohttp, what it
+the router used until job 37) and through `specgate.engine_http.EngineHttp` (aiohttp, what it
 uses now), at the concurrencies a pod sees.
 
 A stand-in engine (uvicorn in its own process, answering each POST after 50-150 ms, like a short
@@ -9,7 +9,7 @@ state that tipped the router over in job 37: many idle connections, requests sti
 Figures: requests a second, and this process's CPU per request (what the router's one thread
 pays). Both libraries run in the same invocation, so their ratio is measured side by side.
 
-Then the control plane, which stays on httpx: rounds of one request to each of N pods every 0.5 s
+Then the control plane's pattern: rounds of one request to each of N pods every 0.5 s
 (the router's default scrape interval), N = 8 and 64, the pods told apart by their loopback
 address (127.0.0.1-127.0.0.64, Linux), and the share of a core each client spends on it.
 
@@ -31,13 +31,13 @@ from typing import Any
 
 import httpx
 
-from specgate_router.settings import ResilienceSettings
-from specgate_router.upstream import Upstream
+from specgate.engine_http import EngineHttp
 
 HERE = Path(__file__).resolve().parent
 PHASES = (16, 128, 16)
 SCRAPED_PODS = (8, 64)
 SCRAPE_INTERVAL = 0.5
+AIOHTTP = "aiohttp (EngineHttp)"
 ENGINE = """
 import asyncio, random
 async def app(scope, receive, send):
@@ -94,13 +94,12 @@ async def run_httpx(url: str, seconds: float) -> list[dict[str, float]]:
         return [await phase(post, c, seconds) for c in PHASES]
 
 
-async def run_upstream(url: str, seconds: float) -> list[dict[str, float]]:
-    upstream = Upstream(ResilienceSettings())
-    await upstream.start()
+async def run_engine_http(url: str, seconds: float) -> list[dict[str, float]]:
+    engine_http = EngineHttp()
     try:
 
         async def post() -> None:
-            resp = await upstream.post(url, b"{}", {"Content-Type": "application/json"})
+            resp = await engine_http.post(url, b"{}", {"Content-Type": "application/json"})
             try:
                 await resp.read()
                 resp.raise_for_status()
@@ -109,7 +108,7 @@ async def run_upstream(url: str, seconds: float) -> list[dict[str, float]]:
 
         return [await phase(post, c, seconds) for c in PHASES]
     finally:
-        await upstream.close()
+        await engine_http.close()
 
 
 async def scrape_share(get: Callable[[str], Awaitable[None]], urls: list[str],
@@ -133,19 +132,18 @@ async def scrapes_httpx(urls: list[str], seconds: float) -> float:
         return await scrape_share(get, urls, seconds)
 
 
-async def scrapes_upstream(urls: list[str], seconds: float) -> float:
-    upstream = Upstream(ResilienceSettings())
-    await upstream.start()
+async def scrapes_engine_http(urls: list[str], seconds: float) -> float:
+    engine_http = EngineHttp()
     try:
 
         async def get(url: str) -> None:
-            resp = await upstream.post(url, b"{}", {"Content-Type": "application/json"})
+            resp = await engine_http.post(url, b"{}", {"Content-Type": "application/json"})
             await resp.read()
             resp.release()
 
         return await scrape_share(get, urls, seconds)
     finally:
-        await upstream.close()
+        await engine_http.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,16 +165,16 @@ def main(argv: list[str] | None = None) -> int:
             except httpx.TransportError:
                 time.sleep(0.1)
         results: dict[str, Any] = {}
-        for name, run in (("httpx", run_httpx), ("aiohttp (Upstream)", run_upstream)):
+        for name, run in (("httpx", run_httpx), (AIOHTTP, run_engine_http)):
             results[name] = asyncio.run(run(url, args.seconds))
             for row in results[name]:
                 print(f"{name}: {row}", flush=True)
-        scrapes: dict[str, dict[int, float]] = {"httpx": {}, "aiohttp (Upstream)": {}}
+        scrapes: dict[str, dict[int, float]] = {"httpx": {}, AIOHTTP: {}}
         for pods in SCRAPED_PODS:
             # The stand-in answers scrapes after its 50-150 ms too: a slow pod, as under load.
             urls = [f"http://127.0.0.{i + 1}:{port}/v1/loads" for i in range(pods)]
             scrapes["httpx"][pods] = asyncio.run(scrapes_httpx(urls, args.seconds))
-            scrapes["aiohttp (Upstream)"][pods] = asyncio.run(scrapes_upstream(urls, args.seconds))
+            scrapes[AIOHTTP][pods] = asyncio.run(scrapes_engine_http(urls, args.seconds))
             print(f"scrapes of {pods} pods: { ({k: v[pods] for k, v in scrapes.items()}) }")
     finally:
         engine.terminate()
@@ -189,8 +187,8 @@ def main(argv: list[str] | None = None) -> int:
             cells = (name, label, row["clients"], f"{row['requests_per_s']:,.0f}",
                      f"{row['cpu_us_per_request']:,.0f} µs", f"{row['cpu_share']:.0%}")  # fmt: skip
             rows.append("| " + " | ".join(map(str, cells)) + " |")
-    httpx_128, upstream_128 = results["httpx"][1], results["aiohttp (Upstream)"][1]
-    ratio = httpx_128["cpu_us_per_request"] / upstream_128["cpu_us_per_request"]
+    httpx_128, aiohttp_128 = results["httpx"][1], results[AIOHTTP][1]
+    ratio = httpx_128["cpu_us_per_request"] / aiohttp_128["cpu_us_per_request"]
     rows.append(
         f"\nAt c = 128 httpx spends {ratio:.1f}x the CPU per request of the router's "
         "aiohttp client."

@@ -2,18 +2,19 @@
 
 The router's scraper and pusher use it, and so do the simulator's tests, so the simulator is
 checked with the very code that will talk to real pods. All I/O goes through an injected
-`httpx.AsyncClient` (tests swap in a MockTransport or real sockets).
+`EngineHttp` (tests put in one that fails on purpose, or use real sockets).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, ConfigDict
 
 from specgate import contract
+from specgate.engine_http import RETRYABLE, UNREACHABLE, EngineHttp
 
 
 class EngineError(Exception):
@@ -100,44 +101,66 @@ def counter_total(text: str, name: str) -> float:
     return total
 
 
+class EngineReply:
+    """An engine's answer, read whole: status and body."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        self.status, self.body = status, body
+
+    @property
+    def text(self) -> str:
+        return self.body.decode(errors="replace")
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
 class EngineClient:
-    def __init__(
-        self, base_url: str, http: httpx.AsyncClient, *, api_key: str | None = None
-    ) -> None:
+    def __init__(self, base_url: str, http: EngineHttp, *, api_key: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self._http = http
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
-    async def _get(self, path: str, timeout: float | None = None) -> httpx.Response:
+    async def _call(
+        self, method: str, path: str, timeout: float | None, body: bytes | None = None
+    ) -> EngineReply:
+        headers = self._headers
+        if body is not None:
+            headers = {**headers, "Content-Type": "application/json"}
         try:
-            resp = await self._http.get(
-                self.base_url + path,
-                headers=self._headers,
-                timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+            resp = await self._http.request(
+                method, self.base_url + path, body=body, headers=headers, timeout=timeout
             )
-        except httpx.ConnectError as exc:
+            try:
+                reply = EngineReply(resp.status, await resp.read())
+            finally:
+                resp.release()
+        except UNREACHABLE as exc:
             raise EngineError(
                 self.base_url, 0, str(exc) or "connect failed", unreachable=True
             ) from exc
-        except httpx.HTTPError as exc:
+        except RETRYABLE as exc:
             raise EngineError(self.base_url, 0, str(exc) or type(exc).__name__) from exc
-        if resp.status_code >= 400:
-            raise EngineError(self.base_url, resp.status_code, resp.text[:500])
-        return resp
+        if reply.status >= 400:
+            raise EngineError(self.base_url, reply.status, reply.text[:500])
+        return reply
+
+    async def _get(self, path: str, timeout: float | None = None) -> EngineReply:
+        return await self._call("GET", path, timeout)
 
     async def loads(self, timeout: float | None = None) -> EngineLoad:
         resp = await self._get("/v1/loads?include=core,spec", timeout)
         try:
             return EngineLoad.from_response(resp.json())
         except (ValueError, TypeError) as exc:
-            raise EngineError(self.base_url, resp.status_code, f"bad /v1/loads: {exc}") from exc
+            raise EngineError(self.base_url, resp.status, f"bad /v1/loads: {exc}") from exc
 
     async def metrics(self, timeout: float | None = None) -> dict[str, float]:
         resp = await self._get("/metrics", timeout)
         try:
             return parse_metrics(resp.text)
         except ValueError as exc:
-            raise EngineError(self.base_url, resp.status_code, f"bad /metrics: {exc}") from exc
+            raise EngineError(self.base_url, resp.status, f"bad /metrics: {exc}") from exc
 
     async def counter(self, name: str, timeout: float | None = None) -> float:
         """One counter from /metrics, summed over its labels."""
@@ -145,10 +168,14 @@ class EngineClient:
         try:
             return counter_total(resp.text, name)
         except (ValueError, IndexError) as exc:
-            raise EngineError(self.base_url, resp.status_code, f"bad /metrics: {exc}") from exc
+            raise EngineError(self.base_url, resp.status, f"bad /metrics: {exc}") from exc
 
     async def server_info(self, timeout: float | None = None) -> dict[str, Any]:
-        data: dict[str, Any] = (await self._get("/server_info", timeout)).json()
+        resp = await self._get("/server_info", timeout)
+        try:
+            data: dict[str, Any] = resp.json()
+        except ValueError as exc:
+            raise EngineError(self.base_url, resp.status, f"bad /server_info: {exc}") from exc
         return data
 
     async def threshold(self) -> int | None:
@@ -159,20 +186,14 @@ class EngineClient:
         return value
 
     async def set_threshold(self, threshold: int | None, timeout: float | None = None) -> None:
+        request = json.dumps(contract.set_request(threshold)).encode()
+        resp = await self._call("POST", "/set_internal_state", timeout, body=request)
         try:
-            resp = await self._http.post(
-                self.base_url + "/set_internal_state",
-                json=contract.set_request(threshold),
-                headers=self._headers,
-                timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
-            )
-        except httpx.HTTPError as exc:
-            raise EngineError(self.base_url, 0, str(exc) or type(exc).__name__) from exc
-        if resp.status_code >= 400:
-            raise EngineError(self.base_url, resp.status_code, resp.text[:500])
-        body = resp.json()
+            body = resp.json()
+        except ValueError as exc:
+            raise EngineError(self.base_url, resp.status, f"bad answer: {exc}") from exc
         if not (isinstance(body, list) and body and all(body)):
-            raise EngineError(self.base_url, resp.status_code, f"engine refused: {body!r}")
+            raise EngineError(self.base_url, resp.status, f"engine refused: {body!r}")
 
     async def healthy(self, timeout: float = 2.0) -> bool:
         try:

@@ -3,6 +3,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -11,6 +12,7 @@ import pytest
 import yaml
 
 from specgate import admission, crd
+from specgate.engine_http import EngineHttp
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -56,3 +58,13 @@ def minimal_resource(**spec_overrides: Any) -> dict[str, Any]:
 def load_example(path: Path) -> dict[str, Any]:
     doc: dict[str, Any] = yaml.safe_load(path.read_text())
     return doc
+
+
+@pytest.fixture
+async def engine_http() -> AsyncIterator[EngineHttp]:
+    """The engine HTTP client the router uses, for tests that talk the control contract."""
+    client = EngineHttp(connect_timeout=5, read_timeout=30)
+    try:
+        yield client
+    finally:
+        await client.close()

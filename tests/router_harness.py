@@ -12,10 +12,10 @@ import aiohttp
 import httpx
 import uvicorn
 
+from specgate.engine_http import EngineHttp
 from specgate_router.app import create_app
-from specgate_router.settings import ResilienceSettings, RouterSettings
+from specgate_router.settings import RouterSettings
 from specgate_router.state import RouterState
-from specgate_router.upstream import Upstream
 from specgate_sim.cluster import free_ports
 
 
@@ -34,16 +34,14 @@ class RouterServer:
 async def run_router(
     settings: dict[str, Any] | RouterSettings,
     *,
-    transport: httpx.AsyncBaseTransport | None = None,
-    upstream: Upstream | None = None,
+    engine_http: EngineHttp | None = None,
     config_path: str | None = None,
     ready: bool = True,
     port: int | None = None,
 ) -> AsyncIterator[RouterServer]:
     if isinstance(settings, dict):
         settings = RouterSettings.model_validate(settings)
-    app = create_app(settings, transport=transport, upstream=upstream, config_path=config_path,
-                     identity="test")  # fmt: skip
+    app = create_app(settings, engine_http=engine_http, config_path=config_path, identity="test")
     port = port or free_ports(1)[0]
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                             timeout_graceful_shutdown=30)  # fmt: skip
@@ -67,43 +65,30 @@ async def run_router(
         await task
 
 
-class FaultyUpstream(Upstream):
-    """The router's forwarded requests over real HTTP, except those to a URL matching `fail`,
-    which raise `error` (a refused connection by default)."""
+class FaultyEngineHttp(EngineHttp):
+    """Real HTTP to the engine pods, except requests for which `fail(method, url)` holds, which
+    raise `error` (a dropped connection by default; TimeoutError for a pod that is silent)."""
 
     def __init__(
         self,
-        fail: Callable[[str], bool],
-        error: type[aiohttp.ClientError] = aiohttp.ClientConnectionError,
+        fail: Callable[[str, str], bool],
+        error: type[Exception] = aiohttp.ClientConnectionError,
     ) -> None:
-        super().__init__(ResilienceSettings())
+        super().__init__()
         self.fail, self.error = fail, error
 
-    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> aiohttp.ClientResponse:
-        if self.fail(url):
+    async def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> aiohttp.ClientResponse:
+        if self.fail(method, url):
             raise self.error("injected failure")
-        return await super().post(url, body, headers)
-
-
-class FaultyTransport(httpx.AsyncBaseTransport):
-    """The router's scrapes and pushes over real HTTP, except requests matching `fail`, which
-    raise `error` (a refused connection by default)."""
-
-    def __init__(
-        self,
-        fail: Callable[[httpx.Request], bool],
-        error: type[httpx.TransportError] = httpx.ConnectError,
-    ) -> None:
-        self.inner = httpx.AsyncHTTPTransport()
-        self.fail, self.error = fail, error
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if self.fail(request):
-            raise self.error("injected failure", request=request)
-        return await self.inner.handle_async_request(request)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
+        return await super().request(method, url, body=body, headers=headers, timeout=timeout)
 
 
 async def stream_events(

@@ -18,12 +18,12 @@ def test_the_client_comparison_runs_both_clients_through_every_phase(tmp_path: P
     bench = load_module(ROOT / "bench" / "client_pool.py", "client_pool")
     assert bench.main(["--seconds", "0.4", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "client_pool.json").read_text())["results"]
-    assert set(results) == {"httpx", "aiohttp (Upstream)"}
+    assert set(results) == {"httpx", "aiohttp (EngineHttp)"}
     for phases in results.values():
         assert [p["clients"] for p in phases] == [16, 128, 16]
         assert all(p["requests_per_s"] > 0 and p["cpu_us_per_request"] > 0 for p in phases)
     md = (tmp_path / "client_pool.md").read_text()
-    assert "| aiohttp (Upstream) | after c = 128 | 16 |" in md
+    assert "| aiohttp (EngineHttp) | after c = 128 | 16 |" in md
     assert "the CPU per request of the router's aiohttp client" in md
     shares = json.loads((tmp_path / "client_pool.json").read_text())["scrape_cpu_share"]
     assert set(shares) == set(results) and all(set(s) == {"8", "64"} for s in shares.values())

@@ -12,13 +12,13 @@ import pytest
 import yaml
 
 from specgate.engine_client import EngineClient
+from specgate.engine_http import EngineHttp
 from specgate_sim import profile as profiles
 from specgate_sim.cluster import SimCluster
 from specgate_sim.pod import PodSettings
 
 from .router_harness import (
-    FaultyTransport,
-    FaultyUpstream,
+    FaultyEngineHttp,
     is_error_event,
     run_router,
     stream_events,
@@ -75,13 +75,17 @@ async def test_streaming_passes_chunk_by_chunk(http: httpx.AsyncClient) -> None:
     assert all("usage" not in json.loads(e) for _, e in content)
 
 
-async def test_threshold_is_pushed_and_read_back(http: httpx.AsyncClient) -> None:
+async def test_threshold_is_pushed_and_read_back(
+    http: httpx.AsyncClient, engine_http: EngineHttp
+) -> None:
     async with sims(2) as pods:
         settings = router_settings(pods.urls)
         settings["control"] = {**settings["control"], "mode": "off"}  # type: ignore[dict-item]
         async with run_router(settings) as r:
             for _ in range(100):
-                values = [await EngineClient(u, http, api_key=KEY).threshold() for u in pods.urls]
+                values = [
+                    await EngineClient(u, engine_http, api_key=KEY).threshold() for u in pods.urls
+                ]
                 if values == [0, 0]:
                     break
                 await asyncio.sleep(0.05)
@@ -127,25 +131,27 @@ async def test_latency_and_throughput_traffic_go_to_their_pools(http: httpx.Asyn
             assert at_home / len(late) >= 0.8, late  # class-blind placement gives about 0.5
 
 
-async def test_stale_metrics_stop_pushes_and_deprioritise_the_pod(http: httpx.AsyncClient) -> None:
+async def test_stale_metrics_stop_pushes_and_deprioritise_the_pod(
+    http: httpx.AsyncClient, engine_http: EngineHttp
+) -> None:
     async with sims(2) as pods:
         blind = pods.urls[0]
-        transport = FaultyTransport(
-            lambda req: (
-                str(req.url).startswith(blind) and req.url.path in ("/v1/loads", "/metrics")
-            ),
-            error=httpx.ReadTimeout,
+        silent = FaultyEngineHttp(  # the blind pod's scrapes time out; all else gets through
+            lambda method, url: url.startswith(blind + "/v1/loads") or url == blind + "/metrics",
+            error=TimeoutError,
         )
         settings = router_settings(pods.urls)
         settings["control"] = {**settings["control"], "mode": "off"}  # type: ignore[dict-item]
-        async with run_router(settings, transport=transport) as r:
+        async with run_router(settings, engine_http=silent) as r:
             await asyncio.sleep(0.5)
             for _ in range(6):
                 resp = await http.post(r.url + CHAT, json=chat(4))
                 assert resp.status_code == 200
                 assert resp.headers["x-specgate-pod"] == pods.urls[1].split("://")[1]
-            assert await EngineClient(blind, http, api_key=KEY).threshold() == 8  # never pushed
-            assert await EngineClient(pods.urls[1], http, api_key=KEY).threshold() == 0
+            assert (
+                await EngineClient(blind, engine_http, api_key=KEY).threshold() == 8
+            )  # never pushed
+            assert await EngineClient(pods.urls[1], engine_http, api_key=KEY).threshold() == 0
             view = {p["url"]: p for p in (await http.get(r.url + "/specgate/pods")).json()["pods"]}
             assert view[blind]["fresh"] is False and view[blind]["healthy"] is True
 
@@ -179,8 +185,8 @@ async def test_a_pod_killed_under_load_loses_no_request(http: httpx.AsyncClient)
 async def test_failure_before_first_byte_is_retried_on_another_pod(http: httpx.AsyncClient) -> None:
     async with sims(2) as pods:
         broken = pods.urls[0]
-        upstream = FaultyUpstream(lambda url: url == broken + CHAT)
-        async with run_router(router_settings(pods.urls), upstream=upstream) as r:
+        refusing = FaultyEngineHttp(lambda method, url: url == broken + CHAT)
+        async with run_router(router_settings(pods.urls), engine_http=refusing) as r:
             results = await asyncio.gather(
                 *(http.post(r.url + CHAT, json=chat(4)) for _ in range(8))
             )

@@ -13,6 +13,7 @@ import pytest
 
 from specgate import contract
 from specgate.engine_client import EngineClient, EngineError
+from specgate.engine_http import EngineHttp
 from specgate_sim import profile as profiles
 from specgate_sim.cluster import SimCluster
 from specgate_sim.engine import EngineCore, SimRequest, closed_loop_throughput
@@ -113,9 +114,9 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
 
 
 async def test_control_contract_set_and_read_back(
-    pods: SimCluster, http: httpx.AsyncClient
+    pods: SimCluster, http: httpx.AsyncClient, engine_http: EngineHttp
 ) -> None:
-    engine = EngineClient(pods.urls[0], http, api_key=KEY)
+    engine = EngineClient(pods.urls[0], engine_http, api_key=KEY)
     assert await engine.threshold() == 8
     await engine.set_threshold(3)
     assert await engine.threshold() == 3
@@ -127,7 +128,7 @@ async def test_control_contract_set_and_read_back(
     assert await engine.threshold() is None
     assert (await engine.metrics())[contract.METRIC_THRESHOLD] == -1.0
     # The other pod was not touched.
-    assert await EngineClient(pods.urls[1], http, api_key=KEY).threshold() == 8
+    assert await EngineClient(pods.urls[1], engine_http, api_key=KEY).threshold() == 8
 
 
 @pytest.mark.parametrize(
@@ -136,7 +137,7 @@ async def test_control_contract_set_and_read_back(
     ids=["negative", "float", "string", "bool", "list"],
 )
 async def test_control_contract_rejects_bad_values_with_400(
-    bad: object, pods: SimCluster, http: httpx.AsyncClient
+    bad: object, pods: SimCluster, http: httpx.AsyncClient, engine_http: EngineHttp
 ) -> None:
     resp = await http.post(
         pods.urls[0] + "/set_internal_state",
@@ -145,7 +146,7 @@ async def test_control_contract_rejects_bad_values_with_400(
     )
     assert resp.status_code == 400
     assert contract.THRESHOLD_KEY in resp.json()["message"]
-    assert await EngineClient(pods.urls[0], http, api_key=KEY).threshold() == 8
+    assert await EngineClient(pods.urls[0], engine_http, api_key=KEY).threshold() == 8
 
 
 async def test_control_contract_rejects_unknown_keys(
@@ -160,7 +161,7 @@ async def test_control_contract_rejects_unknown_keys(
 
 
 async def test_api_key_is_enforced_except_health_and_metrics(
-    pods: SimCluster, http: httpx.AsyncClient
+    pods: SimCluster, http: httpx.AsyncClient, engine_http: EngineHttp
 ) -> None:
     url = pods.urls[0]
     assert (await http.get(url + "/server_info")).status_code == 401
@@ -170,14 +171,14 @@ async def test_api_key_is_enforced_except_health_and_metrics(
     assert (await http.get(url + "/health_generate")).status_code == 200
     assert (await http.get(url + "/metrics")).status_code == 200
     with pytest.raises(EngineError) as info:
-        await EngineClient(url, http, api_key="wrong").set_threshold(1)
+        await EngineClient(url, engine_http, api_key="wrong").set_threshold(1)
     assert info.value.status == 401
 
 
 async def test_metrics_parse_with_prometheus_parser(
-    pods: SimCluster, http: httpx.AsyncClient
+    pods: SimCluster, http: httpx.AsyncClient, engine_http: EngineHttp
 ) -> None:
-    engine = EngineClient(pods.urls[0], http, api_key=KEY)
+    engine = EngineClient(pods.urls[0], engine_http, api_key=KEY)
     await engine.set_threshold(0)
     headers = {"Authorization": f"Bearer {KEY}"}
     body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 20}}
@@ -280,9 +281,9 @@ async def test_malformed_requests_get_400_with_a_message(
 
 
 async def test_threshold_switches_mode_under_load(
-    pods: SimCluster, http: httpx.AsyncClient
+    pods: SimCluster, http: httpx.AsyncClient, engine_http: EngineHttp
 ) -> None:
-    engine = EngineClient(pods.urls[0], http, api_key=KEY)
+    engine = EngineClient(pods.urls[0], engine_http, api_key=KEY)
     await engine.set_threshold(2)
     headers = {"Authorization": f"Bearer {KEY}"}
 
@@ -324,20 +325,22 @@ async def test_fast_counter_scan_agrees_with_the_prometheus_parser(
     assert counter_total('x_total{a="1"} 2\nx_total{a="2"} 3.5\nx_totals 9\n', "x_total") == 5.5
 
 
-async def test_flush_cache_only_when_idle(pods: SimCluster, http: httpx.AsyncClient) -> None:
+async def test_flush_cache_only_when_idle(
+    pods: SimCluster, http: httpx.AsyncClient, engine_http: EngineHttp
+) -> None:
     """SGLang's /flush_cache: 400 while requests run, 200 once idle, waiting up to ?timeout
     seconds for that (bench/gpu_envelope.py --flush-cache calls it between windows)."""
     headers = {"Authorization": f"Bearer {KEY}"}
     url = pods.urls[0]
     body = {"input_ids": [1] * 8, "sampling_params": {"max_new_tokens": 400}}
     running = asyncio.create_task(http.post(url + "/generate", json=body, headers=headers))
-    while not (await EngineClient(url, http, api_key=KEY).loads()).running:
+    while not (await EngineClient(url, engine_http, api_key=KEY).loads()).running:
         await asyncio.sleep(0.01)
     busy = await http.post(url + "/flush_cache", headers=headers)
     assert busy.status_code == 400 and "pending requests" in busy.text
     waited = await http.post(url + "/flush_cache?timeout=30", headers=headers)
     # It waited for the engine to go idle (the response may still be on its way to the client).
     assert waited.status_code == 200
-    assert (await EngineClient(url, http, api_key=KEY).loads()).running == 0
+    assert (await EngineClient(url, engine_http, api_key=KEY).loads()).running == 0
     (await running).raise_for_status()
     assert (await http.post(url + "/flush_cache", headers={})).status_code == 401

@@ -9,17 +9,16 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from specgate.engine_http import EngineHttp
 from specgate_router import proxy, requests
 from specgate_router.errors import BadRequest, PayloadTooLarge, RouterError
 from specgate_router.settings import RouterSettings
 from specgate_router.state import RouterState
-from specgate_router.upstream import Upstream
 
 log = logging.getLogger("specgate.router")
 
@@ -51,19 +50,18 @@ async def read_body(request: Request, limit: int) -> bytes:
 def create_app(
     settings: RouterSettings,
     *,
-    transport: httpx.AsyncBaseTransport | None = None,
-    upstream: Upstream | None = None,
+    engine_http: EngineHttp | None = None,
     config_path: str | None = None,
     identity: str | None = None,
 ) -> FastAPI:
-    """`transport` carries the control plane's scrapes and pushes, `upstream` the forwarded
-    requests: tests replace either to inject failures."""
+    """`engine_http` carries everything sent to the engine pods: tests replace it to inject
+    failures."""
     state_box: dict[str, RouterState] = {}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state = RouterState(
-            settings, transport=transport, upstream=upstream, config_path=config_path,
+            settings, engine_http=engine_http, config_path=config_path,
             identity=identity or socket.gethostname(),
         )  # fmt: skip
         state_box["state"] = state

@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 import aiohttp
 from starlette.responses import Response, StreamingResponse
 
+from specgate.engine_http import RETRYABLE
 from specgate_router import placement
 from specgate_router.errors import NoCapacity, UpstreamFailed, UpstreamRejectedKey
 from specgate_router.pods import PodState
 from specgate_router.requests import RoutedRequest
 from specgate_router.state import RouterState
-from specgate_router.upstream import RETRYABLE
 
 log = logging.getLogger("specgate.router.proxy")
 
@@ -94,8 +94,8 @@ async def _open(
 ) -> tuple[aiohttp.ClientResponse, AsyncIterator[bytes], bytes]:
     """Send and wait for the first byte of the answer; anything failing so far is retryable."""
     try:
-        resp = await state.upstream.post(pod.url + req.path, req.body,
-                                         _headers(state, request_id))  # fmt: skip
+        resp = await state.engine_http.post(pod.url + req.path, req.body,
+                                            _headers(state, request_id))  # fmt: skip
     except RETRYABLE as exc:
         raise _Retry("connect", f"{type(exc).__name__}: {exc}") from exc
     if resp.status >= 500:

@@ -1,7 +1,7 @@
 """The router's live state and its background loops.
 
-`RouterState` owns the pod table, the engine HTTP clients (httpx for scrapes and threshold
-pushes, `Upstream` for the requests it forwards), the metrics and every background task
+`RouterState` owns the pod table, the engine HTTP client (`EngineHttp`: forwarded requests,
+scrapes and threshold pushes), the metrics and every background task
 (scraper, controller, config watcher, discovery, leader election, status publisher); `start()`
 launches them and `stop()` cancels and awaits every one.
 """
@@ -19,15 +19,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from specgate.engine_client import EngineClient, EngineError
+from specgate.engine_http import EngineHttp
 from specgate_router import control
 from specgate_router import settings as settings_mod
 from specgate_router.metrics import RouterMetrics
 from specgate_router.pods import PodState, Scrape
 from specgate_router.settings import RouterSettings, TrafficClass
-from specgate_router.upstream import Upstream
 
 log = logging.getLogger("specgate.router")
 
@@ -39,8 +37,7 @@ class RouterState:
         self,
         settings: RouterSettings,
         *,
-        transport: httpx.AsyncBaseTransport | None = None,
-        upstream: Upstream | None = None,
+        engine_http: EngineHttp | None = None,
         config_path: str | None = None,
         clock: Clock = time.monotonic,
         rng: random.Random | None = None,
@@ -52,12 +49,9 @@ class RouterState:
         self.rng = rng or random.Random()
         self.identity = identity
         res = settings.resilience
-        self.http = httpx.AsyncClient(
-            transport=transport,
-            timeout=httpx.Timeout(res.read_timeout_seconds, connect=res.connect_timeout_seconds),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
+        self.engine_http = engine_http or EngineHttp(
+            res.connect_timeout_seconds, res.read_timeout_seconds
         )
-        self.upstream = upstream or Upstream(res)
         self.pods: dict[str, PodState] = {}
         self.metrics = RouterMetrics()
         self.metrics.attach_pods(lambda: list(self.pods.values()), lambda: self.settings, clock)
@@ -78,7 +72,7 @@ class RouterState:
     # ---- pod table ----
 
     def engine(self, url: str) -> EngineClient:
-        return EngineClient(url, self.http, api_key=self.settings.engine_api_key)
+        return EngineClient(url, self.engine_http, api_key=self.settings.engine_api_key)
 
     def sync_backends(self, endpoints: dict[str, str]) -> None:
         """Make the pod table match `endpoints` (name -> URL): add new pods, drop removed ones
@@ -110,7 +104,6 @@ class RouterState:
         self._tasks.append(asyncio.create_task(coro, name=name))  # type: ignore[arg-type]
 
     async def start(self) -> None:
-        await self.upstream.start()
         self.spawn(self._every(lambda: self.settings.control.scrape_interval_seconds,
                                self.scrape_all), "scraper")  # fmt: skip
         self.spawn(self._every(lambda: self.settings.control.scrape_interval_seconds,
@@ -136,8 +129,7 @@ class RouterState:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
-        await self.upstream.close()
-        await self.http.aclose()
+        await self.engine_http.close()
         if self.kube is not None:
             await self.kube.aclose()
 
