@@ -864,24 +864,34 @@ esac
     assert "envelope/plain.log" in names and "setup/setup.log" in names
 
 
-def _two_run_job(tmp_path: Path, script: str, env_var: str, *args: str) -> tuple[dict, Path]:
-    """Run a two-GPU job script of bench/ with the GPU runner stood in for: what each GPU's
-    run was told, and where the results came back."""
+def _job(
+    tmp_path: Path, script: str, env_var: str, *args: str, env: dict[str, str] | None = None
+) -> tuple[list[str], Path]:
+    """Run a job script of bench/ with the GPU runner (named by `env_var`) stood in for: each
+    run's `GPUS ARGS` line (GPUS `none` where the script named none), and where the results
+    came back."""
     calls = tmp_path / "calls.txt"
     runner = tmp_path / "run.sh"
     runner.write_text(f"""#!/usr/bin/env bash
 echo "${{CUDA_VISIBLE_DEVICES:-none}} ${{*:3}}" >> {calls}
 mkdir -p "$2"
-[ "$3" = none ] || {{ echo '{{"windows": []}}' > "$2/envelope.json"; echo log > "$2/plain.log"; }}
+[ "$3" = none ] || {{ echo '{{"windows": []}}' > "$2/envelope.json"; echo log > "$2/plain.log"
+  echo log > "$2/router.log"; }}
 """)  # fmt: skip
     runner.chmod(0o755)
     out = tmp_path / "out"
-    env = {**os.environ, env_var: str(runner)}
+    run_env = {**os.environ, env_var: str(runner), **(env or {})}
     result = subprocess.run(["bash", str(ROOT / "bench" / script), "site.tar.xz", str(out), *args],
-                            capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+                            capture_output=True, text=True, env=run_env, timeout=60)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    ran = dict(line.split(" ", 1) for line in calls.read_text().splitlines() if line[0] != "n")
-    return ran, out
+    return calls.read_text().splitlines(), out
+
+
+def _two_run_job(tmp_path: Path, script: str, env_var: str, *args: str) -> tuple[dict, Path]:
+    """A two-GPU job script: what each GPU's run was told (the set-up run, on none, left out),
+    and where the results came back."""
+    lines, out = _job(tmp_path, script, env_var, *args)
+    return dict(line.split(" ", 1) for line in lines if line[0] != "n"), out
 
 
 def _results_came_back(out: Path, files: set[str], logs: set[str]) -> None:
@@ -959,21 +969,9 @@ def test_router_stall_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
     """bench/router-stall.sh: the routed engine and its own port at c = 128 twice on one GPU, one
     run after the other (a connection per request, then kept connections), on ports and
     models of their own; no py-spy wheel, no recording, and the job goes on."""
-    calls = tmp_path / "calls.txt"
-    runner = tmp_path / "run.sh"
-    runner.write_text(f"""#!/usr/bin/env bash
-echo "${{*:3}}" >> {calls}
-mkdir -p "$2"
-[ "$3" = none ] || {{ echo '{{"windows": []}}' > "$2/envelope.json"; echo log > "$2/router.log"; }}
-""")  # fmt: skip
-    runner.chmod(0o755)
-    out = tmp_path / "out"
-    env = {**os.environ, "ROUTER_STALL_RUN": str(runner), "ROUTER_STALL_PYSPY": ""}
-    result = subprocess.run(["bash", str(ROOT / "bench" / "router-stall.sh"), "site.tar.xz",
-                             str(out), "--seconds", "3"], capture_output=True, text=True,
-                            env=env, timeout=60)  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
-    ran = calls.read_text().splitlines()
+    lines, out = _job(tmp_path, "router-stall.sh", "ROUTER_STALL_RUN", "--seconds", "3",
+                      env={"ROUTER_STALL_PYSPY": ""})  # fmt: skip
+    ran = [line.split(" ", 1)[1] for line in lines]
     assert ran[0] == "none" and len(ran) == 3
     conn, keep = ran[1:]
     for args in (conn, keep):
