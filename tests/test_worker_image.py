@@ -965,6 +965,22 @@ def test_speculating_gap_job_orchestration_without_a_gpu(tmp_path: Path) -> None
         assert (out / f"{check}.log").read_text().splitlines()[-1] == f"{check}: exit 0"
 
 
+def test_misses_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
+    """bench/misses-2gpu.sh: off against plain with ten window pairs on GPU 0, beside the
+    sweep's two missed levels with ten windows each after a learning phase on GPU 1, both
+    as deployed, on ports and models of their own."""
+    ran, out = _two_run_job(tmp_path, "misses-2gpu.sh", "MISSES_RUN", "--temperature", "1.0")
+    assert set(ran) == {"0", "1"}
+    assert "--servers plain --extra patched-off --levels 16,64" in ran["0"]
+    assert "--repeat 10" in ran["0"] and "--port-base" not in ran["0"]
+    assert "--servers plain,always-on,specgate-probes --levels 16,4 --repeat 10" in ran["1"]
+    assert "--learn-seconds 90" in ran["1"] and "--port-base 31300" in ran["1"]
+    for args in ran.values():
+        assert "--prefill-graph-tokens 2048 --flush-cache" in args
+        assert args.endswith("--temperature 1.0")
+    _results_came_back(out, {"off.json", "misses.json"}, {"off/plain.log", "misses/plain.log"})
+
+
 def test_router_stall_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
     """bench/router-stall.sh: the routed engine and its own port at c = 128 twice on one GPU, one
     run after the other (a connection per request, then kept connections), on ports and
