@@ -24,6 +24,11 @@ the read timeout (aiohttp's ServerTimeoutError is a TimeoutError too)."""
 UNREACHABLE: tuple[type[BaseException], ...] = (aiohttp.ClientConnectorError,)
 """A connection that could not be opened at all (refused, no route): the pod is not there."""
 
+IDLE_SECONDS = 4.0
+"""How long an idle connection is kept for reuse: under SGLang's own 5 s keep-alive
+(SGLANG_TIMEOUT_KEEP_ALIVE), so the router does not send on a connection the engine is closing
+(aiohttp's default is 15 s)."""
+
 
 class EngineHttp:
     def __init__(self, connect_timeout: float = 2.0, read_timeout: float = 120.0) -> None:
@@ -36,7 +41,9 @@ class EngineHttp:
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             # No cap on connections: the router's placement decides each pod's load.
-            connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
+            connector = aiohttp.TCPConnector(
+                limit=0, limit_per_host=0, keepalive_timeout=IDLE_SECONDS
+            )
             self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeout)
         return self._session
 
