@@ -197,6 +197,27 @@ async def test_failure_before_first_byte_is_retried_on_another_pod(http: httpx.A
             assert view[broken]["circuit"] in ("open", "half_open")
 
 
+async def test_a_single_pods_dropped_connection_is_retried_on_it(http: httpx.AsyncClient) -> None:
+    """With one pod there is no other to retry on: a connection it dropped before the first
+    byte (a keep-alive connection closed under the request) is retried on the same pod."""
+    async with sims(1) as pods:
+        dropped: list[str] = []
+
+        def drop_first(method: str, url: str) -> bool:
+            if url.endswith(CHAT) and not dropped:
+                dropped.append(url)
+                return True
+            return False
+
+        async with run_router(router_settings(pods.urls),
+                              engine_http=FaultyEngineHttp(drop_first)) as r:  # fmt: skip
+            resp = await http.post(r.url + CHAT, json=chat(4))
+            assert resp.status_code == 200, resp.text
+            assert dropped == [pods.urls[0] + CHAT]
+            metrics = (await http.get(r.url + "/metrics")).text
+            assert 'specgate_router_retries_total{reason="connect"} 1.0' in metrics
+
+
 async def test_all_pods_down_gives_503_with_retry_after(http: httpx.AsyncClient) -> None:
     async with sims(2) as pods, run_router(router_settings(pods.urls)) as r:
         await pods.kill(0)

@@ -4,8 +4,9 @@ pod, then relay the answer unbuffered.
 Failure handling, from the list of mistakes not to repeat:
 - every engine call has connect and read timeouts (`resilience`);
 - a connection error, a timeout or a 5xx before the first byte is retried on a different pod,
-  at most `maxAttempts` times, with jittered exponential backoff, and counts against that pod's
-  circuit breaker;
+  or on one already tried once every pod has been (a single pod's dropped keep-alive connection
+  is worth a second try), at most `maxAttempts` times, with jittered exponential backoff, and
+  counts against that pod's circuit breaker, which takes a failing pod out of the retries;
 - after the first byte reached the client, a failure ends the stream with an SSE error event
   (and `data: [DONE]`), never a hang;
 - no pod available is a 503 with Retry-After; a request is never dropped without an answer.
@@ -133,6 +134,9 @@ async def forward(state: RouterState, req: RoutedRequest, request_id: str) -> Re
         now = state.clock()
         ctx = placement.Context(req.traffic_class, now, settings, frozenset(tried))
         choice = placement.choose(state.live_pods(), ctx, rng=state.rng)
+        if isinstance(choice, placement.Saturated) and tried:
+            ctx = placement.Context(req.traffic_class, now, settings, frozenset())
+            choice = placement.choose(state.live_pods(), ctx, rng=state.rng)
         if isinstance(choice, placement.Saturated):
             if attempt == 0:
                 state.metrics.saturated.labels(req.traffic_class).inc()
