@@ -321,12 +321,11 @@ class PersistentClient:
 
     def call(self, path: str, body: object) -> tuple[int, object]:
         data = json.dumps(body).encode()
-        headers = {"Authorization": f"Bearer {verify.KEY}", "Content-Type": "application/json"}
         for attempt in (0, 1):
             if self.conn is None:
                 self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout)
             try:
-                self.conn.request("POST", path, body=data, headers=headers)
+                self.conn.request("POST", path, body=data, headers=verify.HEADERS)
                 resp = self.conn.getresponse()
                 raw = resp.read()
             except (http.client.HTTPException, OSError):
@@ -336,10 +335,8 @@ class PersistentClient:
                 continue
             if resp.will_close:
                 self.close()
-            try:
-                return resp.status, json.loads(raw) if raw else None
-            except json.JSONDecodeError:
-                return resp.status, raw.decode(errors="replace")
+            got: tuple[int, object] = verify.answer(resp.status, raw)
+            return got
         return 0, None
 
     def close(self) -> None:

@@ -130,25 +130,30 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+HEADERS = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+"""What every request to a test server carries."""
+
+
+def answer(status: int, raw: bytes) -> tuple[int, object]:
+    """A server's answer: its JSON, else its text (an error page), None when empty."""
+    try:
+        return status, json.loads(raw) if raw else None
+    except json.JSONDecodeError:
+        return status, raw.decode(errors="replace")
+
+
 def call(
     port: int, path: str, body: object | None = None, timeout: float = 120
 ) -> tuple[int, object]:
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}{path}",
-        data=data,
-        headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
-    )
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, headers=HEADERS)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             raw = resp.read()
             status = resp.status
     except urllib.error.HTTPError as exc:
         raw, status = exc.read(), exc.code
-    try:
-        return status, json.loads(raw) if raw else None
-    except json.JSONDecodeError:
-        return status, raw.decode(errors="replace")
+    return answer(status, raw)
 
 
 def metrics(port: int) -> str:
