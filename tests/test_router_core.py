@@ -74,7 +74,28 @@ def test_the_h200_learning_run_moves_the_threshold_up() -> None:
     assert estimate is not None and estimate > 8, why
     decision = control.decide(samples=samples, previous=control.Decision(8, "", -math.inf),
                               now=20.0, fresh=True, params=params)  # fmt: skip
-    assert decision.threshold == estimate == 15
+    assert decision.threshold == estimate == 16  # 15.83 clients ran mostly at batch 16
+
+
+def test_an_engine_capped_at_16_running_requests_speculates_at_16() -> None:
+    """Replayed from the H200 job whose engines admitted 16 requests at most (BENCHMARKS.md job
+    42): 4 and 8 clients speculating, 12-96 plain under threshold 8, so every plain load from
+    16 clients up ran at a mean batch of 15.8. Speculation paid at every batch measured; the
+    threshold went to 15 (15.8 rounded down), which ran the pod plain at 16 and mixed at
+    15-16, giving no samples to correct it: 0.73x always-on at 16 clients."""
+    measured = [(3.87, 1982.1, 1.0), (7.77, 3456.3, 1.0), (11.81, 3058.8, 0.0),
+                (15.83, 4374.3, 0.0), (15.83, 4577.7, 0.0), (15.84, 4881.3, 0.0)]  # fmt: skip
+    repeated = [m for m in measured for _ in range(5)]
+    samples = [control.Sample(i * 0.5, b, tok_s, on) for i, (b, tok_s, on) in enumerate(repeated)]
+    params = ControlSettings(threshold=8, max_threshold=256, cooldown_seconds=5, hysteresis=1)
+    decision = control.decide(samples=samples, previous=control.Decision(8, "", -math.inf),
+                              now=20.0, fresh=True, params=params)  # fmt: skip
+    assert decision.threshold == 16, decision.reason
+    # At 16 the pod speculates at its cap and holds there: no plain samples above 16 to fit.
+    held = samples + [control.Sample(20 + i * 0.5, 15.83, 6500.0, 1.0) for i in range(20)]
+    later = control.decide(samples=held, own=held, previous=decision, now=30.0, fresh=True,
+                           params=params)  # fmt: skip
+    assert later.threshold == 16 and later.probe is None, later.reason
 
 
 def test_each_move_is_at_most_a_halving_or_doubling() -> None:

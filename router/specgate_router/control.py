@@ -225,9 +225,12 @@ def estimate_threshold(
         return None, why
     # The threshold only moves across batch sizes seen running: from just under the smallest
     # speculating batch to the largest plain one. Extrapolating a line beyond its data let
-    # stale samples from a ramp push a pod at a steady batch back and forth for ever.
-    lowest = max(1, math.ceil(on.lowest_batch) - 1)
-    highest = max(lowest, math.floor(off.highest_batch))
+    # stale samples from a ramp push a pod at a steady batch back and forth for ever. A mean
+    # batch rounds to the batch that ran most: an engine capped at 16 running requests shows
+    # 15.8, and a threshold of 15 there (rounded down) ran it plain at 16, where speculation
+    # had just been measured paying, and mixed modes, which give no samples to correct it.
+    lowest = max(1, round(on.lowest_batch) - 1)
+    highest = max(lowest, round(off.highest_batch))
     # y_on(b) < y_off(b)  <=>  b * (beta_on - beta_off) < alpha_off - alpha_on
     gain, slope = off.alpha - on.alpha, on.beta - off.beta
     if slope <= 0:
