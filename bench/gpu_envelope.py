@@ -708,6 +708,10 @@ def main() -> int:
                         "every window starts from the same empty cache (without it, servers with "
                         "smaller KV pools, the speculative ones, fill theirs first, then "
                         "evict from the radix tree every step or two; plain does not)")  # fmt: skip
+    parser.add_argument("--max-running", type=int, default=0,
+                        help="servers admit and capture decode graphs up to this many running "
+                        "requests (default: the largest client count any phase runs, "
+                        "learning included; the sweep's learning jobs ran 128)")  # fmt: skip
     parser.add_argument("--profile-servers", default="",
                         help="comma-separated, the servers --profile-levels profiles (default: "
                         "all)")  # fmt: skip
@@ -732,9 +736,12 @@ def main() -> int:
                      "(specgate or specgate-probes)")  # fmt: skip
     extra_levels = [int(c) for c in args.extra_levels.split(",")] if extras else []
     first_probe = args.probe_interval + args.learn_hold
-    if "specgate-probes" in routed and 0 < args.learn_seconds < first_probe:
+    probes_in_job = args.probe_interval < args.deadline
+    if "specgate-probes" in routed and 0 < args.learn_seconds < first_probe and probes_in_job:
         # The router's first probe waits one probe interval after it starts (it starts once
-        # every server is up): a shorter learning phase ends before any probe can run.
+        # every server is up): a shorter learning phase ends before any probe can run. An
+        # interval past the deadline (the router's default, 600 s) means no probe in the job:
+        # the learning phase then fits from its loads alone, as a new deployment does.
         parser.error(f"--learn-seconds {args.learn_seconds:g}: specgate-probes' first probe "
                      f"comes {args.probe_interval:g} s after its router starts; learn "
                      f"for at least {first_probe:g} s, or not at all")  # fmt: skip
@@ -764,8 +771,16 @@ def main() -> int:
         except ValueError as exc:
             parser.error(f"--pin-cpus {args.pin_cpus!r}: {exc}")
         os.sched_setaffinity(0, pinned[0])  # the clients' threads, and the router it starts
-    # Servers admit and capture graphs up to the largest level anything runs at, profiles too.
-    top = max(levels + extra_levels + profile_levels)
+    # Servers admit and capture graphs up to the largest level anything runs at, profiles and
+    # learning too: a job measuring c = 16 after learning once started engines admitting 16,
+    # so every learning load above 16 ran at batch 16 and the router learned nothing above it.
+    learned = learn_pattern if args.learn_seconds > 0 else []
+    top = max(levels + extra_levels + profile_levels + learned)
+    if args.max_running:
+        if args.max_running < top:
+            parser.error(f"--max-running {args.max_running}: below the largest client count "
+                         f"the job runs ({top}); give at least that")  # fmt: skip
+        top = args.max_running
     models = args.models
     if not sim:
         write_pair_once(models, args.c)

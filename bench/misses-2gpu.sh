@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
-# The next call after the twelfth session (about 9.5 min on two GPUs): are the remaining misses
+# The calls after the twelfth session (about 9.5 min on two GPUs): are the remaining misses
 # real, now that the patch's prefill sync is gone and the router talks to engines through
-# aiohttp? All as deployed (prefill CUDA graphs, caches emptied before each window,
-# temperature 0.9), bench/gpu_envelope.py:
-#   GPU 0: off over plain (the worker-image target, 0.95 at c = 16 and 64: job 36 measured
-#          0.964 and 0.945 over three window pairs), plain against the patch pinned off, ten
-#          window pairs per level;
+# aiohttp? All as deployed (prefill CUDA graphs, caches emptied before each window),
+# bench/gpu_envelope.py:
+#   GPU 0, MISSES_GPU0=off (the default; BENCHMARKS.md job 41): off over plain (the
+#          worker-image target, 0.95 at c = 16 and 64), plain against the patch pinned off,
+#          ten window pairs per level, temperature 0.9;
+#   GPU 0, MISSES_GPU0=weak-draft (job 43): the weaker draft of job 17 (temperature 1.0,
+#          accept length 2.3), plain, always-on and specgate at c = 8 (which job 17 never
+#          reached) and 32, five 4-second windows each after 90 s of learning;
 #   GPU 1: the sweep's two misses (jobs 38-39: 0.934 at c = 4, 0.966 at c = 16; target 0.97),
-#          plain, always-on and specgate over ten 2-second windows each, after 90 s of
-#          learning (the report takes rows above threshold 8 only from jobs that learned).
-# Results: OUT/off.json, OUT/misses.json, their logs, logs.tar.xz (server and router logs).
+#          plain, always-on and specgate over ten 2-second windows each after 90 s of
+#          learning, temperature 0.9. Every server admits 128 requests, as the sweep's did (job
+#          42 ran with 16, its largest level, and the router could learn nothing above 16), and
+#          the router keeps its default probe interval (600 s: no probe within the job; job 42
+#          probed every 60 s).
+# Results: OUT/gpu0.json, OUT/misses.json, their logs, logs.tar.xz (server and router logs).
 #   bash bench/misses-2gpu.sh [site312.tar.xz] [out-dir] [gpu_envelope args for both...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,21 +24,29 @@ OUT=${2:-${OUT:-out}/misses}
 RUN=${MISSES_RUN:-worker-image/gputest/run-on-gpu.sh}  # tests put a stand-in here
 # shellcheck source=worker-image/gputest/job-lib.sh
 . worker-image/gputest/job-lib.sh
+DEPLOYED=(--prefill-graph-tokens 2048 --flush-cache --deadline 520)
+case ${MISSES_GPU0:-off} in
+  off) GPU0=(--servers plain --extra patched-off --levels 16,64 --extra-levels 16,64 --repeat 10
+             --temperature 0.9 --mem-fraction 0.25) ;;
+  weak-draft) GPU0=(--servers plain,always-on,specgate-probes --levels 8,32 --repeat 5
+                    --temperature 1.0 --learn-seconds 90 --max-running 128 --probe-interval 600
+                    --mem-fraction 0.25 --models /tmp/specgate-models-weak) ;;
+  *) echo "MISSES_GPU0=${MISSES_GPU0}: off or weak-draft"; exit 2 ;;
+esac
 job_setup "$RUN" "$ARCHIVE" "$OUT" || exit 1
-DEPLOYED=(--prefill-graph-tokens 2048 --flush-cache --temperature 0.9 --deadline 520)
-CUDA_VISIBLE_DEVICES=0 timeout 560 bash "$RUN" "$ARCHIVE" "$OUT/off" bench/gpu_envelope.py \
-  --servers plain --extra patched-off --levels 16,64 --extra-levels 16,64 --repeat 10 \
-  --mem-fraction 0.25 "${DEPLOYED[@]}" "${@:3}" > "$OUT/off.log" 2>&1 &
-OFF=$!
+CUDA_VISIBLE_DEVICES=0 timeout 560 bash "$RUN" "$ARCHIVE" "$OUT/gpu0" bench/gpu_envelope.py \
+  "${GPU0[@]}" "${DEPLOYED[@]}" "${@:3}" > "$OUT/gpu0.log" 2>&1 &
+GPU0_JOB=$!
 CUDA_VISIBLE_DEVICES=1 timeout 560 bash "$RUN" "$ARCHIVE" "$OUT/misses" bench/gpu_envelope.py \
   --servers plain,always-on,specgate-probes --levels 16,4 --repeat 10 --seconds 2 --warmup 0.5 \
-  --learn-seconds 90 --mem-fraction 0.3 --port-base 31300 --models /tmp/specgate-models-misses \
-  "${DEPLOYED[@]}" "${@:3}" > "$OUT/misses.log" 2>&1
+  --learn-seconds 90 --max-running 128 --probe-interval 600 --mem-fraction 0.3 \
+  --port-base 31300 --models /tmp/specgate-models-misses --temperature 0.9 "${DEPLOYED[@]}" \
+  "${@:3}" > "$OUT/misses.log" 2>&1
 echo "misses: exit $?"
-wait "$OFF"
-echo "off: exit $?"
+wait "$GPU0_JOB"
+echo "gpu0 (${MISSES_GPU0:-off}): exit $?"
 # The results at the top of OUT, the rest in logs.tar.xz (job-lib.sh's pack_logs).
-cp "$OUT/off/envelope.json" "$OUT/off.json" 2>/dev/null
+cp "$OUT/gpu0/envelope.json" "$OUT/gpu0.json" 2>/dev/null
 cp "$OUT/misses/envelope.json" "$OUT/misses.json" 2>/dev/null
-pack_logs "$OUT" setup off misses
+pack_logs "$OUT" setup gpu0 misses
 ls -l "$OUT"

@@ -201,7 +201,7 @@ def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
                  "--extra-levels", "2", "--tp", "2", "--direct-too",
                  "--probe-interval", "90", "--busy-idle", "--new-tokens", "16,32",
                  "--router-threshold", "146", "--client-keepalive",
-                 "--prefill-graph-tokens", "512")  # fmt: skip
+                 "--prefill-graph-tokens", "512", "--max-running", "64")  # fmt: skip
     for proc in (first, second):
         output, _ = proc.communicate(timeout=240)
         assert proc.returncode == 0, output[-3000:]
@@ -212,8 +212,10 @@ def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
                     for c in (1, 4)} | {("patched-off", 4), ("patched-8", 4)}  # fmt: skip
     assert len(result["windows"]) == 2 * (4 * 2 + 2)
     assert result["switched_first"] is True
-    # Servers are sized for the largest level run or profiled (the sim takes no profiles).
-    assert result["max_running"] == 8
+    # Servers are sized for the largest client count run, profiled (the sim takes no profiles)
+    # or learned: the learning pattern reaches 96.
+    learn_pattern = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope").LEARN_PATTERN
+    assert result["max_running"] == max(learn_pattern) == 96
     # Upstream's adaptive baseline runs on unpatched SGLang where one is provided; nothing else.
     envs = {name: server["env"] for name, server in result["servers"].items()}
     assert envs["upstream-0step"] == {"PYTHONPATH": "/opt/sglang-unpatched"}
@@ -232,6 +234,7 @@ def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
     assert not any("scheduler_run_ms" in w for w in result["windows"])
 
     second_result = json.loads((tmp_path / "second" / "envelope.json").read_text())
+    assert second_result["max_running"] == 64  # --max-running
     assert {(w["server"], w["c"]) for w in second_result["windows"]} == {
         ("always-on", 2), ("specgate-probes", 2), ("specgate-probes-direct", 2),
         ("upstream-always-on", 2)}  # fmt: skip
@@ -289,6 +292,8 @@ def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
         # A learning phase shorter than the probing router's first-probe delay learns nothing.
         (["--servers", "plain,specgate-probes", "--learn-seconds", "48"],
          "--learn-seconds 48: specgate-probes' first probe comes 60 s after"),
+        (["--levels", "4,32", "--max-running", "16"],
+         "--max-running 16: below the largest client count the job runs (32)"),
         (["--new-tokens", "128"], "--new-tokens '128': give MIN,MAX"),
         (["--new-tokens", "192,64"], "need 1 <= MIN <= MAX"),
         (["--prefill-graph-tokens", "-1"], "--prefill-graph-tokens: 0 (eager prefills)"),

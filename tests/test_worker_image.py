@@ -887,10 +887,12 @@ mkdir -p "$2"
     return calls.read_text().splitlines(), out
 
 
-def _two_run_job(tmp_path: Path, script: str, env_var: str, *args: str) -> tuple[dict, Path]:
+def _two_run_job(
+    tmp_path: Path, script: str, env_var: str, *args: str, env: dict[str, str] | None = None
+) -> tuple[dict, Path]:
     """A two-GPU job script: what each GPU's run was told (the set-up run, on none, left out),
     and where the results came back."""
-    lines, out = _job(tmp_path, script, env_var, *args)
+    lines, out = _job(tmp_path, script, env_var, *args, env=env)
     return dict(line.split(" ", 1) for line in lines if line[0] != "n"), out
 
 
@@ -967,18 +969,36 @@ def test_speculating_gap_job_orchestration_without_a_gpu(tmp_path: Path) -> None
 
 def test_misses_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
     """bench/misses-2gpu.sh: off against plain with ten window pairs on GPU 0, beside the
-    sweep's two missed levels with ten windows each after a learning phase on GPU 1, both
+    sweep's two missed levels with ten windows each after a learning phase on GPU 1, on
+    engines admitting 128 requests and a router that does not probe within the job, both
     as deployed, on ports and models of their own."""
     ran, out = _two_run_job(tmp_path, "misses-2gpu.sh", "MISSES_RUN", "--temperature", "1.0")
     assert set(ran) == {"0", "1"}
     assert "--servers plain --extra patched-off --levels 16,64" in ran["0"]
     assert "--repeat 10" in ran["0"] and "--port-base" not in ran["0"]
     assert "--servers plain,always-on,specgate-probes --levels 16,4 --repeat 10" in ran["1"]
-    assert "--learn-seconds 90" in ran["1"] and "--port-base 31300" in ran["1"]
+    assert "--learn-seconds 90 --max-running 128 --probe-interval 600" in ran["1"]
+    assert "--port-base 31300" in ran["1"]
     for args in ran.values():
         assert "--prefill-graph-tokens 2048 --flush-cache" in args
-        assert args.endswith("--temperature 1.0")
-    _results_came_back(out, {"off.json", "misses.json"}, {"off/plain.log", "misses/plain.log"})
+        assert args.endswith("--temperature 1.0")  # the caller's arguments come last
+    _results_came_back(out, {"gpu0.json", "misses.json"}, {"gpu0/plain.log", "misses/plain.log"})
+
+
+def test_misses_job_runs_the_weak_draft_on_gpu0_when_asked(tmp_path: Path) -> None:
+    """MISSES_GPU0=weak-draft: job 17's temperature 1.0 at c = 8 and 32 after learning, on
+    models of its own; anything else is refused before a GPU is touched."""
+    ran, _ = _two_run_job(tmp_path, "misses-2gpu.sh", "MISSES_RUN",
+                          env={"MISSES_GPU0": "weak-draft"})  # fmt: skip
+    assert "--servers plain,always-on,specgate-probes --levels 8,32 --repeat 5" in ran["0"]
+    assert "--temperature 1.0 --learn-seconds 90 --max-running 128" in ran["0"]
+    assert "--models /tmp/specgate-models-weak" in ran["0"]
+    assert "--temperature 0.9" in ran["1"]
+    script = ROOT / "bench" / "misses-2gpu.sh"
+    env = {**os.environ, "MISSES_GPU0": "fast", "MISSES_RUN": "/nonexistent"}
+    done = subprocess.run(["bash", str(script), "x", str(tmp_path / "bad")], capture_output=True,
+                          text=True, timeout=60, env=env)  # fmt: skip
+    assert done.returncode == 2 and "MISSES_GPU0=fast: off or weak-draft" in done.stdout
 
 
 def test_router_stall_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
