@@ -998,7 +998,20 @@ def test_misses_job_runs_the_weak_draft_on_gpu0_when_asked(tmp_path: Path) -> No
     env = {**os.environ, "MISSES_GPU0": "fast", "MISSES_RUN": "/nonexistent"}
     done = subprocess.run(["bash", str(script), "x", str(tmp_path / "bad")], capture_output=True,
                           text=True, timeout=60, env=env)  # fmt: skip
-    assert done.returncode == 2 and "MISSES_GPU0=fast: off or weak-draft" in done.stdout
+    assert done.returncode == 2 and "MISSES_GPU0=fast: off, weak-draft or none" in done.stdout
+
+
+def test_misses_job_on_one_gpu(tmp_path: Path) -> None:
+    """MISSES_GPU0=none: the misses alone, on GPU 0; MISSES_GPU1=none: GPU 0's run alone."""
+    lines, out = _job(tmp_path, "misses-2gpu.sh", "MISSES_RUN", env={"MISSES_GPU0": "none"})
+    ran = [line for line in lines if not line.startswith("none")]
+    assert len(ran) == 1 and ran[0].startswith("0 ") and "--levels 16,4" in ran[0]
+    _results_came_back(out, {"misses.json"}, {"misses/plain.log"})
+    (tmp_path / "alone").mkdir()
+    alone, _ = _job(tmp_path / "alone", "misses-2gpu.sh", "MISSES_RUN",
+                    env={"MISSES_GPU0": "weak-draft", "MISSES_GPU1": "none"})  # fmt: skip
+    ran = [line for line in alone if not line.startswith("none")]
+    assert len(ran) == 1 and ran[0].startswith("0 ") and "--levels 8,32" in ran[0]
 
 
 def test_router_stall_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
