@@ -501,7 +501,7 @@ def start_router(server: Server, out: Path, probe_interval: float,
             "p = argparse.ArgumentParser(); m.add_arguments(p); "
             "sys.exit(m.run(p.parse_args(sys.argv[1:])))")  # fmt: skip
     cmd = [sys.executable, "-c", code, "--config", str(config), "--host", "127.0.0.1",
-           "--port", str(server.router_port), "--log-level", "warning"]  # fmt: skip
+           "--port", str(server.router_port), "--no-access-log"]  # fmt: skip
     log = open(out / "router.log", "wb")  # noqa: SIM115 (the router process writes it)
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.time() + 60

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -94,6 +96,46 @@ async def test_threshold_is_pushed_and_read_back(
             assert [p["threshold"] for p in view["pods"]] == [0, 0]
             metrics = (await http.get(r.url + "/metrics")).text
             assert 'specgate_threshold_changes_total{direction="lower"' in metrics
+
+
+async def test_control_and_access_lines_come_on_loggers_of_their_own(
+    http: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A threshold change is logged with its reason on specgate.router, a proxied request on
+    specgate.router.access, which `--no-access-log` silences (a GPU benchmark keeps the first
+    without paying for the second)."""
+    caplog.set_level(logging.INFO, logger="specgate.router")
+    async with sims(1) as pods:
+        settings = router_settings(pods.urls)
+        settings["control"] = {**settings["control"], "mode": "off"}  # type: ignore[dict-item]
+        async with run_router(settings) as r:
+            assert (await http.post(r.url + CHAT, json=chat())).status_code == 200
+            for _ in range(100):
+                if any(rec.name == "specgate.router" and "threshold of" in rec.getMessage()
+                       for rec in caplog.records):  # fmt: skip
+                    break
+                await asyncio.sleep(0.05)
+    control = [rec.getMessage() for rec in caplog.records if rec.name == "specgate.router"]
+    assert any("-> 0 (control.mode off)" in line for line in control), control
+    access = [rec for rec in caplog.records if rec.name == "specgate.router.access"]
+    assert [rec.getMessage() for rec in access] == ["request done"]
+    assert access[0].__dict__["status"] == 200
+
+
+def test_no_access_log_silences_requests_and_keeps_control(monkeypatch: pytest.MonkeyPatch) -> None:
+    from specgate_router import main
+
+    parser = argparse.ArgumentParser()
+    main.add_arguments(parser)
+    args = parser.parse_args(["--backend", "http://127.0.0.1:9", "--model", "m", "--no-access-log"])
+    monkeypatch.setattr(main.uvicorn, "run", lambda app, **kwargs: None)
+    access = logging.getLogger("specgate.router.access")
+    try:
+        assert main.run(args) == 0
+        assert not access.isEnabledFor(logging.INFO)
+        assert logging.getLogger("specgate.router").isEnabledFor(logging.INFO)
+    finally:
+        access.setLevel(logging.NOTSET)
 
 
 async def test_latency_and_throughput_traffic_go_to_their_pools(http: httpx.AsyncClient) -> None:

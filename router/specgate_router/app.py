@@ -21,6 +21,9 @@ from specgate_router.settings import RouterSettings
 from specgate_router.state import RouterState
 
 log = logging.getLogger("specgate.router")
+access_log = logging.getLogger("specgate.router.access")
+"""One line per proxied request, on a logger of its own: `--no-access-log` silences it and
+keeps the control loop's lines (threshold changes and why) at INFO."""
 
 
 def _schema(model: type[Any]) -> dict[str, Any]:
@@ -95,7 +98,7 @@ def create_app(
         routed = requests.parse(request.url.path, raw, request.headers, state.settings)
         rid = request.headers.get("x-request-id") or uuid.uuid4().hex
         response = await proxy.forward(state, routed, rid)
-        log.info(
+        access_log.info(
             "request done",
             extra={"request_id": rid, "path": routed.path, "traffic_class": routed.traffic_class,
                    "pod": response.headers.get("x-specgate-pod"), "status": response.status_code},

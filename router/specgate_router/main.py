@@ -50,6 +50,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="served model name")
     parser.add_argument("--default-class", choices=settings_mod.CLASSES)
     parser.add_argument("--log-level", default="info")  # fmt: skip
+    parser.add_argument(
+        "--no-access-log",
+        action="store_true",
+        help="no line per proxied request (logger specgate.router.access); threshold "
+        "changes and their reasons are still logged at info",
+    )
 
 
 def overrides(args: argparse.Namespace) -> dict[str, object]:
@@ -66,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
     handler.setFormatter(JsonFormatter())
     logging.basicConfig(level=args.log_level.upper(), handlers=[handler], force=True)
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    if args.no_access_log:
+        logging.getLogger("specgate.router.access").setLevel(logging.WARNING)
     try:
         settings = settings_mod.load(args.config, overrides=overrides(args))
     except settings_mod.SettingsError as exc:
