@@ -6,7 +6,7 @@
 #   GPU 0, MISSES_GPU0=off (the default; BENCHMARKS.md job 41): off over plain (the
 #          worker-image target, 0.95 at c = 16 and 64), plain against the patch pinned off,
 #          ten window pairs per level, temperature 0.9;
-#   GPU 0, MISSES_GPU0=weak-draft (job 43): the weaker draft of job 17 (temperature 1.0,
+#   GPU 0, MISSES_GPU0=weak-draft (job 44): the weaker draft of job 17 (temperature 1.0,
 #          accept length 2.3), plain, always-on and specgate at c = 8 (which job 17 never
 #          reached) and 32, five 4-second windows each after 90 s of learning;
 #   MISSES_GPU0=none: nothing there; the misses below run on GPU 0 (a one-GPU machine;
