@@ -59,6 +59,7 @@ job; the low levels, which need no learning, are a second job.)
 from __future__ import annotations
 
 import argparse
+import calendar
 import contextlib
 import http.client
 import json
@@ -517,6 +518,23 @@ def start_router(server: Server, out: Path, probe_interval: float,
     raise RuntimeError("router not ready after 60 s")
 
 
+def threshold_changes(router_log: str, origin: float) -> list[dict[str, Any]]:
+    """The router's threshold changes with their reasons, from its JSON log lines
+    (specgate_router.main.JsonFormatter), as seconds since `origin` (to the second): the
+    envelope polls the router once a window, and what it decided in between is only here."""
+    changes = []
+    for line in router_log.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue  # uvicorn's start-up lines, a traceback
+        message = entry.get("msg", "") if isinstance(entry, dict) else ""
+        if entry.get("logger") == "specgate.router" and message.startswith("threshold of "):
+            at = calendar.timegm(time.strptime(entry["ts"], "%Y-%m-%dT%H:%M:%S"))
+            changes.append({"t": round(at - origin), "change": message})
+    return changes
+
+
 def write_pair_once(models: Path, c: float) -> None:
     """The synthetic pair in `models`, written by the first of the runs that share it; the
     others wait on the lock and find it written for their --c."""
@@ -957,6 +975,9 @@ def main() -> int:
                     proc.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     proc.kill()
+        if router is not None:
+            log_text = (out / "router.log").read_text(errors="replace")
+            results["router_changes"] = threshold_changes(log_text, began)
         results["wall_seconds"] = round(time.time() - began, 1)
         save()
     rates: dict[str, dict[int, list[float]]] = {}

@@ -235,6 +235,8 @@ def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
 
     second_result = json.loads((tmp_path / "second" / "envelope.json").read_text())
     assert second_result["max_running"] == 64  # --max-running
+    # Each routed run keeps its router's threshold changes (a list, empty if none moved).
+    assert all(isinstance(r["router_changes"], list) for r in (result, second_result))
     assert {(w["server"], w["c"]) for w in second_result["windows"]} == {
         ("always-on", 2), ("specgate-probes", 2), ("specgate-probes-direct", 2),
         ("upstream-always-on", 2)}  # fmt: skip
@@ -640,3 +642,35 @@ def test_a_pinned_server_and_its_children_run_on_their_cpus() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           preexec_fn=verify.pin_to([one]), timeout=60)  # fmt: skip
     assert done.stdout.split() == [f"[{one}]", f"[{one}]"]
+
+
+def test_threshold_changes_are_read_from_the_routers_own_log_lines() -> None:
+    """gpu_envelope.threshold_changes reads what the router's JSON formatter writes: its
+    threshold changes with their reasons, and nothing else (request lines, uvicorn's text)."""
+    import logging
+
+    from specgate_router.main import JsonFormatter
+
+    envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
+    formatter = JsonFormatter()
+
+    def line(logger: str, msg: str, *args: object, at: float) -> str:
+        record = logging.LogRecord(logger, logging.INFO, __file__, 1, msg, args, None)
+        record.created = at
+        return formatter.format(record)
+
+    origin = 1_800_000_000.0
+    log = "\n".join([
+        "INFO:     Started server process [7]",
+        line("specgate.router.access", "request done", at=origin + 3),
+        line("specgate.router", "threshold of %s: %s -> %s (%s)", "pod-0", 8, 4,
+             "speculation does not pay at the threshold (from 4)", at=origin + 12.4),
+        line("specgate.router", "configuration reloaded", at=origin + 13),
+        line("specgate.router", "threshold of %s: %s -> %s (%s)", "pod-0", 4, 10, "probe",
+             at=origin + 95),
+    ])  # fmt: skip
+    assert envelope.threshold_changes(log, origin) == [
+        {"t": 12, "change": "threshold of pod-0: 8 -> 4 "
+         "(speculation does not pay at the threshold (from 4))"},
+        {"t": 95, "change": "threshold of pod-0: 4 -> 10 (probe)"},
+    ]  # fmt: skip
