@@ -528,7 +528,9 @@ def threshold_changes(router_log: str, origin: float) -> list[dict[str, Any]]:
             entry = json.loads(line)
         except ValueError:
             continue  # uvicorn's start-up lines, a traceback
-        message = entry.get("msg", "") if isinstance(entry, dict) else ""
+        if not isinstance(entry, dict):
+            continue  # a line of text that happens to parse as JSON (a bare number)
+        message = entry.get("msg", "")
         if entry.get("logger") == "specgate.router" and message.startswith("threshold of "):
             at = calendar.timegm(time.strptime(entry["ts"], "%Y-%m-%dT%H:%M:%S"))
             changes.append({"t": round(at - origin), "change": message})

@@ -662,6 +662,7 @@ def test_threshold_changes_are_read_from_the_routers_own_log_lines() -> None:
     origin = 1_800_000_000.0
     log = "\n".join([
         "INFO:     Started server process [7]",
+        "42",
         line("specgate.router.access", "request done", at=origin + 3),
         line("specgate.router", "threshold of %s: %s -> %s (%s)", "pod-0", 8, 4,
              "speculation does not pay at the threshold (from 4)", at=origin + 12.4),
