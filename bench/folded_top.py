@@ -10,18 +10,24 @@ from __future__ import annotations
 import argparse
 import lzma
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
+
+
+def parse_folded(lines: Iterable[str]) -> list[tuple[list[str], int]]:
+    """`frame;frame;... count` lines, outermost frame first, as (frames, count)."""
+    stacks = []
+    for line in lines:
+        stack, _, count = line.rstrip("\n").rpartition(" ")
+        if stack and count.isdigit():
+            stacks.append((stack.split(";"), int(count)))
+    return stacks
 
 
 def read_folded(path: Path) -> list[tuple[list[str], int]]:
     opener = lzma.open if path.suffix == ".xz" else open
     with opener(path, "rt") as fh:
-        stacks = []
-        for line in fh:
-            stack, _, count = line.rstrip("\n").rpartition(" ")
-            if stack and count.isdigit():
-                stacks.append((stack.split(";"), int(count)))
-    return stacks
+        return parse_folded(fh)
 
 
 def tops(stacks: list[tuple[list[str], int]]) -> tuple[int, Counter[str], Counter[str]]:

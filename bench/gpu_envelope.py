@@ -236,6 +236,79 @@ def scheduler_deltas(before: list[tuple[float, float]],
             "scheduler_runqueue_ms": [round(a[1] - b[1], 1) for b, a in pairs]}  # fmt: skip
 
 
+GC_STATS = REPO / "bench" / "gcstats"
+"""Put first on a server's PYTHONPATH with SPECGATE_GC_STATS_DIR set (--gc-stats), its
+sitecustomize.py times each of the server's processes' garbage collections."""
+
+
+def read_gc_stats(folder: Path, pids: Sequence[int]) -> list[dict[str, Any]]:
+    """The GC totals gcstats/sitecustomize.py last wrote for each of these processes (those
+    with none yet, or unreadable, are left out)."""
+    found = []
+    for pid in pids:
+        try:
+            found.append(json.loads((folder / f"gc-{pid}.json").read_text()))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def gc_deltas(before: list[dict[str, Any]],
+              after: list[dict[str, Any]]) -> dict[str, list[list[float]]]:  # fmt: skip
+    """Each scheduler's garbage collections over a window, per generation (0, 1, 2): ms spent
+    collecting and collections run (nothing unless both reads found every scheduler)."""
+    if not before or [b["pid"] for b in before] != [a["pid"] for a in after]:
+        return {}
+    pairs = list(zip(before, after, strict=True))
+    return {
+        "scheduler_gc_ms": [[round(x - y, 2) for x, y in zip(a["ms"], b["ms"], strict=True)]
+                            for b, a in pairs],
+        "scheduler_gc_collections": [[x - y for x, y in zip(a["collections"], b["collections"],
+                                                            strict=True)]
+                                     for b, a in pairs],
+    }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PySpy:
+    """Records a process with py-spy: folded stacks of busy samples only, each frame at its
+    function's first line (so a function is one frame, whatever line it was on), taken
+    without pausing the process."""
+
+    binary: Path
+    folder: Path
+    rate: int = 200
+
+    def start(self, pid: int, name: str, seconds: float) -> subprocess.Popen[bytes]:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        cmd = [str(self.binary), "record", "--pid", str(pid), "--rate", str(self.rate),
+               "--nonblocking", "--function", "--format", "raw",
+               "--duration", str(max(1, round(seconds))),
+               "--output", str(self.folder / f"{name}.txt")]  # fmt: skip
+        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def freeze_gc(server: Server) -> bool:
+    """SGLang's /freeze_gc: every object its processes hold now is left out of later
+    collections (SGLang's advice once a server has warmed up). Whether it answered 200."""
+    status, body = verify.call(server.port, "/freeze_gc", {})
+    frozen: bool = status == 200
+    if not frozen:
+        verify.log(f"freeze_gc at :{server.port}: {status} {body}")
+    return frozen
+
+
+def frozen_last(
+    windows: list[tuple[int, int, str]], from_rep: int | None
+) -> list[tuple[int, int, str]]:
+    """The sweep's (c, rep, server) windows with every repeat from `from_rep` on moved after
+    all the others, order kept within each part (--freeze-gc-from-rep: freezing cannot be
+    undone, so the frozen part runs last at every level)."""
+    if from_rep is None:
+        return windows
+    return [w for w in windows if w[1] < from_rep] + [w for w in windows if w[1] >= from_rep]
+
+
 TCP_COUNTERS = {
     "Tcp": ("ActiveOpens", "PassiveOpens", "AttemptFails", "EstabResets", "RetransSegs"),
     "TcpExt": ("ListenOverflows", "ListenDrops", "TCPSynRetrans", "TCPTimeouts"),
@@ -375,12 +448,16 @@ def flush_prefix_cache(port: int, wait: float = 10.0) -> bool:
 
 def window(server: Server, clients: int, seconds: float, warmup: float, temperature: float,
            seed: int, profile: Path | None = None, new_tokens: tuple[int, int] = NEW_TOKENS,
-           flush: bool = False, keepalive: bool = False) -> dict[str, Any]:  # fmt: skip
+           flush: bool = False, keepalive: bool = False, gc_stats: Path | None = None,
+           pyspy: PySpy | None = None, pyspy_name: str = "") -> dict[str, Any]:  # fmt: skip
     """One closed-loop window against one server; with `profile`, a torch profile of 24 decode
     steps is taken into that folder after the warm-up (the window's figures then carry the
     profiler's overhead: they are not measurements). With `flush`, the engine's prefix cache
     is emptied first (see --flush-cache); with `keepalive`, each client keeps one connection
-    (see --client-keepalive). Through a router, the router's in-flight count is sampled."""
+    (see --client-keepalive). Through a router, the router's in-flight count is sampled.
+    With `gc_stats` (the folder gcstats/sitecustomize.py writes to), the schedulers' garbage
+    collections over the window; with `pyspy`, a recording of the first scheduler over the
+    measured seconds, named `pyspy_name`."""
     flushed = flush_prefix_cache(server.port) if flush else None
     schedulers = scheduler_pids(server.proc.pid) if server.proc is not None else []
     time_wait = time_wait_sockets()
@@ -419,7 +496,10 @@ def window(server: Server, clients: int, seconds: float, warmup: float, temperat
             status, body = verify.call(server.port, "/start_profile", {"output_dir": str(profile),
                 "num_steps": 24, "activities": ["CPU", "GPU"]})  # fmt: skip
             verify.log(f"profile of {server.name} c={clients} into {profile}: {status} {body}")
+        recorder = (pyspy.start(schedulers[0], pyspy_name, seconds)
+                    if pyspy is not None and schedulers else None)  # fmt: skip
         before = moments(server.port)
+        gc_before = read_gc_stats(gc_stats, schedulers) if gc_stats is not None else []
         host_before = scheduler_times(schedulers)
         router_before = main_thread_times(server.router_pid) if server.router_pid else None
         tcp_before = tcp_counters()
@@ -427,9 +507,19 @@ def window(server: Server, clients: int, seconds: float, warmup: float, temperat
         tcp_after = tcp_counters()
         router_after = main_thread_times(server.router_pid) if server.router_pid else None
         host_after = scheduler_times(schedulers)
+        gc_after = read_gc_stats(gc_stats, schedulers) if gc_stats is not None else []
         after = moments(server.port)
         for t in threads:
             t.join()
+    pyspy_error = None
+    if recorder is not None:
+        try:
+            _, stderr = recorder.communicate(timeout=30)
+            if recorder.returncode != 0:
+                pyspy_error = stderr.decode(errors="replace")[-300:]
+        except subprocess.TimeoutExpired:
+            recorder.kill()
+            pyspy_error = "py-spy did not stop"
     d = [a - b for a, b in zip(after, before, strict=True)]
     tokens = tokens_in_window(spans, window_start, stop_at)
     tpot = [1000 * (end - began) / n for began, end, n in spans
@@ -448,6 +538,9 @@ def window(server: Server, clients: int, seconds: float, warmup: float, temperat
         "decode_steps": d[0],
         **({"cache_flushed": flushed} if flush else {}),
         **scheduler_deltas(host_before, host_after),
+        **gc_deltas(gc_before, gc_after),
+        **({"pyspy": f"{pyspy_name}.txt"} if recorder is not None else {}),
+        **({"pyspy_error": pyspy_error} if pyspy_error else {}),
         **router_deltas(router_before, router_after),
         **(trace.summary() if trace is not None else {}),
         "tcp": {k: tcp_after[k] - tcp_before[k] for k in tcp_after if k in tcp_before},
@@ -735,6 +828,16 @@ def main() -> int:
     parser.add_argument("--profile-servers", default="",
                         help="comma-separated, the servers --profile-levels profiles (default: "
                         "all)")  # fmt: skip
+    parser.add_argument("--gc-stats", action="store_true",
+                        help="time every server process's garbage collections "
+                        "(bench/gcstats/sitecustomize.py): each window records its schedulers' "
+                        "ms collecting and collections run, per generation")  # fmt: skip
+    parser.add_argument("--freeze-gc-from-rep", type=int, default=None, metavar="K",
+                        help="run every level's repeats from K on last, after SGLang's "
+                        "/freeze_gc on every server; those windows say gc_frozen")  # fmt: skip
+    parser.add_argument("--pyspy", type=Path, default=None, metavar="BINARY",
+                        help="py-spy records each window's first scheduler into OUT/pyspy/"
+                        "SERVER-cC-repR.txt (bench/pyspy_steps.py sums them up)")  # fmt: skip
     args = parser.parse_args()
     began = time.time()
     out = Path(args.out)
@@ -765,6 +868,13 @@ def main() -> int:
         parser.error(f"--learn-seconds {args.learn_seconds:g}: specgate-probes' first probe "
                      f"comes {args.probe_interval:g} s after its router starts; learn "
                      f"for at least {first_probe:g} s, or not at all")  # fmt: skip
+    if args.freeze_gc_from_rep is not None and not 0 < args.freeze_gc_from_rep < args.repeat:
+        parser.error(f"--freeze-gc-from-rep {args.freeze_gc_from_rep}: between 1 and "
+                     f"--repeat - 1 ({args.repeat - 1}), so both parts get windows")  # fmt: skip
+    if args.pyspy is not None and not args.pyspy.is_file():
+        parser.error(f"--pyspy {args.pyspy}: no such file; give the py-spy binary")
+    if (args.pyspy or args.gc_stats or args.freeze_gc_from_rep) and sim:
+        parser.error("--pyspy, --gc-stats and --freeze-gc-from-rep need SGLang servers")
     profile_levels = [int(c) for c in args.profile_levels.split(",") if c]
     profiled = [e for e in args.profile_servers.split(",") if e] or main_servers + extras
     if bad := set(profiled) - set(main_servers + extras):
@@ -837,6 +947,14 @@ def main() -> int:
             envs[name] = dict(verify.FULL_PREFILL_ENV)
         if upstream_site and name in UPSTREAM:
             envs[name]["PYTHONPATH"] = upstream_site
+    gc_folder = out / "gc" if args.gc_stats else None
+    if gc_folder is not None:
+        gc_folder.mkdir(exist_ok=True)
+        for env in envs.values():
+            inherited = env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+            env["PYTHONPATH"] = f"{GC_STATS}:{inherited}" if inherited else str(GC_STATS)
+            env["SPECGATE_GC_STATS_DIR"] = str(gc_folder)
+    pyspy = PySpy(args.pyspy, out / "pyspy") if args.pyspy is not None else None
     servers = [
         Server(
             name,
@@ -860,7 +978,8 @@ def main() -> int:
         "levels": levels, "repeat": args.repeat, "seconds": args.seconds,
         "warmup": args.warmup, "extra": extras, "extra_levels": extra_levels,
         "tp": args.tp, "max_running": top, "learn_seconds": args.learn_seconds,
-        "probe_interval_seconds": args.probe_interval,
+        "probe_interval_seconds": args.probe_interval, "gc_stats": args.gc_stats,
+        "freeze_gc_from_rep": args.freeze_gc_from_rep,
         "servers": {s.name: {"port": s.port, "gpu": s.gpu, "env": s.env, "args": s.args,
                             "cpus": s.cpus}
                     for s in servers},
@@ -929,16 +1048,27 @@ def main() -> int:
         # their time (a window each, and the summary) and run even when the sweep is cut.
         windows = [(c, rep, name) for c, rep, group in plan
                    for name in group[rep % len(group) :] + group[: rep % len(group)]]  # fmt: skip
+        windows = frozen_last(windows, args.freeze_gc_from_rep)
+        frozen = False
         for c, rep, name in windows:
             needed = args.warmup + args.seconds + 8 + profile_reserve
             if time.time() - began + needed > args.deadline:
                 results["stopped_early"] = f"deadline reached before {name} c={c}"
                 verify.log(results["stopped_early"])
                 break
+            freeze_from = args.freeze_gc_from_rep
+            if freeze_from is not None and rep >= freeze_from and not frozen:
+                results["gc_frozen_at_s"] = round(time.time() - began, 1)
+                results["gc_frozen"] = {srv.name: freeze_gc(srv) for srv in servers}
+                verify.log(f"froze GC: {results['gc_frozen']}")
+                frozen = True
             got = window(by_name[name], c, args.seconds, args.warmup, args.temperature,
                          seed=c * 100 + rep, new_tokens=new_tokens, flush=args.flush_cache,
-                         keepalive=args.client_keepalive)  # fmt: skip
+                         keepalive=args.client_keepalive, gc_stats=gc_folder, pyspy=pyspy,
+                         pyspy_name=f"{name}-c{c}-rep{rep}")  # fmt: skip
             got.update(server=name, c=c, rep=rep)
+            if args.freeze_gc_from_rep is not None:
+                got["gc_frozen"] = frozen
             if name.removesuffix("-direct") in ROUTED:
                 assert specgate is not None and specgate.router_port is not None
                 view = router_view(specgate.router_port)

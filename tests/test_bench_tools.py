@@ -1,5 +1,6 @@
-"""Small bench/ tools: the engine-client comparison (bench/client_pool.py) and the py-spy
-profile summary (bench/folded_top.py)."""
+"""Small bench/ tools: the engine-client comparison (bench/client_pool.py), the py-spy
+profile summary (bench/folded_top.py) and the per-step comparison of py-spy recordings
+(bench/pyspy_steps.py, with gpu_envelope.py's recorder)."""
 
 from __future__ import annotations
 
@@ -47,3 +48,103 @@ def test_folded_stacks_are_counted_on_top_and_anywhere(
     assert tool.main([str(folded), "--top", "2"]) == 0
     out = capsys.readouterr().out
     assert "9 samples in router.folded.xz" in out and "| 6 | 66.7% | `poll (b.py:2)` |" in out
+
+
+BUSY = """
+import sys, time
+
+def spin(seconds):
+    end = time.time() + seconds
+    while time.time() < end:
+        sum(range(1000))
+
+def extra_work():
+    spin(0.001)
+
+def step(extra):
+    spin(0.002)
+    if extra:
+        extra_work()
+
+print("ready", flush=True)
+end = time.time() + float(sys.argv[2])
+while time.time() < end:
+    step(sys.argv[1] == "extra")
+"""
+
+
+def test_py_spy_recordings_give_each_function_time_per_step(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """gpu_envelope's recorder runs the real py-spy against two busy processes, one of which
+    spends half as long again in each "step"; pyspy_steps sums the recordings per server and
+    level and divides by the steps, so the extra function shows up as the difference."""
+    import shutil
+    import subprocess
+    import sys
+
+    binary = shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    assert binary is not None, "py-spy is a dev dependency (pyproject.toml)"
+    envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
+    steps = load_module(ROOT / "bench" / "pyspy_steps.py", "pyspy_steps")
+    out = tmp_path / "run"
+    spy = envelope.PySpy(Path(binary), out / "pyspy")
+    windows = []
+    for server, mode in (("plain", "plain"), ("patched-off", "extra")):
+        script = tmp_path / f"{server}.py"
+        script.write_text(BUSY)
+        proc = subprocess.Popen([sys.executable, str(script), mode, "3"],
+                                stdout=subprocess.PIPE, text=True)  # fmt: skip
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        recorder = spy.start(proc.pid, f"{server}-c16-rep0", 2)
+        assert recorder.wait(timeout=30) == 0, recorder.stderr
+        proc.wait(timeout=30)
+        windows.append({"server": server, "c": 16, "rep": 0, "decode_steps": 100,
+                        "pyspy": f"{server}-c16-rep0.txt"})  # fmt: skip
+    (out / "envelope.json").write_text(json.dumps({"windows": windows}))
+    groups = steps.group_costs(windows, steps.reader(out))
+    plain, off = groups[("plain", 16, False)], groups[("patched-off", 16, False)]
+    # 2 s of busy samples over 100 steps: about 20,000 us a step in both.
+    for g in (plain, off):
+        assert 14_000 < g["busy_us"] < 23_000
+    step_frame = next(f for f in off["us"] if f.startswith("step ("))
+    assert step_frame.endswith(".py:12)")  # the function's first line, not the current one
+    extra = next(f for f in off["us"] if f.startswith("extra_work ("))
+    assert extra not in plain["us"]
+    assert 0.2 < off["us"][extra] / off["busy_us"] < 0.45  # a third of each of its steps
+    assert steps.main([str(out), "--top", "5"]) == 0
+    printed = capsys.readouterr().out
+    assert "## c = 16: patched-off against plain" in printed
+    assert "| (all busy samples) |" in printed
+
+
+def test_pyspy_steps_groups_frozen_windows_apart_and_skips_unrecorded_ones(
+    tmp_path: Path,
+) -> None:
+    """Windows after the GC freeze form their own group; a window with no recording, or
+    whose file is missing, counts nowhere; a packed logs.tar.xz is read as the folder."""
+    import tarfile
+
+    steps = load_module(ROOT / "bench" / "pyspy_steps.py", "pyspy_steps")
+    folder = tmp_path / "pyspy"
+    folder.mkdir()
+    (folder / "a.txt").write_text("main (x/sglang/srt/s.py:1);run (x/sglang/srt/s.py:5) 400\n")
+    (folder / "b.txt").write_text("main (x/sglang/srt/s.py:1) 200\n")
+    windows = [
+        {"server": "plain", "c": 64, "decode_steps": 1000, "pyspy": "a.txt"},
+        {"server": "plain", "c": 64, "decode_steps": 1000, "pyspy": "b.txt", "gc_frozen": True},
+        {"server": "plain", "c": 64, "decode_steps": 1000},
+        {"server": "plain", "c": 64, "decode_steps": 1000, "pyspy": "gone.txt"},
+    ]
+    with tarfile.open(tmp_path / "logs.tar.xz", "w:xz") as tar:
+        tar.add(folder, arcname="gpu0/pyspy")
+    for where in (tmp_path, tmp_path / "packed"):
+        if where != tmp_path:
+            where.mkdir()
+            (tmp_path / "logs.tar.xz").rename(where / "logs.tar.xz")
+        groups = steps.group_costs(windows, steps.reader(where))
+        assert set(groups) == {("plain", 64, False), ("plain", 64, True)}
+        unfrozen = groups[("plain", 64, False)]
+        assert unfrozen["windows"] == 1 and unfrozen["busy_us"] == 2000  # 400 x 5 ms / 1000
+        assert unfrozen["us"] == {"main (sglang/srt/s.py:1)": 2000, "run (sglang/srt/s.py:5)": 2000}
+        assert groups[("plain", 64, True)]["busy_us"] == 1000

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -304,6 +305,11 @@ def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
          "--router-threshold -1: 0 to 256 for specgate-probes"),
         (["--pin-cpus", "3/2"], "--pin-cpus '3/2': give K/N with 1 <= K <= N"),
         (["--pin-cpus", "1/4096"], "cannot give 4096 parts one each"),
+        (["--repeat", "4", "--freeze-gc-from-rep", "4"],
+         "--freeze-gc-from-rep 4: between 1 and --repeat - 1 (3)"),
+        (["--freeze-gc-from-rep", "0"], "--freeze-gc-from-rep 0: between 1 and"),
+        (["--pyspy", "/nonexistent/py-spy"], "--pyspy /nonexistent/py-spy: no such file"),
+        (["--gc-stats"], "--pyspy, --gc-stats and --freeze-gc-from-rep need SGLang servers"),
     ],
 )  # fmt: skip
 def test_gpu_envelope_refuses_bad_arguments(tmp_path: Path, args: list[str], message: str) -> None:
@@ -674,4 +680,64 @@ def test_threshold_changes_are_read_from_the_routers_own_log_lines() -> None:
         {"t": 12, "change": "threshold of pod-0: 8 -> 4 "
          "(speculation does not pay at the threshold (from 4))"},
         {"t": 95, "change": "threshold of pod-0: 4 -> 10 (probe)"},
+    ]  # fmt: skip
+
+
+def test_the_gc_probe_times_a_process_collections(tmp_path: Path) -> None:
+    """bench/gcstats/sitecustomize.py, first on PYTHONPATH, loads into a new interpreter and
+    writes its collections per generation; a window's differences come from two reads. Without
+    SPECGATE_GC_STATS_DIR it writes nothing."""
+    import os
+    import subprocess
+
+    envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
+    script = (
+        "import gc, json, os, sys, time\n"
+        "time.sleep(0.3)\n"
+        "print(os.getpid(), flush=True)\n"
+        "sys.stdin.readline()\n"
+        "for _ in range(3): gc.collect()\n"
+        "junk = [[i] for i in range(100000)]\n"
+        "time.sleep(0.3)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(envelope.GC_STATS),
+           "SPECGATE_GC_STATS_DIR": str(tmp_path)}  # fmt: skip
+    child = subprocess.Popen([sys.executable, "-c", script], env=env, text=True,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+    assert child.stdout is not None and child.stdin is not None
+    pid = int(child.stdout.readline())
+    before = envelope.read_gc_stats(tmp_path, [pid, pid + 100_000])  # the second has no file
+    assert [b["pid"] for b in before] == [pid]
+    child.stdin.write("go\n")
+    child.stdin.flush()
+    time.sleep(0.5)  # the probe writes ten times a second; the child sleeps 0.3 s after
+    after = envelope.read_gc_stats(tmp_path, [pid])
+    assert child.wait(timeout=30) == 0
+    deltas = envelope.gc_deltas(before, after)
+    (collections,) = deltas["scheduler_gc_collections"]
+    (ms,) = deltas["scheduler_gc_ms"]
+    assert collections[2] >= 3  # the three explicit full collections
+    assert collections[0] >= 100  # 100,000 lists allocated: one young collection per 700
+    assert all(m >= 0 for m in ms) and sum(ms) > 0
+    assert envelope.gc_deltas([], after) == {}
+    assert envelope.gc_deltas(before, [{**after[0], "pid": pid + 1}]) == {}
+    quiet = tmp_path / "quiet"
+    quiet.mkdir()
+    env.pop("SPECGATE_GC_STATS_DIR")
+    subprocess.run([sys.executable, "-c", "import gc; gc.collect()"], env=env, check=True)
+    assert list(quiet.iterdir()) == [] and sorted(tmp_path.glob("gc-*.json")) == [
+        tmp_path / f"gc-{pid}.json"
+    ]
+
+
+def test_windows_after_the_gc_freeze_run_last_at_every_level() -> None:
+    """Freezing cannot be undone: every level's frozen repeats come after all unfrozen ones,
+    each part in the sweep's order."""
+    envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
+    windows = [(c, rep, name) for c in (16, 64) for rep in range(3) for name in ("a", "b")]
+    assert envelope.frozen_last(windows, None) == windows
+    assert envelope.frozen_last(windows, 2) == [
+        (16, 0, "a"), (16, 0, "b"), (16, 1, "a"), (16, 1, "b"),
+        (64, 0, "a"), (64, 0, "b"), (64, 1, "a"), (64, 1, "b"),
+        (16, 2, "a"), (16, 2, "b"), (64, 2, "a"), (64, 2, "b"),
     ]  # fmt: skip

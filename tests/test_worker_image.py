@@ -1014,6 +1014,48 @@ def test_misses_job_on_one_gpu(tmp_path: Path) -> None:
     assert len(ran) == 1 and ran[0].startswith("0 ") and "--levels 8,32" in ran[0]
 
 
+def test_host_time_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
+    """bench/host-time-1gpu.sh: job 41's pair on one GPU with ten window pairs, each window's
+    scheduler recorded by the py-spy it unpacks from the carried wheel; without a wheel it
+    stops before starting a server. With HOST_TIME_CHECKS=1 the checks run on GPU 1 beside."""
+    import zipfile
+
+    wheel = tmp_path / "py_spy-0.4.3-py2.py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("py_spy-0.4.3.data/scripts/py-spy", "#!/bin/sh\n")
+    spy_dir = tmp_path / "spy"
+    (tmp_path / "job").mkdir()
+    lines, out = _job(tmp_path / "job", "host-time-1gpu.sh", "HOST_TIME_RUN",
+                      "--seconds", "3", env={"HOST_TIME_PYSPY": str(wheel),
+                                             "SPECGATE_PYSPY_DIR": str(spy_dir)})  # fmt: skip
+    ran = [line.split(" ", 1)[1] for line in lines]
+    assert ran[0] == "none" and len(ran) == 2
+    args = ran[1]
+    assert args.startswith("bench/gpu_envelope.py --servers plain --extra patched-off")
+    assert "--repeat 10 --gc-stats" in args and "--freeze-gc" not in args
+    assert f"--pyspy {spy_dir / 'py-spy'} " in args and (spy_dir / "py-spy").stat().st_mode & 0o100
+    assert "--prefill-graph-tokens 2048" in args and args.endswith("--seconds 3")
+    _results_came_back(out, {"host-time.json", "host-time.log", "pyspy-steps.md"},
+                       {"run/plain.log"})  # fmt: skip
+    # The stand-in's windows have no recordings: the summary says so rather than inventing one.
+    assert "no window with a py-spy recording" in (out / "pyspy-steps.md").read_text()
+    (tmp_path / "none").mkdir()
+    result = subprocess.run(["bash", str(ROOT / "bench" / "host-time-1gpu.sh"), "site.tar.xz",
+                             str(tmp_path / "none" / "out")], capture_output=True, text=True,
+                            env={**os.environ, "HOST_TIME_RUN": str(tmp_path / "job" / "run.sh"),
+                                 "HOST_TIME_PYSPY": ""}, timeout=60)  # fmt: skip
+    assert result.returncode == 1 and "no py-spy: carry its wheel in .gpu/" in result.stdout
+    (tmp_path / "checks").mkdir()
+    lines, out = _job(tmp_path / "checks", "host-time-1gpu.sh", "HOST_TIME_RUN",
+                      env={"HOST_TIME_PYSPY": str(wheel), "SPECGATE_PYSPY_DIR": str(spy_dir),
+                           "HOST_TIME_CHECKS": "1"})  # fmt: skip
+    by_gpu = sorted(line.split(" ", 2)[:2] for line in lines)
+    assert by_gpu == [["0", "bench/gpu_envelope.py"], ["1", "draftkv"], ["1", "verify"],
+                      ["none", "none"]]  # fmt: skip
+    _results_came_back(out, {"host-time.json", "pyspy-steps.md"},
+                       {"verify.log", "draftkv.log", "run/plain.log"})  # fmt: skip
+
+
 def test_router_stall_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
     """bench/router-stall.sh: the routed engine and its own port at c = 128 twice on one GPU, one
     run after the other (a connection per request, then kept connections), on ports and

@@ -39,17 +39,25 @@ pack_logs() {  # OUT PART...
   tar -cJf "$out/logs.tar.xz" -C "$out" $parts && (cd "$out" && rm -rf $parts)
 }
 
-# py-spy (from its wheel, carried in .gpu/: the device has no network) records where a router's
-# process spends its time, idle samples included, in py-spy's raw format (folded stacks), while
-# it lives: bench/gpu_envelope.py writes RUN_DIR/router.pid once the router is up. No wheel
-# (an empty WHEEL), no recording.
-record_router() {  # WHEEL RUN_DIR OUTFILE SECONDS
-  local wheel=$1 dir=$2 outfile=$3 seconds=$4 spy=/tmp/specgate-pyspy/py-spy
-  [ -n "$wheel" ] || { echo "record_router: no py-spy wheel"; return 0; }
-  if [ ! -x "$spy" ]; then
-    python3 -m zipfile -e "$wheel" /tmp/specgate-pyspy/wheel || return 0
-    install -m 755 /tmp/specgate-pyspy/wheel/py_spy-*.data/scripts/py-spy "$spy" || return 0
+# py-spy from its wheel, carried in .gpu/ (the device has no network): the binary's path, once
+# unpacked to $SPECGATE_PYSPY_DIR (/tmp/specgate-pyspy); nothing and a non-zero status without.
+install_pyspy() {  # WHEEL
+  local wheel=$1 dir=${SPECGATE_PYSPY_DIR:-/tmp/specgate-pyspy}
+  [ -n "$wheel" ] && [ -f "$wheel" ] || return 1
+  if [ ! -x "$dir/py-spy" ]; then
+    python3 -m zipfile -e "$wheel" "$dir/wheel" >&2 || return 1
+    install -m 755 "$dir"/wheel/py_spy-*.data/scripts/py-spy "$dir/py-spy" >&2 || return 1
   fi
+  echo "$dir/py-spy"
+}
+
+# py-spy records where a router's process spends its time, idle samples included, in py-spy's
+# raw format (folded stacks), while it lives: bench/gpu_envelope.py writes RUN_DIR/router.pid
+# once the router is up. No wheel (an empty WHEEL), no recording.
+record_router() {  # WHEEL RUN_DIR OUTFILE SECONDS
+  local wheel=$1 dir=$2 outfile=$3 seconds=$4 spy
+  [ -n "$wheel" ] || { echo "record_router: no py-spy wheel"; return 0; }
+  spy=$(install_pyspy "$wheel") || return 0
   for _ in $(seq "$((seconds * 2))"); do [ -f "$dir/router.pid" ] && break; sleep 0.5; done
   [ -f "$dir/router.pid" ] || { echo "record_router: no $dir/router.pid"; return 0; }
   timeout "$((seconds + 30))" "$spy" record --pid "$(cat "$dir/router.pid")" --rate 200 --idle \

@@ -1,0 +1,143 @@
+"""Where a scheduler's host time per decode step goes, server against server: the py-spy
+recordings `gpu_envelope.py --pyspy` takes of each window (OUT/pyspy/*.txt, folded stacks,
+aggregated by function) summed over the windows of each server, level and GC phase, divided by
+the decode steps those windows ran.
+
+    .venv/bin/python bench/pyspy_steps.py OUT [--base plain --other patched-off] [--top 40]
+
+Each table has a function's busy time per decode step (us; the function and what it called)
+under each server and the difference, largest differences first. With py-spy's 200 samples a
+second, a 4-s window of about 1,000 steps gives one sample per 5 us of a step; the sum of ten
+windows resolves about 1 us per step. py-spy records without pausing the process, so the
+figures carry none of the torch profiler's overhead, but a garbage collection is charged to
+the line that allocated last (gpu_envelope.py --gc-stats times those on their own).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import lzma
+import sys
+import tarfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from folded_top import parse_folded, tops
+
+SAMPLE_RATE = 200
+"""Samples a second, as gpu_envelope.PySpy takes them."""
+
+
+def short(frame: str) -> str:
+    """`name (path/to/sglang/srt/x.py:12)` as `name (srt/x.py:12)`: the path from the
+    package's top, however the file was found."""
+    name, _, where = frame.partition(" (")
+    for top in ("sglang/", "torch/", "triton/", "specgate"):
+        if top in where:
+            where = where[where.index(top) :]
+            break
+    return f"{name} ({where}" if where else name
+
+
+def group_costs(
+    windows: list[dict[str, Any]], read: Any, rate: int = SAMPLE_RATE
+) -> dict[tuple[str, int, bool], dict[str, Any]]:
+    """Per (server, c, gc_frozen): decode steps, busy us per step, and each frame's us per step,
+    from the windows that have a recording (`read(name)` gives its lines, or None)."""
+    groups: dict[tuple[str, int, bool], dict[str, Any]] = {}
+    for w in windows:
+        name = w.get("pyspy")
+        lines = read(name) if name else None
+        if lines is None or not w.get("decode_steps"):
+            continue
+        total, _, counts = tops(parse_folded(lines))
+        key = (w["server"], w["c"], bool(w.get("gc_frozen", False)))
+        g = groups.setdefault(key, {"steps": 0, "samples": 0, "frames": Counter[str](),
+                                    "windows": 0})  # fmt: skip
+        g["steps"] += w["decode_steps"]
+        g["samples"] += total
+        g["windows"] += 1
+        for frame, n in counts.items():
+            g["frames"][short(frame)] += n
+    for g in groups.values():
+        per_sample_us = 1e6 / rate / g["steps"]
+        g["busy_us"] = g["samples"] * per_sample_us
+        g["us"] = {f: n * per_sample_us for f, n in g["frames"].items()}
+    return groups
+
+
+def table(base: dict[str, Any], other: dict[str, Any], names: tuple[str, str],
+          top: int) -> list[str]:  # fmt: skip
+    """The frames whose us per step differ most between two groups, as Markdown rows."""
+    frames = set(base["us"]) | set(other["us"])
+    diffs = sorted(frames, key=lambda f: -abs(other["us"].get(f, 0) - base["us"].get(f, 0)))
+    rows = [
+        f"| {names[0]} us/step | {names[1]} us/step | difference | function |",
+        "| ---: | ---: | ---: | --- |",
+        f"| {base['busy_us']:.0f} | {other['busy_us']:.0f} | "
+        f"{other['busy_us'] - base['busy_us']:+.0f} | (all busy samples) |",
+    ]
+    for f in diffs[:top]:
+        b, o = base["us"].get(f, 0.0), other["us"].get(f, 0.0)
+        rows.append(f"| {b:.0f} | {o:.0f} | {o - b:+.0f} | `{f}` |")
+    return rows
+
+
+def reader(out: Path) -> Any:
+    """Reads OUT/pyspy/NAME, or NAME from OUT/logs.tar.xz's pyspy/ when the job packed it."""
+    folder = out / "pyspy"
+    packed = out / "logs.tar.xz"
+    members: dict[str, bytes] = {}
+    if not folder.is_dir() and packed.is_file():
+        with tarfile.open(packed) as tar:
+            for m in tar.getmembers():
+                if m.isfile() and "/pyspy/" in f"/{m.name}":
+                    fh = tar.extractfile(m)
+                    if fh is not None:
+                        members[Path(m.name).name] = fh.read()
+
+    def read(name: str) -> list[str] | None:
+        if name in members:
+            return members[name].decode(errors="replace").splitlines()
+        path = folder / name
+        for candidate in (path, path.with_name(path.name + ".xz")):
+            if candidate.is_file():
+                opener = lzma.open if candidate.suffix == ".xz" else open
+                with opener(candidate, "rt") as fh:
+                    return fh.read().splitlines()
+        return None
+
+    return read
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path, help="gpu_envelope.py's --out folder (envelope.json)")
+    parser.add_argument("--results", type=Path, default=None,
+                        help="envelope.json elsewhere (default: OUT/envelope.json)")  # fmt: skip
+    parser.add_argument("--base", default="plain")
+    parser.add_argument("--other", default="patched-off")
+    parser.add_argument("--top", type=int, default=40)
+    args = parser.parse_args(argv)
+    results = json.loads((args.results or args.out / "envelope.json").read_text())
+    groups = group_costs(results["windows"], reader(args.out))
+    if not groups:
+        raise SystemExit(f"{args.out}: no window with a py-spy recording")
+    for (server, c, frozen), g in sorted(groups.items()):
+        print(f"{server} c={c}{' gc frozen' if frozen else ''}: {g['windows']} windows, "
+              f"{g['steps']} decode steps, {g['samples']} busy samples, "
+              f"{g['busy_us']:.0f} us busy per step")  # fmt: skip
+    for c, frozen in sorted({(c, f) for _, c, f in groups}):
+        base, other = groups.get((args.base, c, frozen)), groups.get((args.other, c, frozen))
+        if base is None or other is None:
+            continue
+        print(f"\n## c = {c}{', GC frozen' if frozen else ''}: {args.other} against {args.base}\n")
+        print("\n".join(table(base, other, (args.base, args.other), args.top)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
