@@ -539,6 +539,34 @@ def test_only_a_speculation_off_step_tells_the_next_step_its_lengths(patched_sit
     assert "indices_cpu" in {kw.arg for kw in partial_publish.keywords}
 
 
+def test_prompt_positions_come_from_one_host_array(patched_site: Path) -> None:
+    """The draft-KV-only prefill's positions (prefix + offset, prompt after prompt) and each
+    prompt's last index, as one array: one host-to-device copy, where a tensor a prompt cost
+    about 100 us of host time a decode step at c = 16 (BENCHMARKS.md job 45)."""
+    positions = _module(patched_site).prompt_positions
+    assert positions([0, 5, 2], [3, 2, 4]).tolist() == [0, 1, 2, 5, 6, 2, 3, 4, 5, 2, 4, 8]
+    assert positions([7], [1]).tolist() == [7, 0]
+    assert positions([], []).tolist() == []
+    assert str(positions([1], [2]).dtype) == "int64"
+    worker = patched_site / "sglang" / "srt" / "speculative" / "eagle_worker_v2.py"
+    write = _function(worker, "EAGLEWorkerV2._write_prompt_draft_kv")
+    assert len(_calls(write, "prompt_positions")) == 1
+    assert _calls(write, "arange") == [] and _calls(write, "cat") == []
+
+
+def test_host_known_lengths_live_in_a_numpy_array(patched_site: Path) -> None:
+    """The per-step read (every rows' lengths known, and their sum) and write of the lengths
+    the host knows go through NumPy, not torch's dispatcher (about 30 us a step on the GPU
+    host, job 45); the batch still gets a torch tensor."""
+    overlap = patched_site / "sglang" / "srt" / "managers" / "overlap_utils.py"
+    resolve = ast.unparse(_function(overlap, "FutureMap.resolve_seq_lens_cpu"))
+    assert "self.host_known_seq_lens[batch.req_pool_indices_cpu.numpy()]" in resolve
+    assert "batch.seq_lens_cpu = torch.from_numpy(known)" in resolve
+    publish = ast.unparse(_function(overlap, "FutureMap.publish"))
+    assert "self.host_known_seq_lens[indices_cpu.numpy()] = new_seq_lens_cpu.numpy()" in publish
+    assert "np.full((self.req_pool_size,), -1, dtype=np.int64)" in overlap.read_text()
+
+
 def test_decode_lengths_reach_the_gpu_in_one_copy_from_pinned_memory(patched_site: Path) -> None:
     """Every spec-v2 decode step sends the current and next KV lengths to the GPU. From pageable
     memory each copy is staged on the host; the patch makes them one copy of one pinned
