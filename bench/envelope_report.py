@@ -93,7 +93,18 @@ def workload(result: dict[str, Any]) -> str:
                         if s.get("cpus")}):  # fmt: skip
         each = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
         differences.append(f"each server pinned to {each} CPUs")
+    if any(w.get("pyspy") for w in result.get("windows", ())):
+        # py-spy reads the scheduler's memory 200 times a second and the GC probe wakes a
+        # thread ten times a second in every server process: small, but not the sweep's host.
+        differences.append("py-spy recording each window's scheduler")
     return ", ".join(differences)
+
+
+def measured_windows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """A run's windows, less those after --freeze-gc-from-rep's freeze: job 45's GC probe
+    walked the frozen objects ten times a second there (bench/gcstats/sitecustomize.py), so
+    they measured the probe, not the servers."""
+    return [w for w in result.get("windows", ()) if not w.get("gc_frozen")]
 
 
 def summarise(windows: Sequence[dict[str, Any]]) -> Stats:
@@ -737,6 +748,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         RESULTS.glob("gpu-envelope-*.json"), key=lambda path: run_order(path.name)
     )
     results = {p.name: json.loads(p.read_text()) for p in inputs}
+    for result in results.values():
+        result["windows"] = measured_windows(result)
     groups: dict[tuple[int, float, str], dict[str, dict[str, Any]]] = {}
     for name, result in results.items():
         group_key = (result.get("tp") or 1, result.get("temperature", ENVELOPE_TEMPERATURE),

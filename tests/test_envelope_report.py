@@ -741,3 +741,26 @@ def test_windows_after_the_gc_freeze_run_last_at_every_level() -> None:
         (64, 0, "a"), (64, 0, "b"), (64, 1, "a"), (64, 1, "b"),
         (16, 2, "a"), (16, 2, "b"), (64, 2, "a"), (64, 2, "b"),
     ]  # fmt: skip
+
+
+def test_a_recorded_job_gets_its_own_section_and_frozen_windows_count_nowhere(
+    report: ModuleType, tmp_path: Path
+) -> None:
+    """A job whose windows py-spy recorded ran on a perturbed host: its off-over-plain pairs
+    go to a section of their own, never the sweep's. Windows after the GC freeze (job 45's,
+    which measured the GC probe itself) are dropped before anything is computed."""
+    windows = [window("plain", 16, 1000, rep=0, pyspy="a.txt"),
+               window("patched-off", 16, 900, rep=0, pyspy="b.txt"),
+               window("plain", 16, 1000, rep=1, pyspy="c.txt", gc_frozen=True),
+               window("patched-off", 16, 100, rep=1, pyspy="d.txt", gc_frozen=True)]  # fmt: skip
+    job = {"tp": 1, "temperature": 0.9, "predicted_accept_length": 3.0, "windows": windows}
+    assert report.workload(job) == "py-spy recording each window's scheduler"
+    assert [w["rep"] for w in report.measured_windows(job)] == [0, 0]
+    path = tmp_path / "gpu-envelope-45-host-time.json"
+    path.write_text(json.dumps(job))
+    out = tmp_path / "out"
+    assert report.main([str(path), "--out", str(out)]) == 0
+    md = (out / "gpu_envelope.md").read_text()
+    sweep, recorded = md.split("## Another workload (py-spy recording each window's scheduler)")
+    assert "45-host-time" not in sweep
+    assert "| 45-host-time | 16 | patched-off | plain | 1 | 0.9 |" in recorded
