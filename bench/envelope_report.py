@@ -70,6 +70,9 @@ ENVELOPE_TEMPERATURE = 0.9
 another draft quality: their figures get their own section and never fill the sweep's table."""
 SWEEP_NEW_TOKENS = (64, 192)
 """The sweep's new tokens per request (gpu_envelope.py's NEW_TOKENS; a test keeps them equal)."""
+SWEEP_SHAPE = "Llama 3B-class (hidden 3072, 28 layers, GQA 24/8), synthetic pair, bf16"
+"""The sweep's target (gpu_envelope.py --shape 3b; a test keeps them equal). Jobs on another
+shape get their own section."""
 
 
 def slug(text: str) -> str:
@@ -82,6 +85,8 @@ def workload(result: dict[str, Any]) -> str:
     servers run on fewer CPUs, and emptied prefix caches spare the servers the evictions of a
     full one: such runs get a section of their own, like another temperature."""
     differences = []
+    if (shape := result.get("shape", SWEEP_SHAPE)) != SWEEP_SHAPE:
+        differences.append(f"target {shape.removesuffix(', synthetic pair, bf16')}")
     low, high = result.get("new_tokens") or SWEEP_NEW_TOKENS
     if (low, high) != SWEEP_NEW_TOKENS:
         differences.append(f"{low}-{high} new tokens a request")

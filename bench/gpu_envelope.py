@@ -82,6 +82,7 @@ sys.path.insert(0, str(REPO / "worker-image" / "gputest"))
 import verify  # type: ignore[import-not-found]  # noqa: E402
 from speed import (  # type: ignore[import-not-found]  # noqa: E402
     ADAPTIVE_OFF_ABOVE_8,
+    SHAPES,
     tokens_in_window,
     write_synthetic_pair,
 )
@@ -630,20 +631,29 @@ def threshold_changes(router_log: str, origin: float) -> list[dict[str, Any]]:
     return changes
 
 
-def write_pair_once(models: Path, c: float) -> None:
+def write_pair_once(models: Path, c: float, shape: str = "3b") -> None:
     """The synthetic pair in `models`, written by the first of the runs that share it; the
-    others wait on the lock and find it written for their --c."""
+    others wait on the lock and find it written for their --c and --shape."""
     import fcntl
 
     models.mkdir(parents=True, exist_ok=True)
     done = models / "written-for-c"
+    wanted = repr(c) if shape == "3b" else f"{c!r} {shape}"
     with open(models / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if done.exists() and float(done.read_text()) == c:
+        if done.exists() and done.read_text() == wanted:
             return
         done.unlink(missing_ok=True)
-        write_synthetic_pair(models, c)
-        done.write_text(repr(c))
+        write_synthetic_pair(models, c, SHAPES[shape])
+        done.write_text(wanted)
+
+
+def shape_name(shape: str) -> str:
+    """The results' words for a --shape."""
+    cfg = SHAPES[shape]
+    return (f"Llama {shape.upper()}-class (hidden {cfg['hidden_size']}, "
+            f"{cfg['num_hidden_layers']} layers, GQA {cfg['num_attention_heads']}/"
+            f"{cfg['num_key_value_heads']}), synthetic pair, bf16")  # fmt: skip
 
 
 def core_groups(
@@ -828,6 +838,10 @@ def main() -> int:
     parser.add_argument("--profile-servers", default="",
                         help="comma-separated, the servers --profile-levels profiles (default: "
                         "all)")  # fmt: skip
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="3b",
+                        help="the synthetic target: 3b, the sweep's (a host-bound step on an "
+                        "H200), or 8b, a Llama-3-8B-class one whose decode step the GPU sets "
+                        "(--models then defaults to its own folder, /tmp/...-8b)")  # fmt: skip
     parser.add_argument("--gc-stats", action="store_true",
                         help="time every server process's garbage collections "
                         "(bench/gcstats/sitecustomize.py): each window records its schedulers' "
@@ -912,8 +926,10 @@ def main() -> int:
                          f"the job runs ({top}); give at least that")  # fmt: skip
         top = args.max_running
     models = args.models
+    if args.shape != "3b" and models == parser.get_default("models"):
+        models = Path(f"{models}-{args.shape}")
     if not sim:
-        write_pair_once(models, args.c)
+        write_pair_once(models, args.c, args.shape)
         verify.log(f"synthetic pair ready after {time.time() - began:.0f}s")
     adaptive = out / "adaptive-off-above-8.json"
     adaptive.write_text(json.dumps(ADAPTIVE_OFF_ABOVE_8))
@@ -969,7 +985,7 @@ def main() -> int:
     ]
     results: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d"), "engine": args.engine,
-        "shape": "Llama 3B-class (hidden 3072, 28 layers, GQA 24/8), synthetic pair, bf16",
+        "shape": shape_name(args.shape),
         "temperature": args.temperature, "c": args.c,
         "new_tokens": list(new_tokens), "prefill_graph_tokens": args.prefill_graph_tokens,
         "benchmark_cpus": pinned[0] if pinned else None, "flush_cache": args.flush_cache,

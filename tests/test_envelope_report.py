@@ -764,3 +764,17 @@ def test_a_recorded_job_gets_its_own_section_and_frozen_windows_count_nowhere(
     sweep, recorded = md.split("## Another workload (py-spy recording each window's scheduler)")
     assert "45-host-time" not in sweep
     assert "| 45-host-time | 16 | patched-off | plain | 1 | 0.9 |" in recorded
+
+
+def test_a_job_on_another_target_shape_gets_its_own_section(report: ModuleType) -> None:
+    """The sweep's 3B-class target leaves an H200's decode step to the host; the 8B-class one
+    (gpu_envelope.py --shape 8b) to the GPU. A job on it never fills the sweep's table."""
+    envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
+    assert envelope.shape_name("3b") == report.SWEEP_SHAPE
+    eight = envelope.shape_name("8b")
+    assert eight == "Llama 8B-class (hidden 4096, 32 layers, GQA 32/8), synthetic pair, bf16"
+    assert report.workload({"shape": envelope.shape_name("3b")}) == ""
+    assert report.workload({"shape": eight, "flush_cache": True}) == (
+        "target Llama 8B-class (hidden 4096, 32 layers, GQA 32/8), "
+        "prefix caches emptied before each window"
+    )

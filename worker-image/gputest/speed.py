@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from verify import (
     EAGLE,
@@ -62,13 +63,22 @@ ADAPTIVE_OFF_ABOVE_8 = {"1": {"candidate_steps": [3]}, "9": {"candidate_steps": 
 batch 8, drafting off above."""
 
 
-def write_synthetic_pair(models: Path, c: float) -> None:
-    """synthetic.py's pair at SHAPE into `models`/{target,draft}, written by a child process so
-    that its CUDA memory is gone before the servers start."""
-    shape = ["--hidden", SHAPE["hidden_size"], "--layers", SHAPE["num_hidden_layers"],
-             "--heads", SHAPE["num_attention_heads"], "--kv-heads", SHAPE["num_key_value_heads"],
-             "--intermediate", SHAPE["intermediate_size"], "--c", c]  # fmt: skip
-    subprocess.run([sys.executable, str(HERE / "synthetic.py"), str(models), *map(str, shape)],
+SHAPE_8B = {**SHAPE, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+            "num_attention_heads": 32}  # fmt: skip
+"""A Llama-3-8B-class target (about 7B parameters with the synthetic 32,000-token vocabulary):
+a decode step reads about 14 GB of weights, so on an H200 the GPU sets the step's pace, where
+SHAPE's 6 GB leave it to the host. One GPU's share of a 70B-class model served at tensor
+parallel 8 is of this size."""
+SHAPES = {"3b": SHAPE, "8b": SHAPE_8B}
+
+
+def write_synthetic_pair(models: Path, c: float, shape: dict[str, Any] = SHAPE) -> None:
+    """synthetic.py's pair at `shape` into `models`/{target,draft}, written by a child process
+    so that its CUDA memory is gone before the servers start."""
+    args = ["--hidden", shape["hidden_size"], "--layers", shape["num_hidden_layers"],
+            "--heads", shape["num_attention_heads"], "--kv-heads", shape["num_key_value_heads"],
+            "--intermediate", shape["intermediate_size"], "--c", c]  # fmt: skip
+    subprocess.run([sys.executable, str(HERE / "synthetic.py"), str(models), *map(str, args)],
                    check=True, timeout=600)  # fmt: skip
 
 
