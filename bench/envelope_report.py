@@ -98,6 +98,8 @@ def workload(result: dict[str, Any]) -> str:
                         if s.get("cpus")}):  # fmt: skip
         each = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
         differences.append(f"each server pinned to {each} CPUs")
+    if result.get("scheduler_cores"):
+        differences.append("each scheduler alone on a physical core")
     if any(w.get("pyspy") for w in result.get("windows", ())):
         # py-spy reads the scheduler's memory 200 times a second and the GC probe wakes a
         # thread ten times a second in every server process: small, but not the sweep's host.

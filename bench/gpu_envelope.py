@@ -36,6 +36,12 @@ than there were clients in some windows (BENCHMARKS.md job 36), and these tell w
 --flush-cache empties each server's prefix cache before each of its windows. Without it a
 server's radix tree fills with finished requests and every allocation then evicts (host time
 on each step or two); the speculative servers, with smaller KV pools, get there first.
+Where a server's host time goes: --gc-stats times every garbage collection in every server
+process, --pyspy records each window's scheduler with py-spy (bench/pyspy_steps.py turns the
+recordings into us per decode step), --freeze-gc-from-rep K runs the last repeats after SGLang's
+/freeze_gc, and --scheduler-cores gives each scheduler's main thread a physical core of its
+own. --shape 8b runs a Llama-3-8B-class target instead of the 3B-class one, whose decode step
+leaves more to the GPU.
 
 At every concurrency c the windows alternate between the servers (the order rotates each
 repeat), so a host that drifts during the run slows all of them alike. Each window: c
@@ -71,7 +77,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -706,6 +712,70 @@ def pin_plan(spec: str, cpus: Collection[int], servers: int,
     return cpu_slices(core_groups(cores, sysfs), 1 + servers)
 
 
+def scheduler_core_plan(cpus: Collection[int], servers: int,
+                        sysfs: Path = Path("/sys/devices/system/cpu")
+                        ) -> tuple[list[list[int]], list[int]]:  # fmt: skip
+    """--scheduler-cores: the last `servers` physical cores of `cpus`, one per server (its
+    scheduler's main thread runs on the core's first hardware thread and nothing on the
+    others), and the CPUs left for everything else."""
+    cores = core_groups(cpus, sysfs)
+    if len(cores) <= servers:
+        raise ValueError(f"{len(cores)} physical cores cannot give {servers} schedulers one "
+                         "each and leave one for the rest")  # fmt: skip
+    reserved = cores[-servers:]
+    rest = sorted(set(cpus) - {cpu for core in reserved for cpu in core})
+    return reserved, rest
+
+
+def process_tree(root: int, proc: Path = Path("/proc")) -> list[int]:
+    """`root` and every process under it, in pid order."""
+    children: dict[int, list[int]] = {}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        children.setdefault(int(stat[stat.rindex(")") + 2 :].split()[1]), []).append(
+            int(entry.name)
+        )
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return sorted(found)
+
+
+def pin_scheduler(server_pid: int, core: Sequence[int], rest: Collection[int],
+                  proc: Path = Path("/proc"),
+                  setaffinity: Callable[[int, Collection[int]], None] = os.sched_setaffinity,
+                  ) -> dict[str, Any]:  # fmt: skip
+    """Every thread of a launched server onto `rest`, except its (first) scheduler's main
+    thread, alone on `core`'s first hardware thread: whether a scheduler slows down when a busy
+    thread shares its physical core (the same code ran 10-60% slower in one server than in
+    another, BENCHMARKS.md jobs 20, 23, 35, 46). What it did, for the results."""
+    schedulers = scheduler_pids(server_pid, proc)
+    pinned: dict[str, Any] = {"scheduler": None, "threads_moved": 0}
+    for pid in process_tree(server_pid, proc):
+        try:
+            tids = [int(t.name) for t in (proc / str(pid) / "task").iterdir()]
+        except OSError:
+            continue  # gone meanwhile
+        for tid in tids:
+            main = bool(schedulers) and tid == schedulers[0]
+            try:
+                setaffinity(tid, [core[0]] if main else rest)
+            except OSError:
+                continue  # gone meanwhile
+            if main:
+                pinned["scheduler"] = {"pid": tid, "cpu": core[0], "idle_siblings": core[1:]}
+            else:
+                pinned["threads_moved"] += 1
+    return pinned
+
+
 def launch(servers: list[Server], out: Path, sim: bool, routed_threshold: int = 8) -> None:
     """Start every server: GPUs in parallel, the servers of one GPU one after another, each
     once the previous one has sized its memory (verify.MEMORY_SIZED)."""
@@ -842,6 +912,11 @@ def main() -> int:
                         help="the synthetic target: 3b, the sweep's (a host-bound step on an "
                         "H200), or 8b, a Llama-3-8B-class one whose decode step the GPU sets "
                         "(--models then defaults to its own folder, /tmp/...-8b)")  # fmt: skip
+    parser.add_argument("--scheduler-cores", action="store_true",
+                        help="once the servers are up, each server's scheduler main thread "
+                        "runs alone on a physical core of its own (the host's last ones); "
+                        "every other thread of the servers, the clients and the router on "
+                        "the rest (see pin_scheduler)")  # fmt: skip
     parser.add_argument("--gc-stats", action="store_true",
                         help="time every server process's garbage collections "
                         "(bench/gcstats/sitecustomize.py): each window records its schedulers' "
@@ -889,6 +964,8 @@ def main() -> int:
         parser.error(f"--pyspy {args.pyspy}: no such file; give the py-spy binary")
     if (args.pyspy or args.gc_stats or args.freeze_gc_from_rep) and sim:
         parser.error("--pyspy, --gc-stats and --freeze-gc-from-rep need SGLang servers")
+    if args.scheduler_cores and args.pin_cpus:
+        parser.error("--scheduler-cores and --pin-cpus: one way of placing the servers at a time")
     profile_levels = [int(c) for c in args.profile_levels.split(",") if c]
     profiled = [e for e in args.profile_servers.split(",") if e] or main_servers + extras
     if bad := set(profiled) - set(main_servers + extras):
@@ -1015,6 +1092,14 @@ def main() -> int:
             results["servers"][s.name]["healthy_after_s"] = round(time.time() - began, 1)
             verify.log(f"{s.name} healthy (waited {s_up:.0f}s more)")
         by_name = {s.name: s for s in servers}
+        if args.scheduler_cores and not sim:
+            cores, rest = scheduler_core_plan(os.sched_getaffinity(0), len(servers))
+            os.sched_setaffinity(0, rest)  # the clients' threads, and the router it starts
+            results["scheduler_cores"] = {
+                srv.name: pin_scheduler(srv.proc.pid, core, rest)
+                for srv, core in zip(servers, cores, strict=True) if srv.proc is not None
+            }  # fmt: skip
+            verify.log(f"schedulers on cores of their own: {results['scheduler_cores']}")
         specgate = next((s for s in servers if s.name in ROUTED), None)
         if specgate is not None:
             router = start_router(specgate, out, args.probe_interval, args.router_threshold)

@@ -12,7 +12,10 @@
 # Job 45 added `--repeat 12 --freeze-gc-from-rep 6` (the last six pairs after SGLang's
 # /freeze_gc); its frozen half measured the GC probe's own cost (see gcstats/sitecustomize.py).
 # HOST_TIME_CHECKS=1 (a two-GPU machine): the A/B on GPU 0, and verify.py then draftkv.py on
-# GPU 1, for a patch that changed (job 46).
+# GPU 1, for a patch that changed (job 46). Job 47 added `--shape 8b --mem-fraction 0.35
+# --repeat 8` (a target whose step leaves more to the GPU). Not run yet: `--scheduler-cores`,
+# each scheduler's main thread alone on a physical core (is the off server's slower code a
+# busy sibling hardware thread?).
 # Results: OUT/host-time.json, OUT/host-time.log, OUT/pyspy-steps.md, with the checks
 # OUT/verify.json and OUT/draftkv.json, and logs.tar.xz (server logs, the recordings, the GC
 # totals, the checks' logs).

@@ -4,6 +4,7 @@ test_gpu_envelope_rehearsal below; its real figures are in BENCHMARKS.md."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -778,3 +779,99 @@ def test_a_job_on_another_target_shape_gets_its_own_section(report: ModuleType) 
         "target Llama 8B-class (hidden 4096, 32 layers, GQA 32/8), "
         "prefix caches emptied before each window"
     )
+
+
+def test_each_scheduler_gets_a_physical_core_of_its_own(tmp_path: Path) -> None:
+    """--scheduler-cores: the host's last physical cores, one per server, siblings left idle;
+    every thread of every process under a server goes to the rest, except its scheduler's main
+    thread, alone on its core's first hardware thread."""
+    envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
+    sysfs = tmp_path / "cpu"
+    for cpu in range(16):  # 8 cores, siblings n and n + 8
+        topology = sysfs / f"cpu{cpu}" / "topology"
+        topology.mkdir(parents=True)
+        (topology / "thread_siblings_list").write_text(f"{cpu % 8},{cpu % 8 + 8}\n")
+    cores, rest = envelope.scheduler_core_plan(range(16), 2, sysfs)
+    assert cores == [[6, 14], [7, 15]]
+    assert rest == [0, 1, 2, 3, 4, 5, 8, 9, 10, 11, 12, 13]
+    with pytest.raises(ValueError, match="8 physical cores cannot give 8 schedulers"):
+        envelope.scheduler_core_plan(range(16), 8, sysfs)
+
+    proc = tmp_path / "proc"
+
+    def process(pid: int, ppid: int, comm: str, tids: tuple[int, ...] = ()) -> None:
+        entry = proc / str(pid)
+        entry.mkdir(parents=True)
+        (entry / "stat").write_text(f"{pid} ({comm[:15]}) S {ppid} {pid} 0 0 -1\n")
+        for tid in (pid, *tids):
+            (entry / "task" / str(tid)).mkdir(parents=True)
+
+    process(100, 1, "python3", (101,))  # the server's HTTP process and a thread of it
+    process(103, 100, "sglang::scheduler_TP0", (107, 108))
+    process(104, 100, "sglang::detokenizer")
+    process(200, 1, "sglang::scheduler_TP0")  # another server's: left alone
+    calls: dict[int, list[int]] = {}
+
+    def setaffinity(tid: int, cpus: list[int]) -> None:
+        calls[tid] = list(cpus)
+
+    done = envelope.pin_scheduler(100, [6, 14], rest, proc, setaffinity=setaffinity)
+    assert calls == {100: rest, 101: rest, 103: [6], 104: rest, 107: rest, 108: rest}
+    assert done == {"scheduler": {"pid": 103, "cpu": 6, "idle_siblings": [14]},
+                    "threads_moved": 5}  # fmt: skip
+    assert envelope.process_tree(100, proc) == [100, 103, 104]
+
+
+def test_a_job_with_schedulers_on_cores_of_their_own_gets_its_own_section(
+    report: ModuleType,
+) -> None:
+    job = {"scheduler_cores": {"plain": {"scheduler": {"pid": 1, "cpu": 7}}}, "windows": []}
+    assert report.workload(job) == "each scheduler alone on a physical core"
+
+
+def test_pinning_a_real_scheduler_moves_only_its_main_thread(tmp_path: Path) -> None:
+    """The same against real processes: a child named like SGLang's scheduler (with a second
+    thread) under a parent; its main thread ends on the core's CPU, everything else on the
+    rest, as the kernel reports it."""
+    import os
+    import subprocess
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs")
+    envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
+    child = (
+        "import threading, time\n"
+        "open('/proc/self/comm', 'w').write('sglang::scheduler_TP0')\n"
+        "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    parent = (
+        "import subprocess, sys\n"
+        f"p = subprocess.Popen([sys.executable, '-c', {child!r}])\n"
+        "p.wait()\n"
+    )
+    server = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None and server.stdout.readline() == "ready\n"
+        done = envelope.pin_scheduler(server.pid, [cpus[0]], cpus[1:])
+        scheduler = done["scheduler"]["pid"]
+        assert envelope.scheduler_pids(server.pid) == [scheduler]
+
+        def allowed(pid: int, tid: int) -> list[int]:
+            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+            line = next(x for x in status.splitlines() if x.startswith("Cpus_allowed_list:"))
+            return envelope.parse_cpu_list(line.split(":")[1])
+
+        assert allowed(scheduler, scheduler) == [cpus[0]]
+        others = [(pid, int(t.name)) for pid in (server.pid, scheduler)
+                  for t in Path(f"/proc/{pid}/task").iterdir()
+                  if int(t.name) != scheduler]  # fmt: skip
+        assert len(others) >= 2 and all(allowed(p, t) == cpus[1:] for p, t in others)
+        assert done["threads_moved"] == len(others)
+    finally:
+        for pid in envelope.process_tree(server.pid)[::-1]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+        server.wait(timeout=10)
