@@ -41,6 +41,9 @@ pack_logs() {  # OUT PART...
 
 # py-spy from its wheel, carried in .gpu/ (the device has no network): the binary's path, once
 # unpacked to $SPECGATE_PYSPY_DIR (/tmp/specgate-pyspy); nothing and a non-zero status without.
+# PyPI's wheel is 2.9 MB; rewritten with LZMA entries (python3's zipfile, ZIP_LZMA) it is 2.0
+# MB, which keeps the site archive, the kernel cache and the tree under the 64 MiB carry, and
+# `zipfile -e` reads either.
 install_pyspy() {  # WHEEL
   local wheel=$1 dir=${SPECGATE_PYSPY_DIR:-/tmp/specgate-pyspy}
   [ -n "$wheel" ] && [ -f "$wheel" ] || return 1
