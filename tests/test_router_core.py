@@ -98,6 +98,32 @@ def test_an_engine_capped_at_16_running_requests_speculates_at_16() -> None:
     assert later.threshold == 16 and later.probe is None, later.reason
 
 
+def test_plain_decoding_read_far_below_its_samples_does_not_halve_the_threshold() -> None:
+    """Shaped like job 44's learning phase (a weaker draft, temperature 1.0), whose router
+    samples were not kept: speculating at batch 3.9 and 7.8, plain only at 11.8 and 15.8. With
+    plain at 11.8 somewhat faster than that window's mean (3,923 tok/s against 3,293), the
+    plain line read at the boundary (8.5) falls under the speculating one, and the threshold
+    halved to 4, where the fit then needs plain samples at batch 5-7 that the 4-8-12 learning
+    loads never run: job 44 sat at 4 for 80 s, though always-on ran 1.27x plain at 8 clients.
+    Plain measured three batch sizes above the boundary cannot say speculation loses at it:
+    the pod keeps 8."""
+    measured = [(3.92, 1362.0, 1.0), (7.77, 3109.0, 1.0),
+                (11.77, 3923.0, 0.0), (15.8, 3407.0, 0.0)]  # fmt: skip
+    repeated = [m for m in measured for _ in range(6)]
+    samples = [control.Sample(i * 0.5, b, tok_s, on) for i, (b, tok_s, on) in enumerate(repeated)]
+    params = ControlSettings(threshold=8, max_threshold=256, cooldown_seconds=5, hysteresis=1)
+    decision = control.decide(samples=samples, previous=control.Decision(8, "", -math.inf),
+                              now=15.0, fresh=True, params=params)  # fmt: skip
+    assert decision.threshold == 8, decision.reason
+    assert "too far from" in decision.reason
+    # Plain measured near the boundary, and faster there than speculating: the threshold may
+    # still come down.
+    near = samples + [control.Sample(15 + i * 0.5, 9.8, 4800.0, 0.0) for i in range(6)]
+    lower = control.decide(samples=near, previous=control.Decision(8, "", -math.inf),
+                           now=20.0, fresh=True, params=params)  # fmt: skip
+    assert lower.threshold < 8, lower.reason
+
+
 def test_each_move_is_at_most_a_halving_or_doubling() -> None:
     decision = control.Decision(64, "initial", -math.inf)
     decision = control.decide(samples=analytic_samples(64), previous=decision, now=1.0,

@@ -251,6 +251,17 @@ def estimate_threshold(
             return highest, (
                 f"speculation pays at every batch size seen above the threshold (up to {highest})"
             )
+        # Down to the lowest speculating batch, this drops speculation where it was measured
+        # for plain decoding read off a line: only on plain samples near the boundary without
+        # widening. A weaker draft's learning phase (BENCHMARKS.md job 44) read plain at 11.8
+        # and 15.8 down to 8.5, halved 8 to 4, and then needed plain at batch 5-7, which the
+        # learning loads never ran: stuck at 4 though speculation paid 1.27x at 8.
+        unwidened_high = window(current)[2]
+        if off.lowest_batch > boundary + (unwidened_high - boundary) / 2:
+            return None, (
+                f"learning: plain samples at {off.lowest_batch:.0f}-{off.highest_batch:.0f} are"
+                f" too far from threshold {current} to say speculation loses there"
+            )
         return lowest, f"speculation does not pay at the threshold (from {lowest})"
     crossover = gain / slope
     if crossover < lowest:
