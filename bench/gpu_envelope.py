@@ -191,9 +191,8 @@ SCHEDULER_COMM = "sglang::schedul"
 "sglang::scheduler...", cut to 15 characters)."""
 
 
-def scheduler_pids(server_pid: int, proc: Path = Path("/proc")) -> list[int]:
-    """The SGLang scheduler processes under a launched server (one per tensor-parallel rank):
-    descendants of `server_pid` whose name says so, in pid order."""
+def process_table(proc: Path = Path("/proc")) -> tuple[dict[int, list[int]], dict[int, str]]:
+    """Every process's children and name (its comm), from /proc."""
     children: dict[int, list[int]] = {}
     names: dict[int, str] = {}
     for entry in proc.iterdir():
@@ -207,13 +206,30 @@ def scheduler_pids(server_pid: int, proc: Path = Path("/proc")) -> list[int]:
         names[int(entry.name)] = stat[stat.index("(") + 1 : stat.rindex(")")]
         ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
         children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [server_pid]
+    return children, names
+
+
+def subtree(root: int, children: dict[int, list[int]]) -> list[int]:
+    """`root` and every process under it, in pid order."""
+    found, todo = [], [root]
     while todo:
-        for child in children.get(todo.pop(), []):
-            todo.append(child)
-            if names.get(child, "").startswith(SCHEDULER_COMM):
-                found.append(child)
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
     return sorted(found)
+
+
+def process_tree(root: int, proc: Path = Path("/proc")) -> list[int]:
+    """`root` and every process under it now, in pid order."""
+    return subtree(root, process_table(proc)[0])
+
+
+def scheduler_pids(server_pid: int, proc: Path = Path("/proc")) -> list[int]:
+    """The SGLang scheduler processes under a launched server (one per tensor-parallel rank):
+    descendants of `server_pid` whose name says so, in pid order."""
+    children, names = process_table(proc)
+    return [pid for pid in subtree(server_pid, children)
+            if pid != server_pid and names.get(pid, "").startswith(SCHEDULER_COMM)]  # fmt: skip
 
 
 def main_thread_times(pid: int, proc: Path = Path("/proc")) -> tuple[float, float] | None:
@@ -725,27 +741,6 @@ def scheduler_core_plan(cpus: Collection[int], servers: int,
     reserved = cores[-servers:]
     rest = sorted(set(cpus) - {cpu for core in reserved for cpu in core})
     return reserved, rest
-
-
-def process_tree(root: int, proc: Path = Path("/proc")) -> list[int]:
-    """`root` and every process under it, in pid order."""
-    children: dict[int, list[int]] = {}
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        children.setdefault(int(stat[stat.rindex(")") + 2 :].split()[1]), []).append(
-            int(entry.name)
-        )
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo.extend(children.get(pid, []))
-    return sorted(found)
 
 
 def pin_scheduler(server_pid: int, core: Sequence[int], rest: Collection[int],
