@@ -4,6 +4,7 @@ aggregated by function) summed over the windows of each server, level and GC pha
 the decode steps those windows ran.
 
     .venv/bin/python bench/pyspy_steps.py OUT [--base plain --other patched-off] [--top 40]
+        [--plot steps.png]
 
 Each table has a function's busy time per decode step (us; the function and what it called)
 under each server and the difference, largest differences first. With py-spy's 200 samples a
@@ -11,6 +12,7 @@ second, a 4-s window of about 1,000 steps gives one sample per 5 us of a step; t
 windows resolves about 1 us per step. py-spy records without pausing the process, so the
 figures carry none of the torch profiler's overhead, but a garbage collection is charged to
 the line that allocated last (gpu_envelope.py --gc-stats times those on their own).
+--plot draws each server's step split by part of the scheduler loop (PARTS), level by level.
 """
 
 from __future__ import annotations
@@ -29,6 +31,75 @@ from folded_top import parse_folded, tops
 
 SAMPLE_RATE = 200
 """Samples a second, as gpu_envelope.PySpy takes them."""
+
+
+PARTS = (
+    ("the target's forward", ("TpModelWorker.forward_batch_generation",)),
+    ("the prompts' draft KV write", ("EAGLEWorkerV2._write_prompt_draft_kv",)),
+    ("the rest of run_batch", ("Scheduler.run_batch",)),
+    ("get_next_batch_to_run", ("Scheduler.get_next_batch_to_run",)),
+    ("process_batch_result", ("Scheduler.process_batch_result",)),
+)
+"""Parts of a scheduler's step, each a stack holding one of its functions; a stack counts for
+the first part it matches (the target's forward, plain's and the off step's alike, before the
+run_batch around it), and stacks matching none are "the rest"."""
+
+
+def part_of(frames: list[str]) -> str:
+    names = {frame.partition(" (")[0] for frame in frames}
+    for part, functions in PARTS:
+        if any(f in names for f in functions):
+            return part
+    return "the rest"
+
+
+def group_parts(
+    windows: list[dict[str, Any]], read: Any, rate: int = SAMPLE_RATE
+) -> dict[tuple[str, int, bool], dict[str, float]]:
+    """Per (server, c, gc_frozen): us per decode step in each part (part_of)."""
+    samples: dict[tuple[str, int, bool], Counter[str]] = {}
+    steps: Counter[tuple[str, int, bool]] = Counter()
+    for w in windows:
+        name = w.get("pyspy")
+        lines = read(name) if name else None
+        if lines is None or not w.get("decode_steps"):
+            continue
+        key = (w["server"], w["c"], bool(w.get("gc_frozen", False)))
+        steps[key] += w["decode_steps"]
+        counts = samples.setdefault(key, Counter())
+        for frames, n in parse_folded(lines):
+            counts[part_of(frames)] += n
+    return {key: {part: n * 1e6 / rate / steps[key] for part, n in counts.items()}
+            for key, counts in samples.items()}  # fmt: skip
+
+
+def plot_parts(parts: dict[tuple[str, int, bool], dict[str, float]], path: Path,
+               title: str) -> None:  # fmt: skip
+    """Horizontal stacked bars: each server and level's scheduler time per decode step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = sorted(parts, key=lambda k: (k[2], k[1], k[0]))
+    names = [p for p, _ in PARTS] + ["the rest"]
+    fig, ax = plt.subplots(figsize=(9, 0.6 * len(keys) + 2.4))
+    left = [0.0] * len(keys)
+    for name in names:
+        widths = [parts[k].get(name, 0.0) / 1000 for k in keys]
+        ax.barh(range(len(keys)), widths, left=left, label=name)
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    for i, total in enumerate(left):
+        ax.text(total, i, f" {total:.2f} ms", va="center", fontsize=8)
+    ax.set_yticks(range(len(keys)),
+                  [f"{s} c={c}{' (GC frozen)' if f else ''}" for s, c, f in keys])  # fmt: skip
+    ax.invert_yaxis()
+    ax.set_xlabel("scheduler time per decode step (ms, py-spy busy samples)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def short(frame: str) -> str:
@@ -121,9 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base", default="plain")
     parser.add_argument("--other", default="patched-off")
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--plot", type=Path, default=None,
+                        help="a PNG of each server's step split by part of the loop")  # fmt: skip
     args = parser.parse_args(argv)
     results = json.loads((args.results or args.out / "envelope.json").read_text())
-    groups = group_costs(results["windows"], reader(args.out))
+    read = reader(args.out)
+    groups = group_costs(results["windows"], read)
     if not groups:
         raise SystemExit(f"{args.out}: no window with a py-spy recording")
     for (server, c, frozen), g in sorted(groups.items()):
@@ -136,6 +210,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"\n## c = {c}{', GC frozen' if frozen else ''}: {args.other} against {args.base}\n")
         print("\n".join(table(base, other, (args.base, args.other), args.top)))
+    if args.plot is not None:
+        parts = group_parts(results["windows"], read)
+        plot_parts(parts, args.plot, f"{results.get('shape', '')}, {results.get('date', '')}")
+        print(f"\nplot: {args.plot}")
     return 0
 
 

@@ -148,3 +148,34 @@ def test_pyspy_steps_groups_frozen_windows_apart_and_skips_unrecorded_ones(
         assert unfrozen["windows"] == 1 and unfrozen["busy_us"] == 2000  # 400 x 5 ms / 1000
         assert unfrozen["us"] == {"main (sglang/srt/s.py:1)": 2000, "run (sglang/srt/s.py:5)": 2000}
         assert groups[("plain", 64, True)]["busy_us"] == 1000
+
+
+def test_a_step_splits_into_the_parts_of_the_scheduler_loop(tmp_path: Path) -> None:
+    """Each stack counts once, for the first part it matches: the target's forward inside
+    run_batch is the forward, not "the rest of run_batch"; the prompts' draft KV write is its
+    own part; stacks outside the named functions are "the rest". --plot writes the PNG."""
+    steps = load_module(ROOT / "bench" / "pyspy_steps.py", "pyspy_steps")
+    loop = "event_loop_overlap (sglang/srt/managers/scheduler.py:1)"
+    run = f"{loop};Scheduler.run_batch (sglang/srt/managers/scheduler.py:2)"
+    lines = [
+        f"{run};EAGLEWorkerV2.forward_batch_generation (w.py:1);"
+        "TpModelWorker.forward_batch_generation (t.py:1) 300",
+        f"{run};EAGLEWorkerV2._write_prompt_draft_kv (w.py:2) 40",
+        f"{run};FutureMap.resolve_seq_lens_cpu (o.py:1) 60",
+        f"{loop};Scheduler.get_next_batch_to_run (s.py:3) 100",
+        f"{loop};Scheduler.process_batch_result (s.py:4) 200",
+        "Thread._bootstrap (threading.py:1);_write_forever (sitecustomize.py:1) 20",
+    ]
+    folder = tmp_path / "pyspy"
+    folder.mkdir()
+    (folder / "off.txt").write_text("\n".join(lines) + "\n")
+    windows = [{"server": "patched-off", "c": 16, "decode_steps": 1000, "pyspy": "off.txt"}]
+    parts = steps.group_parts(windows, steps.reader(tmp_path))
+    assert parts == {("patched-off", 16, False): {
+        "the target's forward": 1500.0, "the prompts' draft KV write": 200.0,
+        "the rest of run_batch": 300.0, "get_next_batch_to_run": 500.0,
+        "process_batch_result": 1000.0, "the rest": 100.0}}  # fmt: skip
+    (tmp_path / "envelope.json").write_text(json.dumps({"windows": windows}))
+    png = tmp_path / "steps.png"
+    assert steps.main([str(tmp_path), "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
