@@ -53,27 +53,39 @@ def part_of(frames: list[str]) -> str:
     return "the rest"
 
 
-def group_parts(
-    windows: list[dict[str, Any]], read: Any, rate: int = SAMPLE_RATE
-) -> dict[tuple[str, int, bool], dict[str, float]]:
-    """Per (server, c, gc_frozen): us per decode step in each part (part_of)."""
-    samples: dict[tuple[str, int, bool], Counter[str]] = {}
-    steps: Counter[tuple[str, int, bool]] = Counter()
+Key = tuple[str, int, bool]
+"""A group of windows: (server, c, whether the GC was frozen)."""
+Recording = tuple[Key, float, list[tuple[list[str], int]]]
+
+
+def recordings(windows: list[dict[str, Any]], read: Any) -> list[Recording]:
+    """Each window that has a recording (`read(name)` gives its lines, or None) and ran decode
+    steps: its group, its decode steps and its stacks, read and parsed once."""
+    found = []
     for w in windows:
         name = w.get("pyspy")
         lines = read(name) if name else None
         if lines is None or not w.get("decode_steps"):
             continue
         key = (w["server"], w["c"], bool(w.get("gc_frozen", False)))
-        steps[key] += w["decode_steps"]
+        found.append((key, w["decode_steps"], parse_folded(lines)))
+    return found
+
+
+def group_parts(recorded: list[Recording], rate: int = SAMPLE_RATE) -> dict[Key, dict[str, float]]:
+    """Per group: us per decode step in each part (part_of)."""
+    samples: dict[Key, Counter[str]] = {}
+    steps: dict[Key, float] = {}
+    for key, decode_steps, stacks in recorded:
+        steps[key] = steps.get(key, 0.0) + decode_steps
         counts = samples.setdefault(key, Counter())
-        for frames, n in parse_folded(lines):
+        for frames, n in stacks:
             counts[part_of(frames)] += n
     return {key: {part: n * 1e6 / rate / steps[key] for part, n in counts.items()}
             for key, counts in samples.items()}  # fmt: skip
 
 
-def plot_parts(parts: dict[tuple[str, int, bool], dict[str, float]], path: Path,
+def plot_parts(parts: dict[Key, dict[str, float]], path: Path,
                title: str) -> None:  # fmt: skip
     """Horizontal stacked bars: each server and level's scheduler time per decode step."""
     import matplotlib
@@ -113,22 +125,14 @@ def short(frame: str) -> str:
     return f"{name} ({where}" if where else name
 
 
-def group_costs(
-    windows: list[dict[str, Any]], read: Any, rate: int = SAMPLE_RATE
-) -> dict[tuple[str, int, bool], dict[str, Any]]:
-    """Per (server, c, gc_frozen): decode steps, busy us per step, and each frame's us per step,
-    from the windows that have a recording (`read(name)` gives its lines, or None)."""
-    groups: dict[tuple[str, int, bool], dict[str, Any]] = {}
-    for w in windows:
-        name = w.get("pyspy")
-        lines = read(name) if name else None
-        if lines is None or not w.get("decode_steps"):
-            continue
-        total, _, counts = tops(parse_folded(lines))
-        key = (w["server"], w["c"], bool(w.get("gc_frozen", False)))
+def group_costs(recorded: list[Recording], rate: int = SAMPLE_RATE) -> dict[Key, dict[str, Any]]:
+    """Per group: decode steps, busy us per step, and each frame's us per step."""
+    groups: dict[Key, dict[str, Any]] = {}
+    for key, decode_steps, stacks in recorded:
+        total, _, counts = tops(stacks)
         g = groups.setdefault(key, {"steps": 0, "samples": 0, "frames": Counter[str](),
                                     "windows": 0})  # fmt: skip
-        g["steps"] += w["decode_steps"]
+        g["steps"] += decode_steps
         g["samples"] += total
         g["windows"] += 1
         for frame, n in counts.items():
@@ -144,7 +148,7 @@ def table(base: dict[str, Any], other: dict[str, Any], names: tuple[str, str],
           top: int) -> list[str]:  # fmt: skip
     """The frames whose us per step differ most between two groups, as Markdown rows."""
     frames = set(base["us"]) | set(other["us"])
-    diffs = sorted(frames, key=lambda f: -abs(other["us"].get(f, 0) - base["us"].get(f, 0)))
+    diffs = sorted(frames, key=lambda f: (-abs(other["us"].get(f, 0) - base["us"].get(f, 0)), f))
     rows = [
         f"| {names[0]} us/step | {names[1]} us/step | difference | function |",
         "| ---: | ---: | ---: | --- |",
@@ -196,8 +200,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="a PNG of each server's step split by part of the loop")  # fmt: skip
     args = parser.parse_args(argv)
     results = json.loads((args.results or args.out / "envelope.json").read_text())
-    read = reader(args.out)
-    groups = group_costs(results["windows"], read)
+    recorded = recordings(results["windows"], reader(args.out))
+    groups = group_costs(recorded)
     if not groups:
         raise SystemExit(f"{args.out}: no window with a py-spy recording")
     for (server, c, frozen), g in sorted(groups.items()):
@@ -211,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n## c = {c}{', GC frozen' if frozen else ''}: {args.other} against {args.base}\n")
         print("\n".join(table(base, other, (args.base, args.other), args.top)))
     if args.plot is not None:
-        parts = group_parts(results["windows"], read)
+        parts = group_parts(recorded)
         plot_parts(parts, args.plot, f"{results.get('shape', '')}, {results.get('date', '')}")
         print(f"\nplot: {args.plot}")
     return 0

@@ -102,7 +102,7 @@ def test_py_spy_recordings_give_each_function_time_per_step(
         windows.append({"server": server, "c": 16, "rep": 0, "decode_steps": 100,
                         "pyspy": f"{server}-c16-rep0.txt"})  # fmt: skip
     (out / "envelope.json").write_text(json.dumps({"windows": windows}))
-    groups = steps.group_costs(windows, steps.reader(out))
+    groups = steps.group_costs(steps.recordings(windows, steps.reader(out)))
     plain, off = groups[("plain", 16, False)], groups[("patched-off", 16, False)]
     # 2 s of busy samples over 100 steps: about 20,000 us a step in both.
     for g in (plain, off):
@@ -142,7 +142,7 @@ def test_pyspy_steps_groups_frozen_windows_apart_and_skips_unrecorded_ones(
         if where != tmp_path:
             where.mkdir()
             (tmp_path / "logs.tar.xz").rename(where / "logs.tar.xz")
-        groups = steps.group_costs(windows, steps.reader(where))
+        groups = steps.group_costs(steps.recordings(windows, steps.reader(where)))
         assert set(groups) == {("plain", 64, False), ("plain", 64, True)}
         unfrozen = groups[("plain", 64, False)]
         assert unfrozen["windows"] == 1 and unfrozen["busy_us"] == 2000  # 400 x 5 ms / 1000
@@ -170,7 +170,7 @@ def test_a_step_splits_into_the_parts_of_the_scheduler_loop(tmp_path: Path) -> N
     folder.mkdir()
     (folder / "off.txt").write_text("\n".join(lines) + "\n")
     windows = [{"server": "patched-off", "c": 16, "decode_steps": 1000, "pyspy": "off.txt"}]
-    parts = steps.group_parts(windows, steps.reader(tmp_path))
+    parts = steps.group_parts(steps.recordings(windows, steps.reader(tmp_path)))
     assert parts == {("patched-off", 16, False): {
         "the target's forward": 1500.0, "the prompts' draft KV write": 200.0,
         "the rest of run_batch": 300.0, "get_next_batch_to_run": 500.0,
