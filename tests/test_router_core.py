@@ -163,6 +163,39 @@ def test_cooldown_delays_a_change() -> None:
     assert moved.threshold == 8 and moved.changed_at == 131.0
 
 
+def run_estimates(by_threshold: dict[int, int], start: control.Decision, steps: int,
+                  params: ControlSettings) -> list[int | None]:  # fmt: skip
+    """The thresholds a pod takes, a cooldown apart, when each threshold's window estimates
+    what `by_threshold` says (the fit itself is tested above)."""
+    decision, taken = start, []
+    for step in range(steps):
+        estimates = {t: (e, f"estimate {e}") for t, e in by_threshold.items()}
+        now = params.cooldown_seconds * (step + 1)
+        decision = control.decide(samples=[], previous=decision, now=now, fresh=True,
+                                  params=params, estimates=estimates)  # fmt: skip
+        taken.append(decision.threshold)
+    return taken
+
+
+def test_windows_that_read_the_crossover_on_each_others_side_settle_between_them() -> None:
+    """The H200's weak-draft learning (BENCHMARKS.md job 50): from threshold 10 the fit read
+    12.5, from 12 it read 10.9, and the pod swapped them every cooldown. A move back the way
+    the last came goes halfway, here within hysteresis: the pod stays."""
+    params = ControlSettings(hysteresis=1, cooldown_seconds=5)
+    taken = run_estimates({8: 12, 10: 12, 11: 12, 12: 10}, control.Decision(8, "x", -math.inf),
+                          20, params)  # fmt: skip
+    changes = sum(1 for a, b in itertools.pairwise([8, *taken]) if a != b)
+    assert taken[0] == 12 and changes <= 2 and len(set(taken[2:])) == 1, taken
+    assert 10 <= taken[-1] <= 12, taken
+
+
+def test_a_move_back_still_reaches_a_far_estimate() -> None:
+    """Halfway only on the first move back: the next, now in the same direction, goes on."""
+    params = ControlSettings(hysteresis=1, cooldown_seconds=5)
+    came_up = control.Decision(12, "x", -math.inf, moved=+1)
+    assert run_estimates({12: 4, 9: 4, 4: 4}, came_up, 3, params) == [9, 4, 4]
+
+
 def test_bounds_from_the_resource_are_respected() -> None:
     params = ControlSettings(threshold=12, min_threshold=10, max_threshold=20, hysteresis=0,
                              cooldown_seconds=0)  # fmt: skip

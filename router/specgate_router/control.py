@@ -22,7 +22,9 @@ measured at that batch within the wait decides without one. Probes compare a pod
 probe: their threshold is what the pool is sized by.
 
 A new value is pushed only when it moves more than `hysteresis` from the current one and the
-pod's last change is `cooldownSeconds` old; stale metrics never produce a decision. In
+pod's last change is `cooldownSeconds` old; stale metrics never produce a decision. A move
+back the way the last one came goes halfway: the crossover lies between the two thresholds,
+and two windows that each read it on the other's side would otherwise swap them for ever. In
 dynamic mode the threshold stays >= 1: at 0 a pod would never speculate and the controller
 could never measure speculation again (use mode `off` for that).
 
@@ -100,6 +102,7 @@ class Decision:
     probe: Probe | None = None
     probe_wait: float = 1.0  # the wait before the next probe, in probe intervals
     probe_after: float = -math.inf  # no probe before this (a pod's first: one interval in)
+    moved: int = 0  # the direction of the last change the fit made: +1 up, -1 down, 0 none
 
 
 def sample_between(
@@ -309,11 +312,19 @@ def decide(
     estimate, why = cached
     if estimate is not None:
         target = clamp(estimate, current, params)
+        direction = (target > current) - (target < current)
+        if direction and direction == -previous.moved:
+            # Back the way the last move came: the crossover lies between the last two
+            # thresholds, so go halfway. Each window reads its own batches, and the H200's
+            # weak-draft learning (BENCHMARKS.md job 50) read 12.5 from threshold 10 and 10.9
+            # from 12: without this the pod switched 10 <-> 12 every cooldown.
+            target = current + int((target - current) / 2)
+            why = f"{why}; reversing the last move: halfway, {target}"
         if abs(target - current) > params.hysteresis:
             if now - previous.changed_at < params.cooldown_seconds:
                 wait = params.cooldown_seconds - (now - previous.changed_at)
                 return replace(previous, reason=f"{why}; cooling down {wait:.0f}s")
-            return Decision(target, why, now, probe_wait=previous.probe_wait)
+            return Decision(target, why, now, probe_wait=previous.probe_wait, moved=direction)
         why = f"{why}; within hysteresis of {current}"
     explored = _explore(own, previous, now, params, may_probe=may_probe)
     return explored if explored is not None else replace(previous, reason=why)
