@@ -114,6 +114,24 @@ def measured_windows(result: dict[str, Any]) -> list[dict[str, Any]]:
     return [w for w in result.get("windows", ()) if not w.get("gc_frozen")]
 
 
+def split_by_pinning(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """A job that pinned its schedulers in odd repeats only (--scheduler-cores odd-reps) as two
+    runs: its free windows under its own name, as a job that pinned nothing, and its pinned
+    ones under NAME-pinned.json, whose workload says so (workload())."""
+    split: dict[str, dict[str, Any]] = {}
+    for name, result in results.items():
+        windows = result.get("windows", ())
+        if not any("scheduler_pinned" in w for w in windows):
+            split[name] = result
+            continue
+        free = {k: v for k, v in result.items() if k != "scheduler_cores"}
+        free["windows"] = [w for w in windows if not w.get("scheduler_pinned")]
+        split[name] = free
+        pinned = dict(result, windows=[w for w in windows if w.get("scheduler_pinned")])
+        split[name.removesuffix(".json") + "-pinned.json"] = pinned
+    return split
+
+
 def summarise(windows: Sequence[dict[str, Any]]) -> Stats:
     """Per server and concurrency: median and spread of the windows' figures."""
     grouped: dict[str, dict[int, list[dict[str, Any]]]] = {}
@@ -754,7 +772,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     inputs = args.inputs or sorted(
         RESULTS.glob("gpu-envelope-*.json"), key=lambda path: run_order(path.name)
     )
-    results = {p.name: json.loads(p.read_text()) for p in inputs}
+    results = split_by_pinning({p.name: json.loads(p.read_text()) for p in inputs})
     for result in results.values():
         result["windows"] = measured_windows(result)
     groups: dict[tuple[int, float, str], dict[str, dict[str, Any]]] = {}

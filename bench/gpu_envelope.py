@@ -40,8 +40,9 @@ Where a server's host time goes: --gc-stats times every garbage collection in ev
 process, --pyspy records each window's scheduler with py-spy (bench/pyspy_steps.py turns the
 recordings into us per decode step), --freeze-gc-from-rep K runs the last repeats after SGLang's
 /freeze_gc, and --scheduler-cores gives each scheduler's main thread a physical core of its
-own. --shape 8b runs a Llama-3-8B-class target instead of the 3B-class one, whose decode step
-leaves more to the GPU.
+own (odd-reps: in every other repeat only, pinned against free side by side). --shape 8b
+runs a Llama-3-8B-class target instead of the 3B-class one, whose decode step leaves more to
+the GPU.
 
 At every concurrency c the windows alternate between the servers (the order rotates each
 repeat), so a host that drifts during the run slows all of them alike. Each window: c
@@ -743,15 +744,16 @@ def scheduler_core_plan(cpus: Collection[int], servers: int,
     return reserved, rest
 
 
-def pin_scheduler(server_pid: int, core: Sequence[int], rest: Collection[int],
+def pin_scheduler(server_pid: int, core: Sequence[int] | None, rest: Collection[int],
                   proc: Path = Path("/proc"),
                   setaffinity: Callable[[int, Collection[int]], None] = os.sched_setaffinity,
                   ) -> dict[str, Any]:  # fmt: skip
     """Every thread of a launched server onto `rest`, except its (first) scheduler's main
     thread, alone on `core`'s first hardware thread: whether a scheduler slows down when a busy
     thread shares its physical core (the same code ran 10-60% slower in one server than in
-    another, BENCHMARKS.md jobs 20, 23, 35, 46). What it did, for the results."""
-    schedulers = scheduler_pids(server_pid, proc)
+    another, BENCHMARKS.md jobs 20, 23, 35, 46). No core: every thread onto `rest`, which
+    undoes a pinning when `rest` is every CPU. What it did, for the results."""
+    schedulers = scheduler_pids(server_pid, proc) if core else []
     pinned: dict[str, Any] = {"scheduler": None, "threads_moved": 0}
     for pid in process_tree(server_pid, proc):
         try:
@@ -761,10 +763,10 @@ def pin_scheduler(server_pid: int, core: Sequence[int], rest: Collection[int],
         for tid in tids:
             main = bool(schedulers) and tid == schedulers[0]
             try:
-                setaffinity(tid, [core[0]] if main else rest)
+                setaffinity(tid, [core[0]] if core is not None and main else rest)
             except OSError:
                 continue  # gone meanwhile
-            if main:
+            if core is not None and main:
                 pinned["scheduler"] = {"pid": tid, "cpu": core[0], "idle_siblings": core[1:]}
             else:
                 pinned["threads_moved"] += 1
@@ -907,11 +909,15 @@ def main() -> int:
                         help="the synthetic target: 3b, the sweep's (a host-bound step on an "
                         "H200), or 8b, a Llama-3-8B-class one whose decode step the GPU sets "
                         "(--models then defaults to its own folder, /tmp/...-8b)")  # fmt: skip
-    parser.add_argument("--scheduler-cores", action="store_true",
+    parser.add_argument("--scheduler-cores", nargs="?", const="always", default=None,
+                        choices=("always", "odd-reps"),
                         help="once the servers are up, each server's scheduler main thread "
                         "runs alone on a physical core of its own (the host's last ones); "
-                        "every other thread of the servers, the clients and the router on "
-                        "the rest (see pin_scheduler)")  # fmt: skip
+                        "every other thread of the servers on the rest, and the clients and "
+                        "the router there throughout (see pin_scheduler). odd-reps: only in "
+                        "odd repeats, the servers' threads free on every CPU in even ones, so "
+                        "pinned and unpinned windows alternate on one host; each window says "
+                        "scheduler_pinned")  # fmt: skip
     parser.add_argument("--gc-stats", action="store_true",
                         help="time every server process's garbage collections "
                         "(bench/gcstats/sitecustomize.py): each window records its schedulers' "
@@ -1087,13 +1093,25 @@ def main() -> int:
             results["servers"][s.name]["healthy_after_s"] = round(time.time() - began, 1)
             verify.log(f"{s.name} healthy (waited {s_up:.0f}s more)")
         by_name = {s.name: s for s in servers}
+        every_cpu = sorted(os.sched_getaffinity(0))
+        cores: list[list[int]] = []
+        rest = every_cpu
+        pinned_now = False
+
+        def place_schedulers(pinned: bool) -> dict[str, Any]:
+            """--scheduler-cores: each scheduler's main thread alone on its core, or (not
+            pinned) every thread of the servers free on every CPU again."""
+            return {srv.name: pin_scheduler(srv.proc.pid, core if pinned else None,
+                                            rest if pinned else every_cpu)
+                    for srv, core in zip(servers, cores, strict=True)
+                    if srv.proc is not None}  # fmt: skip
+
         if args.scheduler_cores and not sim:
-            cores, rest = scheduler_core_plan(os.sched_getaffinity(0), len(servers))
+            cores, rest = scheduler_core_plan(every_cpu, len(servers))
             os.sched_setaffinity(0, rest)  # the clients' threads, and the router it starts
-            results["scheduler_cores"] = {
-                srv.name: pin_scheduler(srv.proc.pid, core, rest)
-                for srv, core in zip(servers, cores, strict=True) if srv.proc is not None
-            }  # fmt: skip
+            results["scheduler_cores"] = place_schedulers(True)
+            results["scheduler_cores_mode"] = args.scheduler_cores
+            pinned_now = True
             verify.log(f"schedulers on cores of their own: {results['scheduler_cores']}")
         specgate = next((s for s in servers if s.name in ROUTED), None)
         if specgate is not None:
@@ -1158,6 +1176,10 @@ def main() -> int:
                 results["gc_frozen"] = {srv.name: freeze_gc(srv) for srv in servers}
                 verify.log(f"froze GC: {results['gc_frozen']}")
                 frozen = True
+            if args.scheduler_cores == "odd-reps" and pinned_now != (rep % 2 == 1):
+                placed = place_schedulers(not pinned_now)
+                pinned_now = not pinned_now
+                verify.log(f"schedulers {'pinned' if pinned_now else 'free'}: {placed}")
             got = window(by_name[name], c, args.seconds, args.warmup, args.temperature,
                          seed=c * 100 + rep, new_tokens=new_tokens, flush=args.flush_cache,
                          keepalive=args.client_keepalive, gc_stats=gc_folder, pyspy=pyspy,
@@ -1165,6 +1187,8 @@ def main() -> int:
             got.update(server=name, c=c, rep=rep)
             if args.freeze_gc_from_rep is not None:
                 got["gc_frozen"] = frozen
+            if args.scheduler_cores and not sim:
+                got["scheduler_pinned"] = pinned_now
             if name.removesuffix("-direct") in ROUTED:
                 assert specgate is not None and specgate.router_port is not None
                 view = router_view(specgate.router_port)

@@ -13,9 +13,9 @@
 # /freeze_gc); its frozen half measured the GC probe's own cost (see gcstats/sitecustomize.py).
 # HOST_TIME_CHECKS=1 (a two-GPU machine): the A/B on GPU 0, and verify.py then draftkv.py on
 # GPU 1, for a patch that changed (job 46). Job 47 added `--shape 8b --mem-fraction 0.35
-# --repeat 8` (a target whose step leaves more to the GPU). Not run yet: `--scheduler-cores`,
-# each scheduler's main thread alone on a physical core (is the off server's slower code a
-# busy sibling hardware thread?).
+# --repeat 8` (a target whose step leaves more to the GPU). Job 49 added `--scheduler-cores
+# odd-reps`: each scheduler's main thread alone on a physical core in odd repeats, free in even
+# ones (is the off server's slower code a busy sibling hardware thread?).
 # Results: OUT/host-time.json, OUT/host-time.log, OUT/pyspy-steps.md, with the checks
 # OUT/verify.json and OUT/draftkv.json, and logs.tar.xz (server logs, the recordings, the GC
 # totals, the checks' logs).
@@ -55,5 +55,7 @@ if [ -n "$CHECKS" ]; then
   cp "$OUT/verify/results.json" "$OUT/verify.json" 2>/dev/null
   cp "$OUT/draftkv/draftkv.json" "$OUT/draftkv.json" 2>/dev/null
 fi
+# The compiled kernels, for the next run (copy to .gpu/kcache.tar.xz; about 3 MB).
+tar -C /tmp -cJf "$OUT/kcache.tar.xz" kcache 2>/dev/null || true
 pack_logs "$OUT" "${PARTS[@]}"
 ls -l "$OUT"

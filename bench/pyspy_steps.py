@@ -1,7 +1,7 @@
 """Where a scheduler's host time per decode step goes, server against server: the py-spy
 recordings `gpu_envelope.py --pyspy` takes of each window (OUT/pyspy/*.txt, folded stacks,
-aggregated by function) summed over the windows of each server, level and GC phase, divided by
-the decode steps those windows ran.
+aggregated by function) summed over the windows of each server, level and condition (GC frozen,
+schedulers pinned or free), divided by the decode steps those windows ran.
 
     .venv/bin/python bench/pyspy_steps.py OUT [--base plain --other patched-off] [--top 40]
         [--plot steps.png]
@@ -53,9 +53,19 @@ def part_of(frames: list[str]) -> str:
     return "the rest"
 
 
-Key = tuple[str, int, bool]
-"""A group of windows: (server, c, whether the GC was frozen)."""
+Key = tuple[str, int, str]
+"""A group of windows: (server, c, condition: '' or what set the windows apart, condition())."""
 Recording = tuple[Key, float, list[tuple[list[str], int]]]
+
+
+def condition(window: dict[str, Any]) -> str:
+    """What sets a window's host apart within its job: after /freeze_gc
+    (--freeze-gc-from-rep), or its schedulers pinned or free (--scheduler-cores odd-reps)."""
+    if window.get("gc_frozen"):
+        return "GC frozen"
+    if "scheduler_pinned" in window:
+        return "schedulers pinned" if window["scheduler_pinned"] else "schedulers free"
+    return ""
 
 
 def recordings(windows: list[dict[str, Any]], read: Any) -> list[Recording]:
@@ -67,7 +77,7 @@ def recordings(windows: list[dict[str, Any]], read: Any) -> list[Recording]:
         lines = read(name) if name else None
         if lines is None or not w.get("decode_steps"):
             continue
-        key = (w["server"], w["c"], bool(w.get("gc_frozen", False)))
+        key = (w["server"], w["c"], condition(w))
         found.append((key, w["decode_steps"], parse_folded(lines)))
     return found
 
@@ -104,7 +114,7 @@ def plot_parts(parts: dict[Key, dict[str, float]], path: Path,
     for i, total in enumerate(left):
         ax.text(total, i, f" {total:.2f} ms", va="center", fontsize=8)
     ax.set_yticks(range(len(keys)),
-                  [f"{s} c={c}{' (GC frozen)' if f else ''}" for s, c, f in keys])  # fmt: skip
+                  [f"{s} c={c}{f' ({f})' if f else ''}" for s, c, f in keys])  # fmt: skip
     ax.invert_yaxis()
     ax.set_xlabel("scheduler time per decode step (ms, py-spy busy samples)")
     ax.set_title(title, fontsize=10)
@@ -204,15 +214,15 @@ def main(argv: list[str] | None = None) -> int:
     groups = group_costs(recorded)
     if not groups:
         raise SystemExit(f"{args.out}: no window with a py-spy recording")
-    for (server, c, frozen), g in sorted(groups.items()):
-        print(f"{server} c={c}{' gc frozen' if frozen else ''}: {g['windows']} windows, "
+    for (server, c, cond), g in sorted(groups.items()):
+        print(f"{server} c={c}{f', {cond}' if cond else ''}: {g['windows']} windows, "
               f"{g['steps']} decode steps, {g['samples']} busy samples, "
               f"{g['busy_us']:.0f} us busy per step")  # fmt: skip
-    for c, frozen in sorted({(c, f) for _, c, f in groups}):
-        base, other = groups.get((args.base, c, frozen)), groups.get((args.other, c, frozen))
+    for c, cond in sorted({(c, f) for _, c, f in groups}):
+        base, other = groups.get((args.base, c, cond)), groups.get((args.other, c, cond))
         if base is None or other is None:
             continue
-        print(f"\n## c = {c}{', GC frozen' if frozen else ''}: {args.other} against {args.base}\n")
+        print(f"\n## c = {c}{f', {cond}' if cond else ''}: {args.other} against {args.base}\n")
         print("\n".join(table(base, other, (args.base, args.other), args.top)))
     if args.plot is not None:
         parts = group_parts(recorded)

@@ -103,7 +103,7 @@ def test_py_spy_recordings_give_each_function_time_per_step(
                         "pyspy": f"{server}-c16-rep0.txt"})  # fmt: skip
     (out / "envelope.json").write_text(json.dumps({"windows": windows}))
     groups = steps.group_costs(steps.recordings(windows, steps.reader(out)))
-    plain, off = groups[("plain", 16, False)], groups[("patched-off", 16, False)]
+    plain, off = groups[("plain", 16, "")], groups[("patched-off", 16, "")]
     # 2 s of busy samples over 100 steps: about 20,000 us a step in both.
     for g in (plain, off):
         assert 14_000 < g["busy_us"] < 23_000
@@ -121,8 +121,9 @@ def test_py_spy_recordings_give_each_function_time_per_step(
 def test_pyspy_steps_groups_frozen_windows_apart_and_skips_unrecorded_ones(
     tmp_path: Path,
 ) -> None:
-    """Windows after the GC freeze form their own group; a window with no recording, or
-    whose file is missing, counts nowhere; a packed logs.tar.xz is read as the folder."""
+    """Windows after the GC freeze form their own group, as do windows with the schedulers
+    pinned and free (--scheduler-cores odd-reps); a window with no recording, or whose file is
+    missing, counts nowhere; a packed logs.tar.xz is read as the folder."""
     import tarfile
 
     steps = load_module(ROOT / "bench" / "pyspy_steps.py", "pyspy_steps")
@@ -130,11 +131,14 @@ def test_pyspy_steps_groups_frozen_windows_apart_and_skips_unrecorded_ones(
     folder.mkdir()
     (folder / "a.txt").write_text("main (x/sglang/srt/s.py:1);run (x/sglang/srt/s.py:5) 400\n")
     (folder / "b.txt").write_text("main (x/sglang/srt/s.py:1) 200\n")
+    recorded_b = {"server": "plain", "c": 64, "pyspy": "b.txt"}
     windows = [
         {"server": "plain", "c": 64, "decode_steps": 1000, "pyspy": "a.txt"},
         {"server": "plain", "c": 64, "decode_steps": 1000, "pyspy": "b.txt", "gc_frozen": True},
         {"server": "plain", "c": 64, "decode_steps": 1000},
         {"server": "plain", "c": 64, "decode_steps": 1000, "pyspy": "gone.txt"},
+        {**recorded_b, "decode_steps": 500, "scheduler_pinned": True},
+        {**recorded_b, "decode_steps": 250, "scheduler_pinned": False},
     ]
     with tarfile.open(tmp_path / "logs.tar.xz", "w:xz") as tar:
         tar.add(folder, arcname="gpu0/pyspy")
@@ -143,11 +147,15 @@ def test_pyspy_steps_groups_frozen_windows_apart_and_skips_unrecorded_ones(
             where.mkdir()
             (tmp_path / "logs.tar.xz").rename(where / "logs.tar.xz")
         groups = steps.group_costs(steps.recordings(windows, steps.reader(where)))
-        assert set(groups) == {("plain", 64, False), ("plain", 64, True)}
-        unfrozen = groups[("plain", 64, False)]
+        assert set(groups) == {("plain", 64, ""), ("plain", 64, "GC frozen"),
+                               ("plain", 64, "schedulers pinned"),
+                               ("plain", 64, "schedulers free")}  # fmt: skip
+        unfrozen = groups[("plain", 64, "")]
         assert unfrozen["windows"] == 1 and unfrozen["busy_us"] == 2000  # 400 x 5 ms / 1000
         assert unfrozen["us"] == {"main (sglang/srt/s.py:1)": 2000, "run (sglang/srt/s.py:5)": 2000}
-        assert groups[("plain", 64, True)]["busy_us"] == 1000
+        assert groups[("plain", 64, "GC frozen")]["busy_us"] == 1000
+        assert groups[("plain", 64, "schedulers pinned")]["busy_us"] == 2000
+        assert groups[("plain", 64, "schedulers free")]["busy_us"] == 4000
 
 
 def test_a_step_splits_into_the_parts_of_the_scheduler_loop(tmp_path: Path) -> None:
@@ -171,7 +179,7 @@ def test_a_step_splits_into_the_parts_of_the_scheduler_loop(tmp_path: Path) -> N
     (folder / "off.txt").write_text("\n".join(lines) + "\n")
     windows = [{"server": "patched-off", "c": 16, "decode_steps": 1000, "pyspy": "off.txt"}]
     parts = steps.group_parts(steps.recordings(windows, steps.reader(tmp_path)))
-    assert parts == {("patched-off", 16, False): {
+    assert parts == {("patched-off", 16, ""): {
         "the target's forward": 1500.0, "the prompts' draft KV write": 200.0,
         "the rest of run_batch": 300.0, "get_next_batch_to_run": 500.0,
         "process_batch_result": 1000.0, "the rest": 100.0}}  # fmt: skip

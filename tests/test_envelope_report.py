@@ -820,6 +820,10 @@ def test_each_scheduler_gets_a_physical_core_of_its_own(tmp_path: Path) -> None:
     assert done == {"scheduler": {"pid": 103, "cpu": 6, "idle_siblings": [14]},
                     "threads_moved": 5}  # fmt: skip
     assert envelope.process_tree(100, proc) == [100, 103, 104]
+    calls.clear()  # odd-reps frees them again: every thread on every CPU
+    freed = envelope.pin_scheduler(100, None, list(range(16)), proc, setaffinity=setaffinity)
+    assert calls == {tid: list(range(16)) for tid in (100, 101, 103, 104, 107, 108)}
+    assert freed == {"scheduler": None, "threads_moved": 6}
 
 
 def test_a_job_with_schedulers_on_cores_of_their_own_gets_its_own_section(
@@ -827,6 +831,33 @@ def test_a_job_with_schedulers_on_cores_of_their_own_gets_its_own_section(
 ) -> None:
     job = {"scheduler_cores": {"plain": {"scheduler": {"pid": 1, "cpu": 7}}}, "windows": []}
     assert report.workload(job) == "each scheduler alone on a physical core"
+
+
+def test_pinned_and_free_windows_of_one_job_are_reported_as_two_runs(
+    report: ModuleType, tmp_path: Path
+) -> None:
+    """--scheduler-cores odd-reps (job 49): the free windows stay in the job's own run, with the
+    recorded workload; the pinned ones become NAME-pinned, in the pinned workload's section.
+    Neither mixes with the other's off-over-plain ratio."""
+    windows = [window("plain", 16, 1000, rep=0, scheduler_pinned=False),
+               window("patched-off", 16, 900, rep=0, scheduler_pinned=False),
+               window("plain", 16, 1000, rep=1, scheduler_pinned=True),
+               window("patched-off", 16, 500, rep=1, scheduler_pinned=True)]  # fmt: skip
+    job = {"tp": 1, "temperature": 0.9, "predicted_accept_length": 3.0, "windows": windows,
+           "scheduler_cores": {"plain": {"scheduler": {"pid": 1, "cpu": 7}}}}  # fmt: skip
+    split = report.split_by_pinning({"gpu-envelope-49-sc.json": job})
+    free, pinned = split["gpu-envelope-49-sc.json"], split["gpu-envelope-49-sc-pinned.json"]
+    assert [w["rep"] for w in free["windows"]] == [0, 0] and report.workload(free) == ""
+    assert [w["rep"] for w in pinned["windows"]] == [1, 1]
+    assert report.workload(pinned) == "each scheduler alone on a physical core"
+    path = tmp_path / "gpu-envelope-49-sc.json"
+    path.write_text(json.dumps(job))
+    out = tmp_path / "out"
+    assert report.main([str(path), "--out", str(out)]) == 0
+    md = (out / "gpu_envelope.md").read_text()
+    free_md, pinned_md = md.split("## Another workload (each scheduler alone on a physical core)")
+    assert "| 49-sc | 16 | patched-off | plain | 1 | 0.9 |" in free_md
+    assert "| 49-sc-pinned | 16 | patched-off | plain | 1 | 0.5 |" in pinned_md
 
 
 def test_pinning_a_real_scheduler_moves_only_its_main_thread(tmp_path: Path) -> None:
