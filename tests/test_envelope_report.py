@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -744,6 +745,14 @@ def test_windows_after_the_gc_freeze_run_last_at_every_level() -> None:
     ]  # fmt: skip
 
 
+def report_of(report: ModuleType, tmp_path: Path, name: str, job: dict[str, Any]) -> str:
+    """The report's Markdown for one job saved as `name`."""
+    path = tmp_path / name
+    path.write_text(json.dumps(job))
+    assert report.main([str(path), "--out", str(tmp_path / "out")]) == 0
+    return (tmp_path / "out" / "gpu_envelope.md").read_text()
+
+
 def test_a_recorded_job_gets_its_own_section_and_frozen_windows_count_nowhere(
     report: ModuleType, tmp_path: Path
 ) -> None:
@@ -757,11 +766,7 @@ def test_a_recorded_job_gets_its_own_section_and_frozen_windows_count_nowhere(
     job = {"tp": 1, "temperature": 0.9, "predicted_accept_length": 3.0, "windows": windows}
     assert report.workload(job) == "py-spy recording each window's scheduler"
     assert [w["rep"] for w in report.measured_windows(job)] == [0, 0]
-    path = tmp_path / "gpu-envelope-45-host-time.json"
-    path.write_text(json.dumps(job))
-    out = tmp_path / "out"
-    assert report.main([str(path), "--out", str(out)]) == 0
-    md = (out / "gpu_envelope.md").read_text()
+    md = report_of(report, tmp_path, "gpu-envelope-45-host-time.json", job)
     sweep, recorded = md.split("## Another workload (py-spy recording each window's scheduler)")
     assert "45-host-time" not in sweep
     assert "| 45-host-time | 16 | patched-off | plain | 1 | 0.9 |" in recorded
@@ -850,11 +855,7 @@ def test_pinned_and_free_windows_of_one_job_are_reported_as_two_runs(
     assert [w["rep"] for w in free["windows"]] == [0, 0] and report.workload(free) == ""
     assert [w["rep"] for w in pinned["windows"]] == [1, 1]
     assert report.workload(pinned) == "each scheduler alone on a physical core"
-    path = tmp_path / "gpu-envelope-49-sc.json"
-    path.write_text(json.dumps(job))
-    out = tmp_path / "out"
-    assert report.main([str(path), "--out", str(out)]) == 0
-    md = (out / "gpu_envelope.md").read_text()
+    md = report_of(report, tmp_path, "gpu-envelope-49-sc.json", job)
     free_md, pinned_md = md.split("## Another workload (each scheduler alone on a physical core)")
     assert "| 49-sc | 16 | patched-off | plain | 1 | 0.9 |" in free_md
     assert "| 49-sc-pinned | 16 | patched-off | plain | 1 | 0.5 |" in pinned_md
