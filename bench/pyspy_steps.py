@@ -12,7 +12,9 @@ second, a 4-s window of about 1,000 steps gives one sample per 5 us of a step; t
 windows resolves about 1 us per step. py-spy records without pausing the process, so the
 figures carry none of the torch profiler's overhead, but a garbage collection is charged to
 the line that allocated last (gpu_envelope.py --gc-stats times those on their own).
---plot draws each server's step split by part of the scheduler loop (PARTS), level by level.
+--plot draws each server's step split by part of the scheduler loop (PARTS), level by level;
+--part NAME makes the tables of that part's stacks alone (what "the rest of run_batch" holds,
+say, where plain spends the same time inside the target's forward).
 """
 
 from __future__ import annotations
@@ -80,6 +82,12 @@ def recordings(windows: list[dict[str, Any]], read: Any) -> list[Recording]:
         key = (w["server"], w["c"], condition(w))
         found.append((key, w["decode_steps"], parse_folded(lines)))
     return found
+
+
+def only_part(recorded: list[Recording], part: str) -> list[Recording]:
+    """The recordings with only the stacks that count for `part` (part_of)."""
+    return [(key, steps, [(frames, n) for frames, n in stacks if part_of(frames) == part])
+            for key, steps, stacks in recorded]  # fmt: skip
 
 
 def group_parts(recorded: list[Recording], rate: int = SAMPLE_RATE) -> dict[Key, dict[str, float]]:
@@ -208,10 +216,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--plot", type=Path, default=None,
                         help="a PNG of each server's step split by part of the loop")  # fmt: skip
+    parser.add_argument("--part", choices=[name for name, _ in PARTS] + ["the rest"],
+                        help="the tables over this part of the loop's stacks only")  # fmt: skip
     args = parser.parse_args(argv)
     results = json.loads((args.results or args.out / "envelope.json").read_text())
     recorded = recordings(results["windows"], reader(args.out))
-    groups = group_costs(recorded)
+    groups = group_costs(only_part(recorded, args.part) if args.part else recorded)
     if not groups:
         raise SystemExit(f"{args.out}: no window with a py-spy recording")
     for (server, c, cond), g in sorted(groups.items()):

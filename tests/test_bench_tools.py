@@ -187,3 +187,10 @@ def test_a_step_splits_into_the_parts_of_the_scheduler_loop(tmp_path: Path) -> N
     png = tmp_path / "steps.png"
     assert steps.main([str(tmp_path), "--plot", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # --part: the functions of one part's stacks alone (run_batch's, not the forward inside it).
+    recorded = steps.recordings(windows, steps.reader(tmp_path))
+    in_part = steps.only_part(recorded, "the rest of run_batch")
+    rest = steps.group_costs(in_part)[("patched-off", 16, "")]
+    assert rest["busy_us"] == 300.0
+    assert rest["us"]["FutureMap.resolve_seq_lens_cpu (o.py:1)"] == 300.0
+    assert "TpModelWorker.forward_batch_generation (t.py:1)" not in rest["us"]
