@@ -12,7 +12,8 @@
 # Job 45 added `--repeat 12 --freeze-gc-from-rep 6` (the last six pairs after SGLang's
 # /freeze_gc); its frozen half measured the GC probe's own cost (see gcstats/sitecustomize.py).
 # HOST_TIME_CHECKS=1 (a two-GPU machine): the A/B on GPU 0, and verify.py then draftkv.py on
-# GPU 1, for a patch that changed (job 46). Job 47 added `--shape 8b --mem-fraction 0.35
+# GPU 1, for a patch that changed (job 46; on one GPU, worker-image/gputest/patch-checks-1gpu.sh
+# runs the checks in a call of their own). Job 47 added `--shape 8b --mem-fraction 0.35
 # --repeat 8` (a target whose step leaves more to the GPU). Job 49 added `--scheduler-cores
 # odd-reps`: each scheduler's main thread alone on a physical core in odd repeats, free in even
 # ones (is the off server's slower code a busy sibling hardware thread?).
@@ -33,11 +34,7 @@ SPY=$(install_pyspy "$WHEEL") || { echo "no py-spy: carry its wheel in .gpu/"; e
 CHECKS=
 PARTS=(setup run)
 if [ "${HOST_TIME_CHECKS:-}" = 1 ]; then
-  (
-    export CUDA_VISIBLE_DEVICES=1
-    gpu_check verify 300 "$RUN" "$ARCHIVE" "$OUT" --prefill-graph-tokens 4096
-    gpu_check draftkv 220 "$RUN" "$ARCHIVE" "$OUT" --prefill-graph-tokens 4096
-  ) &
+  CUDA_VISIBLE_DEVICES=1 engine_checks "$RUN" "$ARCHIVE" "$OUT" --prefill-graph-tokens 4096 &
   CHECKS=$!
   PARTS+=(verify draftkv verify.log draftkv.log)
 fi
@@ -52,8 +49,6 @@ echo "pyspy_steps: exit $?"
 if [ -n "$CHECKS" ]; then
   wait "$CHECKS"
   tail -n 1 "$OUT/verify.log" "$OUT/draftkv.log"
-  cp "$OUT/verify/results.json" "$OUT/verify.json" 2>/dev/null
-  cp "$OUT/draftkv/draftkv.json" "$OUT/draftkv.json" 2>/dev/null
 fi
 # The compiled kernels, for the next run (copy to .gpu/kcache.tar.xz; about 3 MB).
 tar -C /tmp -cJf "$OUT/kcache.tar.xz" kcache 2>/dev/null || true

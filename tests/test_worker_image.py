@@ -1084,6 +1084,17 @@ def test_host_time_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
                        {"verify.log", "draftkv.log", "run/plain.log"})  # fmt: skip
 
 
+def test_patch_checks_on_one_gpu_without_a_gpu(tmp_path: Path) -> None:
+    """worker-image/gputest/patch-checks-1gpu.sh: verify, then draftkv, on GPU 0, each with the
+    prefill CUDA graphs the operator's pods run; their results and logs come back on top."""
+    lines, out = _job(tmp_path, "../worker-image/gputest/patch-checks-1gpu.sh",
+                      "PATCH_CHECKS_RUN")  # fmt: skip
+    assert lines == ["none none", "0 verify --prefill-graph-tokens 4096",
+                     "0 draftkv --prefill-graph-tokens 4096"]  # fmt: skip
+    _results_came_back(out, {"verify.log", "draftkv.log"}, {"verify", "draftkv"})
+    assert "verify: exit 0" in (out / "verify.log").read_text()
+
+
 def test_router_stall_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
     """bench/router-stall.sh: the routed engine and its own port at c = 128 twice on one GPU, one
     run after the other (a connection per request, then kept connections), on ports and

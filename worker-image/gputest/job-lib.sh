@@ -16,6 +16,20 @@ gpu_check() {  # NAME TIMEOUT RUN ARCHIVE OUT [check args...]
   echo "$name: exit $?" >> "$out/$name.log"
 }
 
+# The checks a patch change needs, one after the other on the GPUs CUDA_VISIBLE_DEVICES names:
+# verify.py (runtime control, 400s, greedy identity while the threshold flips), then draftkv.py
+# (the draft KV cache in sync after an off stretch). Results in OUT/verify and OUT/draftkv, their
+# results files copied to OUT/verify.json and OUT/draftkv.json, logs in OUT/NAME.log.
+engine_checks() {  # RUN ARCHIVE OUT [check args...]
+  local run=$1 archive=$2 out=$3
+  shift 3
+  gpu_check verify 300 "$run" "$archive" "$out" "$@"
+  gpu_check draftkv 220 "$run" "$archive" "$out" "$@"
+  cp "$out/verify/results.json" "$out/verify.json" 2>/dev/null
+  cp "$out/draftkv/draftkv.json" "$out/draftkv.json" 2>/dev/null
+  return 0
+}
+
 # A folder of torch traces: host time per step by part of the scheduler loop (where an off
 # step's host time outside run_batch goes), then the syncs that make the host wait for the GPU.
 profile_splits() {  # PROFILES
