@@ -46,6 +46,13 @@ def analytic_samples(threshold: int, repeats: int = 3) -> list[control.Sample]:
     return out
 
 
+def scraped(measured: list[tuple[float, float, float]], scrapes: int) -> list[control.Sample]:
+    """Samples replayed from measured (batch, tok/s, speculating share) windows, each seen by
+    `scrapes` scrapes 0.5 s apart, in order."""
+    repeated = [m for m in measured for _ in range(scrapes)]
+    return [control.Sample(i * 0.5, b, tok_s, on) for i, (b, tok_s, on) in enumerate(repeated)]
+
+
 @pytest.mark.parametrize("start", [2, 3, 8, 16, 32, 64])
 def test_controller_converges_to_the_true_crossover(start: int) -> None:
     decision = control.Decision(start, "initial", -math.inf)
@@ -67,8 +74,7 @@ def test_the_h200_learning_run_moves_the_threshold_up() -> None:
     measured = [(3.84, 1714.3, 1.0), (7.7, 2713.2, 1.0), (11.82, 1980.0, 0.0),
                 (15.83, 1824.9, 0.0), (23.75, 2252.6, 0.0), (31.69, 3336.1, 0.0),
                 (47.56, 4455.0, 0.0)]  # fmt: skip
-    repeated = [m for m in measured for _ in range(5)]  # a 3 s window: about 5 scrapes
-    samples = [control.Sample(i * 0.5, b, tok_s, on) for i, (b, tok_s, on) in enumerate(repeated)]
+    samples = scraped(measured, 5)  # a 3 s window: about 5 scrapes
     params = ControlSettings(threshold=8, max_threshold=128, cooldown_seconds=5, hysteresis=1)
     estimate, why = control.estimate_threshold(samples, current=8, now=20.0, params=params)
     assert estimate is not None and estimate > 8, why
@@ -85,8 +91,7 @@ def test_an_engine_capped_at_16_running_requests_speculates_at_16() -> None:
     15-16, giving no samples to correct it: 0.73x always-on at 16 clients."""
     measured = [(3.87, 1982.1, 1.0), (7.77, 3456.3, 1.0), (11.81, 3058.8, 0.0),
                 (15.83, 4374.3, 0.0), (15.83, 4577.7, 0.0), (15.84, 4881.3, 0.0)]  # fmt: skip
-    repeated = [m for m in measured for _ in range(5)]
-    samples = [control.Sample(i * 0.5, b, tok_s, on) for i, (b, tok_s, on) in enumerate(repeated)]
+    samples = scraped(measured, 5)
     params = ControlSettings(threshold=8, max_threshold=256, cooldown_seconds=5, hysteresis=1)
     decision = control.decide(samples=samples, previous=control.Decision(8, "", -math.inf),
                               now=20.0, fresh=True, params=params)  # fmt: skip
@@ -109,8 +114,7 @@ def test_plain_decoding_read_far_below_its_samples_does_not_halve_the_threshold(
     the pod keeps 8."""
     measured = [(3.92, 1362.0, 1.0), (7.77, 3109.0, 1.0),
                 (11.77, 3923.0, 0.0), (15.8, 3407.0, 0.0)]  # fmt: skip
-    repeated = [m for m in measured for _ in range(6)]
-    samples = [control.Sample(i * 0.5, b, tok_s, on) for i, (b, tok_s, on) in enumerate(repeated)]
+    samples = scraped(measured, 6)
     params = ControlSettings(threshold=8, max_threshold=256, cooldown_seconds=5, hysteresis=1)
     decision = control.decide(samples=samples, previous=control.Decision(8, "", -math.inf),
                               now=15.0, fresh=True, params=params)  # fmt: skip
