@@ -225,10 +225,13 @@ def process_tree(root: int, proc: Path = Path("/proc")) -> list[int]:
     return subtree(root, process_table(proc)[0])
 
 
-def scheduler_pids(server_pid: int, proc: Path = Path("/proc")) -> list[int]:
+def scheduler_pids(server_pid: int, proc: Path = Path("/proc"),
+                   table: tuple[dict[int, list[int]], dict[int, str]] | None = None,
+                   ) -> list[int]:  # fmt: skip
     """The SGLang scheduler processes under a launched server (one per tensor-parallel rank):
-    descendants of `server_pid` whose name says so, in pid order."""
-    children, names = process_table(proc)
+    descendants of `server_pid` whose name says so, in pid order. `table`: a process_table()
+    already read, to walk /proc once."""
+    children, names = table or process_table(proc)
     return [pid for pid in subtree(server_pid, children)
             if pid != server_pid and names.get(pid, "").startswith(SCHEDULER_COMM)]  # fmt: skip
 
@@ -753,9 +756,10 @@ def pin_scheduler(server_pid: int, core: Sequence[int] | None, rest: Collection[
     thread shares its physical core (the same code ran 10-60% slower in one server than in
     another, BENCHMARKS.md jobs 20, 23, 35, 46). No core: every thread onto `rest`, which
     undoes a pinning when `rest` is every CPU. What it did, for the results."""
-    schedulers = scheduler_pids(server_pid, proc) if core else []
+    table = process_table(proc)  # one walk of /proc for the tree and its schedulers
+    schedulers = scheduler_pids(server_pid, table=table) if core else []
     pinned: dict[str, Any] = {"scheduler": None, "threads_moved": 0}
-    for pid in process_tree(server_pid, proc):
+    for pid in subtree(server_pid, table[0]):
         try:
             tids = [int(t.name) for t in (proc / str(pid) / "task").iterdir()]
         except OSError:
