@@ -476,15 +476,16 @@ def flush_prefix_cache(port: int, wait: float = 10.0) -> bool:
 def window(server: Server, clients: int, seconds: float, warmup: float, temperature: float,
            seed: int, profile: Path | None = None, new_tokens: tuple[int, int] = NEW_TOKENS,
            flush: bool = False, keepalive: bool = False, gc_stats: Path | None = None,
-           pyspy: PySpy | None = None, pyspy_name: str = "") -> dict[str, Any]:  # fmt: skip
+           pyspy: PySpy | None = None, pyspy_name: str = "",
+           profile_activities: tuple[str, ...] = ("CPU", "GPU")) -> dict[str, Any]:  # fmt: skip
     """One closed-loop window against one server; with `profile`, a torch profile of 24 decode
-    steps is taken into that folder after the warm-up (the window's figures then carry the
-    profiler's overhead: they are not measurements). With `flush`, the engine's prefix cache
-    is emptied first (see --flush-cache); with `keepalive`, each client keeps one connection
-    (see --client-keepalive). Through a router, the router's in-flight count is sampled.
-    With `gc_stats` (the folder gcstats/sitecustomize.py writes to), the schedulers' garbage
-    collections over the window; with `pyspy`, a recording of the first scheduler over the
-    measured seconds, named `pyspy_name`."""
+    steps (of `profile_activities`) is taken into that folder after the warm-up (the window's
+    figures then carry the profiler's overhead: they are not measurements). With `flush`, the
+    engine's prefix cache is emptied first (see --flush-cache); with `keepalive`, each client
+    keeps one connection (see --client-keepalive). Through a router, the router's in-flight
+    count is sampled. With `gc_stats` (the folder gcstats/sitecustomize.py writes to), the
+    schedulers' garbage collections over the window; with `pyspy`, a recording of the first
+    scheduler over the measured seconds, named `pyspy_name`."""
     flushed = flush_prefix_cache(server.port) if flush else None
     schedulers = scheduler_pids(server.proc.pid) if server.proc is not None else []
     time_wait = time_wait_sockets()
@@ -521,7 +522,7 @@ def window(server: Server, clients: int, seconds: float, warmup: float, temperat
         time.sleep(max(0.0, window_start - time.time()))
         if profile is not None:
             status, body = verify.call(server.port, "/start_profile", {"output_dir": str(profile),
-                "num_steps": 24, "activities": ["CPU", "GPU"]})  # fmt: skip
+                "num_steps": 24, "activities": list(profile_activities)})  # fmt: skip
             verify.log(f"profile of {server.name} c={clients} into {profile}: {status} {body}")
         recorder = (pyspy.start(schedulers[0], pyspy_name, seconds)
                     if pyspy is not None and schedulers else None)  # fmt: skip
@@ -906,6 +907,10 @@ def main() -> int:
                         help="servers admit and capture decode graphs up to this many running "
                         "requests (default: the largest client count any phase runs, "
                         "learning included; the sweep's learning jobs ran 128)")  # fmt: skip
+    parser.add_argument("--profile-activities", default="CPU,GPU",
+                        help="what the profiles record: CPU,GPU (Python functions and ranges "
+                        "too, at twice the host time) or GPU (kernels alone, with little "
+                        "overhead: the GPU's busy and idle time per step)")  # fmt: skip
     parser.add_argument("--profile-servers", default="",
                         help="comma-separated, the servers --profile-levels profiles (default: "
                         "all)")  # fmt: skip
@@ -972,6 +977,9 @@ def main() -> int:
     if args.scheduler_cores and args.pin_cpus:
         parser.error("--scheduler-cores and --pin-cpus: one way of placing the servers at a time")
     profile_levels = [int(c) for c in args.profile_levels.split(",") if c]
+    profile_activities = tuple(a for a in args.profile_activities.split(",") if a)
+    if not profile_activities or set(profile_activities) - {"CPU", "GPU"}:
+        parser.error(f"--profile-activities: CPU, GPU or CPU,GPU, not {args.profile_activities!r}")
     profiled = [e for e in args.profile_servers.split(",") if e] or main_servers + extras
     if bad := set(profiled) - set(main_servers + extras):
         parser.error(f"--profile-servers: {sorted(bad)} not among --servers/--extra")
@@ -1208,14 +1216,14 @@ def main() -> int:
             for name in profiled:
                 window(by_name[name], c, args.seconds, args.warmup, args.temperature, seed=7,
                        profile=out / "profiles" / f"{name}-c{c}", new_tokens=new_tokens,
-                       flush=args.flush_cache)  # fmt: skip
+                       flush=args.flush_cache, profile_activities=profile_activities)  # fmt: skip
         if profile_levels and not sim:
             # The kernels and ranges, then the syncs that block the host (BENCHMARKS.md job 35).
             summaries = [
                 subprocess.run(
                     [sys.executable, str(REPO / "worker-image" / "gputest" / "profile_summary.py"),
                      str(out / "profiles"), *extra], capture_output=True, text=True, timeout=300)
-                for extra in ([], ["--syncs"])
+                for extra in ([], ["--gpu-per-step", "--top", "30"], ["--syncs"])
             ]  # fmt: skip
             (out / "profiles.txt").write_text("".join(r.stdout + r.stderr for r in summaries))
     except Exception as exc:

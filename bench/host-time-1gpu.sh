@@ -16,7 +16,9 @@
 # runs the checks in a call of their own). Job 47 added `--shape 8b --mem-fraction 0.35
 # --repeat 8` (a target whose step leaves more to the GPU). Job 49 added `--scheduler-cores
 # odd-reps`: each scheduler's main thread alone on a physical core in odd repeats, free in even
-# ones (is the off server's slower code a busy sibling hardware thread?).
+# ones (is the off server's slower code a busy sibling hardware thread?). Job 53 added
+# `--repeat 6 --profile-levels 16,64 --profile-activities GPU --profile-servers plain,patched-off`:
+# the GPU's busy and idle time per step, kernel by kernel, into OUT/profiles.txt.
 # Results: OUT/host-time.json, OUT/host-time.log, OUT/pyspy-steps.md, with the checks
 # OUT/verify.json and OUT/draftkv.json, and logs.tar.xz (server logs, the recordings, the GC
 # totals, the checks' logs).
@@ -44,6 +46,8 @@ CUDA_VISIBLE_DEVICES=0 timeout 500 bash "$RUN" "$ARCHIVE" "$OUT/run" bench/gpu_e
   --flush-cache --deadline 470 "${@:3}" > "$OUT/host-time.log" 2>&1
 echo "run: exit $?"
 cp "$OUT/run/envelope.json" "$OUT/host-time.json" 2>/dev/null
+# With --profile-levels: the profiles' summaries (the traces go into logs.tar.xz).
+cp "$OUT/run/profiles.txt" "$OUT/profiles.txt" 2>/dev/null
 python3 bench/pyspy_steps.py "$OUT/run" --top 45 > "$OUT/pyspy-steps.md" 2>&1
 echo "pyspy_steps: exit $?"
 if [ -n "$CHECKS" ]; then

@@ -745,6 +745,48 @@ def test_profile_summary_finds_the_syncs_that_block_the_host(tmp_path: Path) -> 
     }
 
 
+def test_profile_summary_puts_gpu_time_per_step_side_by_side(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--gpu-per-step: per profiled step each trace's span, GPU busy time (overlaps once) and
+    idle time, and its kernels; a level's servers side by side, plain first, kernels by their
+    largest difference from plain."""
+    import gzip
+
+    summary = _gputest_module("profile_summary")
+
+    def trace(folder: str, kernels: list[tuple[str, int, int]]) -> None:
+        events = [{"ph": "X", "cat": "kernel", "name": n, "ts": ts, "dur": dur}
+                  for n, ts, dur in kernels]  # fmt: skip
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 0,
+                       "dur": 1_000_000})  # host side: not GPU time  # fmt: skip
+        (tmp_path / folder).mkdir()
+        with gzip.open(tmp_path / folder / "rank0.trace.json.gz", "wt") as fh:
+            json.dump({"traceEvents": events}, fh)
+
+    trace("plain-c16", [("gemm", 0, 300), ("attn", 300, 100), ("gemm", 1000, 300)])
+    trace("patched-off-c16", [("gemm", 0, 300), ("kv_write", 250, 100), ("gemm", 1200, 300)])
+    trace("plain-c64", [("gemm", 0, 500)])
+    off = summary.gpu_per_step(tmp_path / "patched-off-c16" / "rank0.trace.json.gz", steps=2)
+    assert off["span_us"] == 750 and off["busy_us"] == 325 and off["idle_us"] == 425
+    assert off["kernels"] == {"gemm": 300, "kv_write": 50}
+    assert summary.level_of(Path("x/patched-off-c64/t.json")) == ("c = 64", "patched-off")
+    assert summary.level_of(Path("x/profiles/t.json")) == ("", "profiles")
+
+    traces = sorted(tmp_path.rglob("*.trace.json*"))
+    summary.print_gpu_per_step(traces, steps=2, top=5)
+    out = capsys.readouterr().out
+    sixteen = out.split("## c = 16")[1].split("## c = 64")[0]
+    assert "| plain | patched-off | |" in sixteen
+    assert "| 650 | 750 | **span** (the step's period) |" in sixteen
+    assert "| 350 | 325 | **GPU busy** |" in sixteen
+    rows = [line for line in sixteen.splitlines() if line.endswith("` |")]
+    # attn and kv_write differ from plain by 50 us a step, gemm not at all.
+    assert rows == ["| 50.0 | 0.0 | `attn` |", "| 0.0 | 50.0 | `kv_write` |",
+                    "| 300.0 | 300.0 | `gemm` |"]  # fmt: skip
+    assert "| plain | |" in out.split("## c = 64")[1]
+
+
 def test_profile_summary_splits_the_scheduler_thread_by_kind_of_step(tmp_path: Path) -> None:
     """--steps: run_batch ranges by the step they hold (nested ranges of one name once), the
     draft extend inside prefills, the loop's other parts, and the range holding no step (where

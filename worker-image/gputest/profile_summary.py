@@ -16,6 +16,13 @@ the traces side by side as columns. Traces taken minutes apart on a shared host 
 different speeds: compare functions within one trace, and across traces only what both run
 (the target's decode) to see how far the host moved.
 
+--gpu-per-step: the GPU side of a step, for traces of 24 steps each (`gpu_envelope.py
+--profile-levels 16,64 --profile-activities GPU`, which leaves out the profiler's host
+overhead): per profiled step the span, the GPU's busy time (kernels and copies, overlaps once)
+and its idle time, then each kernel's time per step, every server of a level against the first
+(its folder `NAME-cC`; plain sorts first). Idle time is the host setting the pace; busy time
+above plain's is GPU work an off step adds.
+
 --syncs: every cudaStreamSynchronize / cudaEventSynchronize / cudaDeviceSynchronize during the
 steps, grouped by the Python frames around it. The overlap scheduler keeps the host a step
 ahead of the GPU; a sync outside the result copy makes it wait for the GPU to drain (job 35:
@@ -193,6 +200,55 @@ def print_step_kinds(traces: list[Path]) -> None:
             print(f"  {name:34s} {total / 1000:7.1f} ms ({total / span:4.0%})")
 
 
+def gpu_per_step(path: Path, steps: int) -> dict:
+    """A trace's span, GPU busy and idle time per step (us), and each kernel's time per step."""
+    kernels = [e for e in load(path) if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    if not kernels:
+        return {}
+    spans = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in kernels]
+    span = max(e for _, e in spans) - min(s for s, _ in spans)
+    busy = union_length(spans)
+    per_kernel: dict[str, float] = defaultdict(float)
+    for e in kernels:
+        per_kernel[e["name"][:90]] += float(e.get("dur", 0)) / steps
+    return {"span_us": span / steps, "busy_us": busy / steps, "idle_us": (span - busy) / steps,
+            "kernels": dict(per_kernel)}  # fmt: skip
+
+
+def level_of(trace: Path) -> tuple[str, str]:
+    """(level, server) from a trace's folder, `NAME-cC` (gpu_envelope.py's profiles)."""
+    name = trace.parent.name
+    server, sep, level = name.rpartition("-c")
+    return (f"c = {level}", server) if sep and level.isdigit() else ("", name)
+
+
+STEP_ROWS = {"span_us": "**span** (the step's period)", "busy_us": "**GPU busy**",
+             "idle_us": "**GPU idle** (the host sets the pace)"}  # fmt: skip
+
+
+def print_gpu_per_step(traces: list[Path], steps: int, top: int) -> None:
+    levels: dict[str, list[tuple[str, dict]]] = defaultdict(list)
+    for trace in traces:
+        level, server = level_of(trace)
+        got = gpu_per_step(trace, steps)
+        if got:
+            levels[level].append((server, got))
+    for level, runs in sorted(levels.items(), key=lambda kv: int(kv[0][4:] or 0)):
+        runs.sort(key=lambda r: (r[0] != "plain", r[0]))
+        first = runs[0][1]
+        print(f"\n## {level or 'traces'}: us per profiled step ({steps} steps a trace)\n")
+        print("| " + " | ".join(name for name, _ in runs) + " | |")
+        print("|" + " ---: |" * len(runs) + " --- |")
+        for row, label in STEP_ROWS.items():
+            print("| " + " | ".join(f"{r[row]:.0f}" for _, r in runs) + f" | {label} |")
+        names = {k for _, r in runs for k in r["kernels"]}
+        gap = {k: max(abs(r["kernels"].get(k, 0.0) - first["kernels"].get(k, 0.0))
+                      for _, r in runs) for k in names}  # fmt: skip
+        for k in sorted(names, key=lambda k: (-gap[k], k))[:top]:
+            cells = [f"{r['kernels'].get(k, 0.0):.1f}" for _, r in runs]
+            print("| " + " | ".join(cells) + f" | `{k}` |")
+
+
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize")
 """CUDA runtime calls that block the host until the GPU catches up."""
 
@@ -271,6 +327,11 @@ def main() -> int:
     parser.add_argument("--steps", action="store_true",
                         help="the scheduler thread's time by kind of step (decode, prefill) "
                         "and by loop part")  # fmt: skip
+    parser.add_argument("--gpu-per-step", action="store_true",
+                        help="GPU busy and idle time per step, and kernels per step, each "
+                        "level's servers side by side (traces of --trace-steps steps)")  # fmt: skip
+    parser.add_argument("--trace-steps", type=int, default=24,
+                        help="steps each trace holds (the profile's num_steps)")  # fmt: skip
     parser.add_argument("--syncs", action="store_true",
                         help="the blocking host-device syncs during the steps, by call and by "
                         "the Python frames around them (each drains the overlap scheduler's "
@@ -282,6 +343,9 @@ def main() -> int:
         return 1
     if args.steps:
         print_step_kinds(traces)
+        return 0
+    if args.gpu_per_step:
+        print_gpu_per_step(traces, args.trace_steps, args.top)
         return 0
     if args.syncs:
         print_syncs(traces)
