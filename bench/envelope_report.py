@@ -56,6 +56,8 @@ NAMES = {
     "patched-off-upstream-extend": "patched, pinned off, upstream's draft extend",
     # From the eighth session: the draft's whole prefill, where the patch writes its KV alone.
     "patched-off-full-prefill": "patched, pinned off, the draft's whole prefill",
+    # From the sixteenth session: the prompts' draft KV write kernel by kernel, not from graphs.
+    "patched-off-eager-prompt-kv": "patched, pinned off, prompts' draft KV write without graphs",
 }
 FITTED = ("overhead_s", "weights_s", "kv_s_per_request", "compute_s_per_token",
           "draft_overhead_s", "draft_s_per_request", "batch_exponent")  # fmt: skip
@@ -248,12 +250,16 @@ OFF_VARIANTS = (("patched-off", "plain"), ("patched-off-lean", "plain"),
                 ("patched-off-upstream-extend", "plain"), ("patched-off-full-prefill", "plain"),
                 ("patched-off", "patched-off-lean"),
                 ("patched-off", "patched-off-upstream-extend"),
-                ("patched-off", "patched-off-full-prefill"))  # fmt: skip
+                ("patched-off", "patched-off-full-prefill"),
+                ("patched-off-eager-prompt-kv", "plain"),
+                ("patched-off", "patched-off-eager-prompt-kv"))  # fmt: skip
 """Pinned-off servers against plain and against each other: the patch's off step
 (patched-off: the lean draft extend every step in jobs 1-11, the lagged draft KV write inside
 the target's decode graph since), the lean draft extend every step (patched-off-lean),
 upstream's generic one (patched-off-upstream-extend), and the draft's whole prefill where the
-patch writes the draft's KV alone since the eighth session (patched-off-full-prefill)."""
+patch writes the draft's KV alone since the eighth session (patched-off-full-prefill), and that
+write launched kernel by kernel, as before the sixteenth session's CUDA graphs
+(patched-off-eager-prompt-kv)."""
 
 
 def variant_pairs(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:

@@ -15,9 +15,10 @@ construction, set by the request temperature), four servers run at once:
 and, where asked (--extra), patched servers pinned off (patched-off: the lagged draft KV write
 inside the target's decode graph), pinned off with a lean draft extend every step instead
 (patched-off-lean), or with upstream's generic draft extend (patched-off-upstream-extend), or
-with the draft's whole prefill where the patch writes only its KV (patched-off-full-prefill), or at
-threshold 8 with no router (patched-8), and EAGLE-3 always on from unpatched SGLang
-(upstream-always-on), measured at --extra-levels only.
+with the draft's whole prefill where the patch writes only its KV (patched-off-full-prefill), or
+with that KV-only write launched kernel by kernel, not from CUDA graphs
+(patched-off-eager-prompt-kv), or at threshold 8 with no router (patched-8), and EAGLE-3
+always on from unpatched SGLang (upstream-always-on), measured at --extra-levels only.
 --servers picks a different main set; --tp N runs every server tensor-parallel over the first
 N GPUs. Two runs can share a host, one per GPU (CUDA_VISIBLE_DEVICES, --port-base, --out).
 --switch-first switches specgate's engine off and back once before the sweep: at batch 1-2 the
@@ -101,6 +102,7 @@ EXTRAS = (
     "patched-off-upstream-extend",
     "patched-off-lean",
     "patched-off-full-prefill",
+    "patched-off-eager-prompt-kv",
     "patched-8",
     "upstream-always-on",
     "specgate-probes",
@@ -161,13 +163,15 @@ def engine_args(name: str, common: list[str], eagle: list[str], adaptive: Path,
         "patched-off-lean": [*common, *eagle, "--speculative-disable-batch-threshold", "0"],
         "patched-off-full-prefill": [*common, *eagle,
                                      "--speculative-disable-batch-threshold", "0"],
+        "patched-off-eager-prompt-kv": [*common, *eagle,
+                                        "--speculative-disable-batch-threshold", "0"],
     }[name]  # fmt: skip
 
 
 SIM_THRESHOLD = {"plain": "0", "always-on": "none", "upstream-0step": "8",
                  "patched-off": "0", "patched-8": "8",
                  "patched-off-upstream-extend": "0", "patched-off-lean": "0",
-                 "patched-off-full-prefill": "0",
+                 "patched-off-full-prefill": "0", "patched-off-eager-prompt-kv": "0",
                  "upstream-always-on": "none"}  # fmt: skip
 """The simulated pods' thresholds (the routed ones start at --router-threshold)."""
 
@@ -1051,6 +1055,8 @@ def main() -> int:
             envs[name] = dict(verify.LEAN_EXTEND_ENV)
         if name.endswith("-full-prefill"):
             envs[name] = dict(verify.FULL_PREFILL_ENV)
+        if name.endswith("-eager-prompt-kv"):
+            envs[name] = dict(verify.EAGER_PROMPT_KV_ENV)
         if upstream_site and name in UPSTREAM:
             envs[name]["PYTHONPATH"] = upstream_site
     gc_folder = out / "gc" if args.gc_stats else None

@@ -554,6 +554,42 @@ def test_prompt_positions_come_from_one_host_array(patched_site: Path) -> None:
     assert _calls(write, "arange") == [] and _calls(write, "cat") == []
 
 
+def test_prompt_kv_write_replays_a_graph_per_token_bucket(patched_site: Path) -> None:
+    """The draft-KV-only prefill's write replays a CUDA graph of the smallest bucket that holds
+    the prefill (powers of two, then the largest); above them all, or with graphs off, it runs
+    kernel by kernel as before. Its padding rows write slot 0, the KV pool's padding slot. What
+    the graphs save is measured on the GPU (BENCHMARKS.md jobs 55-56)."""
+    module = _module(patched_site)
+    buckets = module.prompt_kv_graph_buckets(module.PROMPT_KV_GRAPH_MAX_TOKENS)
+    assert buckets == [16, 32, 64, 128, 256, 512, 1024, 2048]
+    assert module.prompt_kv_graph_buckets(100) == [16, 32, 64, 100]
+    assert module.prompt_kv_graph_buckets(0) == []
+    bucket = module.prompt_kv_bucket
+    assert [bucket(n, buckets) for n in (1, 16, 17, 1024, 1025, 2048)] == [
+        16, 16, 32, 1024, 2048, 2048]  # fmt: skip
+    assert bucket(2049, buckets) is None and bucket(0, buckets) is None
+    assert bucket(5, []) is None
+
+    speculative = patched_site / "sglang" / "srt" / "speculative"
+    worker = _function(speculative / "eagle_worker_v2.py", "EAGLEWorkerV2._write_prompt_draft_kv")
+    (graph_write,) = [c for c in _calls(worker, "write") if "graphs" in ast.unparse(c.func)]
+    (eager_write,) = [c for c in _calls(worker, "write") if "writer" in ast.unparse(c.func)]
+    assert graph_write.lineno < eager_write.lineno  # the graph first, kernel by kernel after
+    capture = _function(speculative / "eagle_worker_v2.py",
+                        "EAGLEWorkerV2._capture_prompt_kv_graphs")  # fmt: skip
+    refusals = ast.unparse(capture)
+    for reason in ("PROMPT_KV_GRAPHS_ENV", "Backend.DISABLED", "world_size > 1"):
+        assert reason in refusals
+    graphs = speculative / "lagged_draft_kv.py"
+    init = ast.unparse(_function(graphs, "PromptKvGraphs.__init__"))
+    # Largest bucket first, the others in its memory pool; each write run once outside the
+    # capture (cuBLAS chooses its kernels there).
+    assert "reversed(self.buckets)" in init and "pool=pool" in init
+    assert init.index("writer.write(*inputs)") < init.index("torch.cuda.graph(")
+    write = ast.unparse(_function(graphs, "PromptKvGraphs.write"))
+    assert "self.slots[n:size].zero_()" in write and "return False" in write
+
+
 def test_host_known_lengths_live_in_a_numpy_array(patched_site: Path) -> None:
     """The per-step read (every rows' lengths known, and their sum) and write of the lengths
     the host knows go through NumPy, not torch's dispatcher (about 30 us a step on the GPU

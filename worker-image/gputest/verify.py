@@ -177,6 +177,9 @@ inside the target's decode graph (the patch's off step before 2026-11-30's secon
 FULL_PREFILL_ENV = {"SGLANG_SPEC_DRAFT_KV_ONLY_PREFILL": "0"}
 """Prefills run the draft's whole prefill even before a likely speculation-off step, not the
 draft-KV-only write (the patch's prefill before 2026-11-30's eighth session)."""
+EAGER_PROMPT_KV_ENV = {"SGLANG_SPEC_PROMPT_KV_GRAPHS": "0"}
+"""The draft-KV-only prefill launches its write kernel by kernel, not from a CUDA graph (the
+patch's prefill before 2026-12-01's sixteenth session)."""
 
 
 def start(
