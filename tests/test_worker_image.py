@@ -786,7 +786,7 @@ def test_profile_summary_puts_gpu_time_per_step_side_by_side(
 ) -> None:
     """--gpu-per-step: per profiled step each trace's span, GPU busy time (overlaps once) and
     idle time, and its kernels; a level's servers side by side, plain first, kernels by their
-    largest difference from plain."""
+    largest difference from plain; with --plot, the differences by kernel family."""
     import gzip
 
     summary = _gputest_module("profile_summary")
@@ -821,6 +821,18 @@ def test_profile_summary_puts_gpu_time_per_step_side_by_side(
     assert rows == ["| 50.0 | 0.0 | `attn` |", "| 0.0 | 50.0 | `kv_write` |",
                     "| 300.0 | 300.0 | `gemm` |"]  # fmt: skip
     assert "| plain | |" in out.split("## c = 64")[1]
+    # --plot: each server's GPU time over plain's by kernel family, one panel per level.
+    png = tmp_path / "gpu.png"
+    summary.print_gpu_per_step(traces, steps=2, top=5, plot=png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    family = summary.kernel_family
+    assert family("nvjet_sm90_tst_64x64_64x13_4x1_v_bz_splitK_TNT") == "GEMMs"
+    assert family("void cublasLt::splitKreduce_kernel<32, 16, int>") == "GEMMs"
+    assert family("void flashinfer::norm::RMSNormKernel<8u>") == "norms"  # not attention
+    assert family("_fwd_grouped_kernel_stage1") == "attention"
+    assert family("void at::native::index_elementwise_kernel<128, 4>") == "gathers, scatters"
+    assert family("Memcpy DtoD (Device -> Device)") == "copies, concatenations"
+    assert family("assign_req_to_token_pool") == "other"
 
 
 def test_profile_summary_splits_the_scheduler_thread_by_kind_of_step(tmp_path: Path) -> None:

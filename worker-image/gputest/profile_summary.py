@@ -21,7 +21,8 @@ different speeds: compare functions within one trace, and across traces only wha
 overhead): per profiled step the span, the GPU's busy time (kernels and copies, overlaps once)
 and its idle time, then each kernel's time per step, every server of a level against the first
 (its folder `NAME-cC`; plain sorts first). Idle time is the host setting the pace; busy time
-above plain's is GPU work an off step adds.
+above plain's is GPU work an off step adds. With --plot PNG, that extra by kernel family
+(needs matplotlib: run it where the traces came back, on the logs.tar.xz of the job).
 
 --syncs: every cudaStreamSynchronize / cudaEventSynchronize / cudaDeviceSynchronize during the
 steps, grouped by the Python frames around it. The overlap scheduler keeps the host a step
@@ -222,19 +223,79 @@ def level_of(trace: Path) -> tuple[str, str]:
     return (f"c = {level}", server) if sep and level.isdigit() else ("", name)
 
 
+KERNEL_FAMILIES = (
+    ("GEMMs", ("nvjet", "gemm", "cutlass", "splitkreduce", "cublas", "sm90_xmma")),
+    ("norms", ("norm",)),  # before attention: flashinfer's norms are "flashinfer::norm::..."
+    ("attention", ("_fwd_kernel", "_fwd_grouped", "flash", "attn")),
+    ("rope, KV store", ("rope", "rotary", "store_kv")),
+    ("gathers, scatters", ("index", "gather", "scatter", "select")),
+    ("copies, concatenations", ("copy", "memcpy", "cat")),
+    ("elementwise", ("elementwise", "functor", "fill", "reduce")),
+)
+"""Kernel families by lower-case name fragment, first match wins; the rest are "other"."""
+
+
+def kernel_family(name: str) -> str:
+    lower = name.lower()
+    for family, fragments in KERNEL_FAMILIES:
+        if any(f in lower for f in fragments):
+            return family
+    return "other"
+
+
+def plot_gpu_per_step(levels: dict[str, list[tuple[str, dict]]], path: Path) -> None:
+    """Per level, each server's GPU time per step over the first server's (plain), by kernel
+    family: what an off step adds on the GPU, and where."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    families = [f for f, _ in KERNEL_FAMILIES] + ["other"]
+    shown = sorted(levels)
+    fig, axes = plt.subplots(1, len(shown), figsize=(5.5 * len(shown), 4.2), squeeze=False)
+    for ax, level in zip(axes[0], shown, strict=True):
+        base_name, base = levels[level][0]
+        others = levels[level][1:]
+        width = 0.8 / max(len(others), 1)
+        for i, (name, run) in enumerate(others):
+            extra = dict.fromkeys(families, 0.0)
+            for kernel, us in run["kernels"].items():
+                extra[kernel_family(kernel)] += us
+            for kernel, us in base["kernels"].items():
+                extra[kernel_family(kernel)] -= us
+            xs = [j + i * width for j in range(len(families))]
+            ax.bar(xs, [extra[f] for f in families], width, label=f"{name} - {base_name}")
+        ax.axhline(0, color="black", linewidth=0.6)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(families))], families,
+                      rotation=35, ha="right", fontsize=8)  # fmt: skip
+        ax.set_ylabel("GPU time per profiled step, difference (us)")
+        busy = ", ".join(f"{n} {r['busy_us']:.0f}" for n, r in levels[level])
+        ax.set_title(f"{level}: GPU busy {busy} us a step", fontsize=9)
+        if others:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 STEP_ROWS = {"span_us": "**span** (the step's period)", "busy_us": "**GPU busy**",
              "idle_us": "**GPU idle** (the host sets the pace)"}  # fmt: skip
 
 
-def print_gpu_per_step(traces: list[Path], steps: int, top: int) -> None:
+def print_gpu_per_step(traces: list[Path], steps: int, top: int,
+                       plot: Path | None = None) -> None:  # fmt: skip
     levels: dict[str, list[tuple[str, dict]]] = defaultdict(list)
     for trace in traces:
         level, server = level_of(trace)
         got = gpu_per_step(trace, steps)
         if got:
             levels[level].append((server, got))
-    for level, runs in sorted(levels.items(), key=lambda kv: int(kv[0][4:] or 0)):
+    for runs in levels.values():
         runs.sort(key=lambda r: (r[0] != "plain", r[0]))
+    if plot is not None:
+        plot_gpu_per_step(levels, plot)
+    for level, runs in sorted(levels.items(), key=lambda kv: int(kv[0][4:] or 0)):
         first = runs[0][1]
         print(f"\n## {level or 'traces'}: us per profiled step ({steps} steps a trace)\n")
         print("| " + " | ".join(name for name, _ in runs) + " | |")
@@ -330,6 +391,9 @@ def main() -> int:
     parser.add_argument("--gpu-per-step", action="store_true",
                         help="GPU busy and idle time per step, and kernels per step, each "
                         "level's servers side by side (traces of --trace-steps steps)")  # fmt: skip
+    parser.add_argument("--plot", type=Path, default=None, metavar="PNG",
+                        help="with --gpu-per-step, a PNG of each server's GPU time per step "
+                        "over plain's, by kernel family")  # fmt: skip
     parser.add_argument("--trace-steps", type=int, default=24,
                         help="steps each trace holds (the profile's num_steps)")  # fmt: skip
     parser.add_argument("--syncs", action="store_true",
@@ -345,7 +409,7 @@ def main() -> int:
         print_step_kinds(traces)
         return 0
     if args.gpu_per_step:
-        print_gpu_per_step(traces, args.trace_steps, args.top)
+        print_gpu_per_step(traces, args.trace_steps, args.top, args.plot)
         return 0
     if args.syncs:
         print_syncs(traces)
