@@ -913,8 +913,8 @@ def main() -> int:
                         "learning included; the sweep's learning jobs ran 128)")  # fmt: skip
     parser.add_argument("--profile-activities", default="CPU,GPU",
                         help="what the profiles record: CPU,GPU (Python functions and ranges "
-                        "too, at twice the host time) or GPU (kernels alone, with little "
-                        "overhead: the GPU's busy and idle time per step)")  # fmt: skip
+                        "too, at twice the host time) or GPU (kernels alone: the GPU's busy "
+                        "time per step, for profile_summary.py --gpu-per-step)")  # fmt: skip
     parser.add_argument("--profile-servers", default="",
                         help="comma-separated, the servers --profile-levels profiles (default: "
                         "all)")  # fmt: skip

@@ -814,13 +814,15 @@ def test_profile_summary_puts_gpu_time_per_step_side_by_side(
     out = capsys.readouterr().out
     sixteen = out.split("## c = 16")[1].split("## c = 64")[0]
     assert "| plain | patched-off | |" in sixteen
-    assert "| 650 | 750 | **span** (the step's period) |" in sixteen
+    assert "| 650 | 750 | **span** (the step's period; an upper bound) |" in sixteen
     assert "| 350 | 325 | **GPU busy** |" in sixteen
     rows = [line for line in sixteen.splitlines() if line.endswith("` |")]
     # attn and kv_write differ from plain by 50 us a step, gemm not at all.
     assert rows == ["| 50.0 | 0.0 | `attn` |", "| 0.0 | 50.0 | `kv_write` |",
                     "| 300.0 | 300.0 | `gemm` |"]  # fmt: skip
     assert "| plain | |" in out.split("## c = 64")[1]
+    assert summary.by_level({"c = 128": 0, "c = 16": 0, "c = 64": 0}) == [
+        "c = 16", "c = 64", "c = 128"]  # fmt: skip
     # --plot: each server's GPU time over plain's by kernel family, one panel per level.
     png = tmp_path / "gpu.png"
     summary.print_gpu_per_step(traces, steps=2, top=5, plot=png)

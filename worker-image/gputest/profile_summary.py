@@ -17,12 +17,14 @@ different speeds: compare functions within one trace, and across traces only wha
 (the target's decode) to see how far the host moved.
 
 --gpu-per-step: the GPU side of a step, for traces of 24 steps each (`gpu_envelope.py
---profile-levels 16,64 --profile-activities GPU`, which leaves out the profiler's host
-overhead): per profiled step the span, the GPU's busy time (kernels and copies, overlaps once)
-and its idle time, then each kernel's time per step, every server of a level against the first
-(its folder `NAME-cC`; plain sorts first). Idle time is the host setting the pace; busy time
-above plain's is GPU work an off step adds. With --plot PNG, that extra by kernel family
-(needs matplotlib: run it where the traces came back, on the logs.tar.xz of the job).
+--profile-levels 16,64 --profile-activities GPU`, kernels only): per profiled step the span,
+the GPU's busy time (kernels and copies, overlaps once) and its idle time, then each kernel's
+time per step, every server of a level against the first (its folder `NAME-cC`; plain sorts
+first). Busy time above plain's is GPU work an off step adds. Idle time is the host setting
+the pace, and the profiler still slows the host (job 53: plain's span 6.5 ms a step against
+3.6 ms a decode step unprofiled), so span and idle time are upper bounds; busy time is not.
+With --plot PNG, busy time over plain's by kernel family (needs matplotlib: run it where the
+traces came back, on the job's logs.tar.xz).
 
 --syncs: every cudaStreamSynchronize / cudaEventSynchronize / cudaDeviceSynchronize during the
 steps, grouped by the Python frames around it. The overlap scheduler keeps the host a step
@@ -39,6 +41,7 @@ import re
 import sys
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 
 def load(path: Path) -> list[dict]:
@@ -58,12 +61,21 @@ def union_length(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+"""Trace event categories of work on the GPU (kernels, copies, memsets)."""
+
+
+def gpu_work(events: list[dict]) -> tuple[list[dict], list[tuple[float, float]]]:
+    """A trace's GPU events and their (start, end) intervals, in microseconds."""
+    kernels = [e for e in events if e.get("cat") in GPU_CATEGORIES]
+    return kernels, [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in kernels]
+
+
 def summarise(path: Path, top: int) -> dict:
     events = load(path)
-    kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    kernels, spans = gpu_work(events)
     if not kernels:
         return {"trace": str(path), "error": "no GPU kernels in the trace"}
-    spans = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in kernels]
     first, last = min(s for s, _ in spans), max(e for _, e in spans)
     by_name: dict[str, list[float]] = defaultdict(list)
     for e in kernels:
@@ -203,10 +215,9 @@ def print_step_kinds(traces: list[Path]) -> None:
 
 def gpu_per_step(path: Path, steps: int) -> dict:
     """A trace's span, GPU busy and idle time per step (us), and each kernel's time per step."""
-    kernels = [e for e in load(path) if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    kernels, spans = gpu_work(load(path))
     if not kernels:
         return {}
-    spans = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in kernels]
     span = max(e for _, e in spans) - min(s for s, _ in spans)
     busy = union_length(spans)
     per_kernel: dict[str, float] = defaultdict(float)
@@ -252,7 +263,7 @@ def plot_gpu_per_step(levels: dict[str, list[tuple[str, dict]]], path: Path) -> 
     import matplotlib.pyplot as plt
 
     families = [f for f, _ in KERNEL_FAMILIES] + ["other"]
-    shown = sorted(levels)
+    shown = by_level(levels)
     fig, axes = plt.subplots(1, len(shown), figsize=(5.5 * len(shown), 4.2), squeeze=False)
     for ax, level in zip(axes[0], shown, strict=True):
         base_name, base = levels[level][0]
@@ -279,8 +290,13 @@ def plot_gpu_per_step(levels: dict[str, list[tuple[str, dict]]], path: Path) -> 
     plt.close(fig)
 
 
-STEP_ROWS = {"span_us": "**span** (the step's period)", "busy_us": "**GPU busy**",
-             "idle_us": "**GPU idle** (the host sets the pace)"}  # fmt: skip
+def by_level(levels: dict[str, Any]) -> list[str]:
+    """Level names (`c = 16`, `c = 128`, or "" where the folders name none) in numeric order."""
+    return sorted(levels, key=lambda level: int(level[4:] or 0))
+
+
+STEP_ROWS = {"span_us": "**span** (the step's period; an upper bound)", "busy_us": "**GPU busy**",
+             "idle_us": "**GPU idle** (the host sets the pace; an upper bound)"}  # fmt: skip
 
 
 def print_gpu_per_step(traces: list[Path], steps: int, top: int,
@@ -295,7 +311,8 @@ def print_gpu_per_step(traces: list[Path], steps: int, top: int,
         runs.sort(key=lambda r: (r[0] != "plain", r[0]))
     if plot is not None:
         plot_gpu_per_step(levels, plot)
-    for level, runs in sorted(levels.items(), key=lambda kv: int(kv[0][4:] or 0)):
+    for level in by_level(levels):
+        runs = levels[level]
         first = runs[0][1]
         print(f"\n## {level or 'traces'}: us per profiled step ({steps} steps a trace)\n")
         print("| " + " | ".join(name for name, _ in runs) + " | |")
