@@ -188,6 +188,14 @@ def run_order(name: str) -> tuple[Any, ...]:
     return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name))
 
 
+def job_number(name: str) -> int:
+    """The job number in a run's name (gpu-envelope-12-off-lagged-ab.json: 12)."""
+    match = re.search(r"\d+", name)
+    if match is None:
+        raise ValueError(f"{name}: no job number in the name (gpu-envelope-N-what.json)")
+    return int(match[0])
+
+
 def learned(result: dict[str, Any]) -> bool:
     """Whether a job's router had a learning phase before the sweep."""
     return any(entry.get("phase") == "learn" for entry in result.get("router_log", []))
@@ -607,6 +615,84 @@ def plot(
     fig.savefig(path, dpi=110)
 
 
+OFF_HISTORY_LEVELS = (16, 64)
+"""The worker-image target's two levels: the off step at >= OFF_TARGET of plain at both."""
+OFF_TARGET = 0.95
+LAST_LEAN_EXTEND_JOB = 11
+"""Jobs up to this one ran the lean draft extend every off step; later ones the lagged draft
+KV write inside the target's decode graph."""
+
+
+def requests_label(result: dict[str, Any]) -> str:
+    """A run's target and request lengths, the two things that move off over plain most: how
+    much of a step the GPU sets, and how much of the host's time goes to prefills."""
+    shape = result.get("shape", SWEEP_SHAPE).split(" (")[0].removeprefix("Llama ")
+    low, high = result.get("new_tokens") or SWEEP_NEW_TOKENS
+    return f"{shape} target, {low}-{high} new tokens"
+
+
+def off_over_plain_history(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """patched-off over plain, window by window, in every tensor-parallel-1 run that ran both
+    at OFF_HISTORY_LEVELS, in job order, with requests_label() and whether the job ran the
+    lean draft extend (LAST_LEAN_EXTEND_JOB)."""
+    rows = []
+    for name, result in sorted(results.items(), key=lambda kv: run_order(kv[0])):
+        if (result.get("tp") or 1) != 1:
+            continue
+        for row in variant_pairs({name: result["windows"]}):
+            if (row["server"], row["over"]) == ("patched-off", "plain") and (
+                row["c"] in OFF_HISTORY_LEVELS
+            ):
+                rows.append({**row, "run": _short(name), "requests": requests_label(result),
+                             "lean_extend": job_number(name) <= LAST_LEAN_EXTEND_JOB})  # fmt: skip
+    return rows
+
+
+def off_over_plain_table(rows: Sequence[dict[str, Any]]) -> str:
+    lines = ["| run | c | requests | pairs | geometric mean | 90% interval |", "|---" * 6 + "|"]
+    lines += [f"| {r['run']} | {r['c']} | {r['requests']} | {r['pairs']} | {r['geomean']} | "
+              f"{r['p05']}-{r['p95']} |" for r in rows]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def plot_off_over_plain(rows: Sequence[dict[str, Any]], path: Path) -> None:
+    """One panel per level: each run's geometric mean and 90% interval, coloured by
+    requests_label(), against the target."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = list(dict.fromkeys(r["run"] for r in rows))
+    labels = list(dict.fromkeys(r["requests"] for r in rows))
+    colours = {label: f"C{i}" for i, label in enumerate(labels)}
+    fig, axes = plt.subplots(1, len(OFF_HISTORY_LEVELS), figsize=(12, 0.25 * len(runs) + 2),
+                             sharey=True)  # fmt: skip
+    handles: dict[str, Any] = {}
+    for ax, c in zip(axes, OFF_HISTORY_LEVELS, strict=True):
+        for r in (r for r in rows if r["c"] == c):
+            colour = colours[r["requests"]]
+            err = [[r["geomean"] - r["p05"]], [r["p95"] - r["geomean"]]]
+            handles[r["requests"]] = ax.errorbar(
+                r["geomean"], runs.index(r["run"]), xerr=err, fmt="o", capsize=2, color=colour,
+                markerfacecolor="white" if r["lean_extend"] else colour,
+            )  # fmt: skip
+        handles[f"target {OFF_TARGET}"] = ax.axvline(OFF_TARGET, color="k", linestyle="--",
+                                                     linewidth=1)  # fmt: skip
+        ax.axvline(1.0, color="grey", linewidth=0.5)
+        ax.set_title(f"c = {c}")
+        ax.set_xlabel("off over plain, window by window (geometric mean, 90% interval)")
+        ax.grid(alpha=0.3)
+    axes[0].set_yticks(range(len(runs)), runs, fontsize=7)
+    axes[0].invert_yaxis()
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=3, fontsize=8)
+    fig.suptitle("The patch's speculation-off step against a plain server, one H200, every job "
+                 f"that ran both (BENCHMARKS.md); hollow: jobs 1-{LAST_LEAN_EXTEND_JOB}, the "
+                 "lean draft extend every off step", fontsize=9)  # fmt: skip
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.savefig(path, dpi=110)
+
+
 def idle_servers_slept(result: dict[str, Any]) -> bool:
     """Whether a run started every server it launched with --sleep-on-idle. Runs that did not
     record their servers' arguments (jobs 1-23) all ran SGLang's busy idle loop."""
@@ -830,6 +916,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         summary[key] = group_summary
         if group_stats:
             plot(group_stats, None, args.out / png, tp=tp, accept=accept)
+    history = off_over_plain_history(results)
+    if history:
+        md += ("\n## Speculation off over plain, every run at tensor parallel 1\n\n"
+               "Window by window (same repeat; geometric mean, bootstrap 90% interval); the "
+               "worker-image target is 0.95 at both levels. Plot: off_over_plain.png.\n\n"
+               + off_over_plain_table(history))  # fmt: skip
+        summary["off_over_plain"] = history
+        plot_off_over_plain(history, args.out / "off_over_plain.png")
     print(md)
     if error and error_composed:
         print(f"\nsimulator ({profile.name if profile else ''}): MAPE {error['mape']:.1%} over "

@@ -138,6 +138,42 @@ def test_off_variants_are_paired_window_by_window(report: ModuleType) -> None:
     assert rows[("patched-off", "plain")]["pairs"] == 2
 
 
+def test_every_run_with_off_and_plain_goes_into_the_history_in_job_order(
+    report: ModuleType, tmp_path: Path
+) -> None:
+    """The history the off-over-plain plot draws: TP-1 runs only, the target's two levels
+    only, each run labelled by its target and request lengths, jobs up to 11 marked as the
+    lean draft extend's."""
+
+    def pairs(c: int, plain: float, off: float) -> list[dict[str, object]]:
+        return [window("plain", c, plain, rep=0), window("patched-off", c, off, rep=0)]
+
+    eight = "Llama 8B-class (hidden 4096, 32 layers, GQA 32/8), synthetic pair, bf16"
+    results = {
+        "gpu-envelope-58-long.json": {"new_tokens": [256, 512],
+                                      "windows": pairs(16, 1000, 960) + pairs(64, 1000, 950)},
+        "gpu-envelope-8-lean.json": {"windows": pairs(16, 1000, 900) + pairs(32, 1000, 800)},
+        "gpu-envelope-11-tp2.json": {"tp": 2, "windows": pairs(16, 1000, 700)},
+        "gpu-envelope-47-8b.json": {"shape": eight, "windows": pairs(64, 1000, 920)},
+    }  # fmt: skip
+    rows = report.off_over_plain_history(results)
+    assert [(r["run"], r["c"], r["geomean"]) for r in rows] == [
+        ("8-lean", 16, 0.9), ("47-8b", 64, 0.92), ("58-long", 16, 0.96), ("58-long", 64, 0.95),
+    ]  # fmt: skip
+    assert [r["requests"] for r in rows] == [
+        "3B-class target, 64-192 new tokens", "8B-class target, 64-192 new tokens",
+        "3B-class target, 256-512 new tokens", "3B-class target, 256-512 new tokens",
+    ]  # fmt: skip
+    assert [r["lean_extend"] for r in rows] == [True, False, False, False]
+    assert "| 58-long | 64 | 3B-class target, 256-512 new tokens | 1 | 0.95 | 0.95-0.95 |" in (
+        report.off_over_plain_table(rows)
+    )
+    report.plot_off_over_plain(rows, tmp_path / "off.png")
+    assert (tmp_path / "off.png").stat().st_size > 10_000
+    with pytest.raises(ValueError, match="no job number"):
+        report.job_number("gpu-envelope-rerun.json")
+
+
 def test_jobs_sort_by_their_number(report: ModuleType) -> None:
     names = ["gpu-envelope-10-c128.json", "gpu-envelope-2-high-c.json", "gpu-envelope-9-x.json"]
     assert sorted(names, key=report.run_order) == [names[1], names[2], names[0]]
