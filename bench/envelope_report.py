@@ -693,6 +693,54 @@ def plot_off_over_plain(rows: Sequence[dict[str, Any]], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def gpu_clock_rows(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per run, server and c, from the windows gpu_envelope.py's GPU telemetry covered: the
+    spread of tok/s beside the spread of the GPU's clocks and power, the clock-event reasons
+    seen, and the correlation of a window's tok/s with its mean SM clock (None below three
+    windows or where either is constant). A clock that moves with tok/s names the host's noise."""
+    rows = []
+    for name, result in sorted(results.items(), key=lambda kv: run_order(kv[0])):
+        groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        for w in result["windows"]:
+            if w.get("gpu_sm_mhz_mean") is not None:
+                groups.setdefault((w["server"], w["c"]), []).append(w)
+        for (server, c), ws in sorted(groups.items()):
+            tok_s = [w["tok_s"] for w in ws]
+            sm = [w["gpu_sm_mhz_mean"] for w in ws]
+            power = [w["gpu_power_w_mean"] for w in ws if w.get("gpu_power_w_mean") is not None]
+            r = None
+            if len(ws) >= 3 and len(set(tok_s)) > 1 and len(set(sm)) > 1:
+                r = round(statistics.correlation(tok_s, sm), 2)
+            rows.append({
+                "run": _short(name), "server": server, "c": c, "windows": len(ws),
+                "tok_s": (min(tok_s), max(tok_s)), "sm_mhz_mean": (min(sm), max(sm)),
+                "sm_mhz_lowest": min(w.get("gpu_sm_mhz_min", w["gpu_sm_mhz_mean"]) for w in ws),
+                "power_w": (min(power), max(power)) if power else None,
+                "reasons": sorted({x for w in ws for x in w.get("gpu_clock_reasons", ())}),
+                "r_tok_s_sm": r,
+            })  # fmt: skip
+    return rows
+
+
+def gpu_clock_table(rows: Sequence[dict[str, Any]]) -> str:
+    def span(pair: tuple[float, float] | None) -> str:
+        return "" if pair is None else f"{pair[0]:,.0f}-{pair[1]:,.0f}"
+
+    lines = [
+        "| run | server | c | windows | tok/s | SM clock, window means (MHz) | lowest SM clock "
+        "| power (W) | clock reasons | r(tok/s, SM clock) |",
+        "|---" * 10 + "|",
+    ]
+    for r in rows:
+        reasons = ", ".join(r["reasons"]) or "none"
+        lines.append(
+            f"| {r['run']} | {r['server']} | {r['c']} | {r['windows']} | {span(r['tok_s'])} | "
+            f"{span(r['sm_mhz_mean'])} | {r['sm_mhz_lowest']:,.0f} | {span(r['power_w'])} | "
+            f"{reasons} | {r['r_tok_s_sm']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def idle_servers_slept(result: dict[str, Any]) -> bool:
     """Whether a run started every server it launched with --sleep-on-idle. Runs that did not
     record their servers' arguments (jobs 1-23) all ran SGLang's busy idle loop."""
@@ -924,6 +972,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                + off_over_plain_table(history))  # fmt: skip
         summary["off_over_plain"] = history
         plot_off_over_plain(history, args.out / "off_over_plain.png")
+    if clocks := gpu_clock_rows(results):
+        md += ("\n## The GPU's clocks in each window (gpu_envelope.py's telemetry)\n\n"
+               + gpu_clock_table(clocks))  # fmt: skip
+        summary["gpu_clocks"] = clocks
     print(md)
     if error and error_composed:
         print(f"\nsimulator ({profile.name if profile else ''}): MAPE {error['mape']:.1%} over "

@@ -33,7 +33,11 @@ CPUs of its own); bench/envelope_report.py reports such runs in sections of thei
 client opens a connection per request). Every window records the host's TCP counters (accept
 queues overflowed, SYNs sent again) and, through the router, the router's CPU time and its
 in-flight count sampled four times a second: at c = 128 the router held far fewer requests
-than there were clients in some windows (BENCHMARKS.md job 36), and these tell why.
+than there were clients in some windows (BENCHMARKS.md job 36), and these tell why. Every
+window also records its GPU's SM and memory clocks, power, temperature, utilisation and
+clock-event reasons, from one `nvidia-smi -lms 100` for the whole job (GpuTelemetry): one
+server's decode-step rate swung 1.7x between adjacent windows in job 57, with no CPU
+run-queue wait to explain it.
 --flush-cache empties each server's prefix cache before each of its windows. Without it a
 server's radix tree fills with finished requests and every allocation then evicts (host time
 on each step or two); the speculative servers, with smaller KV pools, get there first.
@@ -415,6 +419,146 @@ class RouterTrace:
                 "router_trace": [list(x) for x in self.samples]}  # fmt: skip
 
 
+GPU_FIELDS = ("index", "uuid", "clocks.sm", "clocks.mem", "power.draw", "temperature.gpu",
+              "utilization.gpu")  # fmt: skip
+CLOCK_REASON_FIELDS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")
+"""Why the clocks are below their maximum, as a bitmask (0x1: idle, 0x4: software power cap,
+0x20/0x40: thermal slowdown); drivers before 535 know only the second name."""
+
+
+def parse_smi_line(line: str, fields: Sequence[str], at: float) -> dict[str, Any] | None:
+    """One line of `nvidia-smi --query-gpu=FIELDS --format=csv,noheader,nounits`, with the time
+    it was read; None for anything else (a header, an error line)."""
+    values = [v.strip() for v in line.split(",")]
+    if len(values) != len(fields):
+        return None
+    sample: dict[str, Any] = {"t": at}
+    for name, value in zip(fields, values, strict=True):
+        if name in ("index", "uuid") or name in CLOCK_REASON_FIELDS:
+            sample[name if name in ("index", "uuid") else "reasons"] = value
+            continue
+        try:
+            sample[name] = float(value)
+        except ValueError:  # "[N/A]", "[Not Supported]"
+            sample[name] = None
+    return sample
+
+
+def gpu_window(samples: Sequence[dict[str, Any]], gpus: Collection[str], start: float,
+               end: float) -> dict[str, Any]:  # fmt: skip
+    """The samples of `gpus` (indices or UUIDs, as CUDA_VISIBLE_DEVICES names them) read
+    between `start` and `end`: the SM clock's mean and minimum, the memory clock's minimum,
+    mean power and utilisation, the highest temperature, and the clock-event reasons seen
+    other than idle. Empty when there are none."""
+    wanted = set(gpus)
+    mine = [x for x in samples
+            if start <= x["t"] <= end and {x.get("index"), x.get("uuid")} & wanted]  # fmt: skip
+
+    def values(name: str) -> list[float]:
+        return [x[name] for x in mine if x.get(name) is not None]
+
+    if not mine:
+        return {}
+    sm, mem, power = values("clocks.sm"), values("clocks.mem"), values("power.draw")
+    temp, util = values("temperature.gpu"), values("utilization.gpu")
+    reasons = sorted({x["reasons"] for x in mine if x.get("reasons")} - IDLE_REASONS)
+    return {
+        "gpu_samples": len(mine),
+        **({"gpu_sm_mhz_mean": round(statistics.fmean(sm), 1), "gpu_sm_mhz_min": min(sm)}
+           if sm else {}),
+        **({"gpu_mem_mhz_min": min(mem)} if mem else {}),
+        **({"gpu_power_w_mean": round(statistics.fmean(power), 1)} if power else {}),
+        **({"gpu_temp_c_max": max(temp)} if temp else {}),
+        **({"gpu_util_mean": round(statistics.fmean(util), 1)} if util else {}),
+        **({"gpu_clock_reasons": reasons} if reasons else {}),
+    }  # fmt: skip
+
+
+IDLE_REASONS = {"0x0000000000000000", "0x0000000000000001", "0x0", "0x1", "Not Active"}
+
+
+class GpuTelemetry:
+    """nvidia-smi's clocks, power, temperature and utilisation of the job's GPUs every
+    `every_ms` for the whole job, from one `nvidia-smi -lms` process and a thread that reads it;
+    `between()` sums up a window's samples (gpu_window). Why: this host's decode-step rate
+    swung 1.7x between adjacent windows of one server with no CPU run-queue wait (BENCHMARKS.md
+    job 57); a GPU clocked down would show here. Without nvidia-smi it records nothing and
+    says why (`describe()`)."""
+
+    def __init__(self, gpus: Collection[str], every_ms: int = 100,
+                 smi: str = "nvidia-smi") -> None:  # fmt: skip
+        self.gpus, self.every_ms, self.smi = sorted(gpus), every_ms, smi
+        self.samples: list[dict[str, Any]] = []
+        self.fields: tuple[str, ...] = ()
+        self.problem: str | None = None
+        self._proc: subprocess.Popen[str] | None = None
+        self._reader: threading.Thread | None = None
+
+    def _query(self, fields: Sequence[str]) -> list[str]:
+        return [self.smi, "-i", ",".join(self.gpus), f"--query-gpu={','.join(fields)}",
+                "--format=csv,noheader,nounits"]  # fmt: skip
+
+    def _working_fields(self) -> tuple[str, ...] | None:
+        """GPU_FIELDS with the first clock-reason field this driver knows (or none): one field
+        it does not know makes nvidia-smi refuse the whole query."""
+        for extra in [(name,) for name in CLOCK_REASON_FIELDS] + [()]:
+            fields = (*GPU_FIELDS, *extra)
+            try:
+                done = subprocess.run(self._query(fields), capture_output=True, text=True,
+                                      timeout=15)  # fmt: skip
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                self.problem = f"{self.smi}: {exc}"
+                return None
+            if done.returncode == 0:
+                return fields
+            self.problem = f"{self.smi} exited {done.returncode}: {done.stderr.strip()[-200:]}"
+        return None
+
+    def __enter__(self) -> GpuTelemetry:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        fields = self._working_fields()
+        if fields is None:
+            verify.log(f"no GPU telemetry: {self.problem}")
+            return
+        self.fields, self.problem = fields, None
+        self._proc = subprocess.Popen([*self._query(fields), f"-lms={self.every_ms}"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                      text=True)  # fmt: skip
+        self._reader = threading.Thread(target=self._read, name="gpu-telemetry", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        for line in self._proc.stdout:
+            sample = parse_smi_line(line, self.fields, time.time())
+            if sample is not None:
+                self.samples.append(sample)
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        if self._reader is not None:
+            self._reader.join(timeout=10)
+
+    def between(self, gpus: str, start: float, end: float) -> dict[str, Any]:
+        return gpu_window(self.samples, gpus.split(","), start, end)
+
+    def describe(self) -> dict[str, Any]:
+        return {"gpus": self.gpus, "every_ms": self.every_ms, "fields": list(self.fields),
+                **({"problem": self.problem} if self.problem else {})}  # fmt: skip
+
+
 class PersistentClient:
     """One client's keep-alive HTTP/1.1 connection, as SDK clients hold one (verify.call opens a
     connection per request). A connection the server closed meanwhile (idle between windows)
@@ -481,7 +625,8 @@ def window(server: Server, clients: int, seconds: float, warmup: float, temperat
            seed: int, profile: Path | None = None, new_tokens: tuple[int, int] = NEW_TOKENS,
            flush: bool = False, keepalive: bool = False, gc_stats: Path | None = None,
            pyspy: PySpy | None = None, pyspy_name: str = "",
-           profile_activities: tuple[str, ...] = ("CPU", "GPU")) -> dict[str, Any]:  # fmt: skip
+           profile_activities: tuple[str, ...] = ("CPU", "GPU"),
+           telemetry: GpuTelemetry | None = None) -> dict[str, Any]:  # fmt: skip
     """One closed-loop window against one server; with `profile`, a torch profile of 24 decode
     steps (of `profile_activities`) is taken into that folder after the warm-up (the window's
     figures then carry the profiler's overhead: they are not measurements). With `flush`, the
@@ -489,7 +634,8 @@ def window(server: Server, clients: int, seconds: float, warmup: float, temperat
     keeps one connection (see --client-keepalive). Through a router, the router's in-flight
     count is sampled. With `gc_stats` (the folder gcstats/sitecustomize.py writes to), the
     schedulers' garbage collections over the window; with `pyspy`, a recording of the first
-    scheduler over the measured seconds, named `pyspy_name`."""
+    scheduler over the measured seconds, named `pyspy_name`; with `telemetry`, its GPU's clocks,
+    power and temperature over the measured seconds."""
     flushed = flush_prefix_cache(server.port) if flush else None
     schedulers = scheduler_pids(server.proc.pid) if server.proc is not None else []
     time_wait = time_wait_sockets()
@@ -574,6 +720,7 @@ def window(server: Server, clients: int, seconds: float, warmup: float, temperat
         **({"pyspy": f"{pyspy_name}.txt"} if recorder is not None else {}),
         **({"pyspy_error": pyspy_error} if pyspy_error else {}),
         **router_deltas(router_before, router_after),
+        **(telemetry.between(server.gpu, window_start, stop_at) if telemetry is not None else {}),
         **(trace.summary() if trace is not None else {}),
         "tcp": {k: tcp_after[k] - tcp_before[k] for k in tcp_after if k in tcp_before},
         "time_wait_sockets": time_wait,
@@ -1103,7 +1250,12 @@ def main() -> int:
         path.write_text(json.dumps(results, indent=1))
 
     router = None
+    # Owned here: started before the servers, stopped with them in the finally below.
+    telemetry = None if sim else GpuTelemetry({g for s in servers for g in s.gpu.split(",")})
     try:
+        if telemetry is not None:
+            telemetry.start()
+            results["gpu_telemetry"] = telemetry.describe()
         launch(servers, out, sim, args.router_threshold)
         for s in servers:
             assert s.proc is not None
@@ -1201,7 +1353,7 @@ def main() -> int:
             got = window(by_name[name], c, args.seconds, args.warmup, args.temperature,
                          seed=c * 100 + rep, new_tokens=new_tokens, flush=args.flush_cache,
                          keepalive=args.client_keepalive, gc_stats=gc_folder, pyspy=pyspy,
-                         pyspy_name=f"{name}-c{c}-rep{rep}")  # fmt: skip
+                         pyspy_name=f"{name}-c{c}-rep{rep}", telemetry=telemetry)  # fmt: skip
             got.update(server=name, c=c, rep=rep)
             if args.freeze_gc_from_rep is not None:
                 got["gc_frozen"] = frozen
@@ -1245,6 +1397,8 @@ def main() -> int:
                     proc.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     proc.kill()
+        if telemetry is not None:
+            telemetry.stop()
         if router is not None:
             log_text = (out / "router.log").read_text(errors="replace")
             results["router_changes"] = threshold_changes(log_text, began)

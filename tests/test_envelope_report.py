@@ -174,6 +174,31 @@ def test_every_run_with_off_and_plain_goes_into_the_history_in_job_order(
         report.job_number("gpu-envelope-rerun.json")
 
 
+def test_the_gpus_clocks_are_set_beside_each_servers_tok_s(report: ModuleType) -> None:
+    """Windows with the telemetry's figures, per server and level: the spreads, the reasons
+    seen and the correlation of tok/s with the SM clock; windows without it count nowhere."""
+
+    def clocked(server: str, tok_s: float, sm: float, **kw: object) -> dict[str, object]:
+        return window(server, 16, tok_s, gpu_sm_mhz_mean=sm, gpu_sm_mhz_min=sm - 100,
+                      gpu_power_w_mean=400.0, **kw)  # fmt: skip
+
+    windows = [clocked("always-on", 6000, 1980), clocked("always-on", 4000, 1500,
+                                                        gpu_clock_reasons=["0x04"]),
+               clocked("always-on", 5000, 1900), clocked("plain", 4000, 1980),
+               clocked("plain", 4100, 1980), window("plain", 16, 100)]  # fmt: skip
+    rows = report.gpu_clock_rows({"gpu-envelope-60-clocks.json": {"windows": windows}})
+    by_server = {r["server"]: r for r in rows}
+    assert by_server["always-on"]["r_tok_s_sm"] == 0.93
+    assert by_server["always-on"]["sm_mhz_lowest"] == 1400
+    assert by_server["always-on"]["reasons"] == ["0x04"]
+    assert by_server["plain"]["windows"] == 2 and by_server["plain"]["r_tok_s_sm"] is None
+    table = report.gpu_clock_table(rows)
+    row = "| 60-clocks | always-on | 16 | 3 | 4,000-6,000 | 1,500-1,980 | 1,400 | 400-400 |"
+    assert row in table
+    unclocked = {"gpu-envelope-1-x.json": {"windows": [window("plain", 1, 9)]}}
+    assert report.gpu_clock_rows(unclocked) == []
+
+
 def test_jobs_sort_by_their_number(report: ModuleType) -> None:
     names = ["gpu-envelope-10-c128.json", "gpu-envelope-2-high-c.json", "gpu-envelope-9-x.json"]
     assert sorted(names, key=report.run_order) == [names[1], names[2], names[0]]
@@ -571,6 +596,72 @@ def test_a_window_times_each_scheduler_main_thread(tmp_path: Path) -> None:
         "scheduler_run_ms": [3.0, 0.0], "scheduler_runqueue_ms": [0.1, 0.0]}  # fmt: skip
     assert envelope.scheduler_deltas(before, after[:1]) == {}
     assert envelope.scheduler_deltas([], []) == {}
+
+
+def test_a_windows_gpu_figures_come_from_its_own_gpus_samples_inside_it() -> None:
+    """gpu_window(): the samples of the server's GPUs (by index or UUID) read inside the
+    window; unreadable values and the idle clock reason left out; nothing without samples."""
+    envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
+    fields = (*envelope.GPU_FIELDS, "clocks_throttle_reasons.active")
+    lines = [  # t, line
+        (0.5, "0, GPU-a, 1000, 3201, 300.0, 40, 90, 0x0000000000000000"),  # before the window
+        (1.0, "0, GPU-a, 1980, 3201, 500.5, 50, 99, 0x0000000000000000"),
+        (1.1, "1, GPU-b, 500, 3201, 100.0, 70, 10, 0x0000000000000004"),  # another GPU
+        (1.2, "0, GPU-a, 1500, 3201, [N/A], 55, 98, 0x0000000000000004"),  # power capped
+        (1.3, "0, GPU-a, 1800, 3100, 499.5, 53, 97, 0x0000000000000001"),
+        (1.4, "No devices were found"),
+    ]
+    samples = [x for t, line in lines if (x := envelope.parse_smi_line(line, fields, t))]
+    assert len(samples) == 5
+    got = envelope.gpu_window(samples, ["0"], 1.0, 1.3)
+    assert got == {"gpu_samples": 3, "gpu_sm_mhz_mean": 1760.0, "gpu_sm_mhz_min": 1500.0,
+                   "gpu_mem_mhz_min": 3100.0, "gpu_power_w_mean": 500.0,
+                   "gpu_temp_c_max": 55.0, "gpu_util_mean": 98.0,
+                   "gpu_clock_reasons": ["0x0000000000000004"]}  # fmt: skip
+    assert envelope.gpu_window(samples, ["GPU-b"], 1.0, 1.3)["gpu_sm_mhz_min"] == 500.0
+    assert envelope.gpu_window(samples, ["2"], 0.0, 9.0) == {}
+
+
+FAKE_SMI = """#!/usr/bin/env python3
+import sys, time
+query = next(a for a in sys.argv if a.startswith("--query-gpu="))
+if "clocks_event_reasons" in query:  # a driver before 535
+    sys.exit('Field "clocks_event_reasons.active" is not a valid field to query.')
+line = "0, GPU-a, 1980, 3201, 500.0, 50, 99, 0x0000000000000000"
+if not any(a.startswith("-lms=") for a in sys.argv):
+    print(line)
+    sys.exit(0)
+while True:
+    print(line, flush=True)
+    time.sleep(0.02)
+"""
+
+
+def test_gpu_telemetry_reads_nvidia_smi_through_the_job_and_stops_with_it(tmp_path: Path) -> None:
+    """One `nvidia-smi -lms` process read by a thread, started and stopped by its owner; a
+    clock-reason field the driver refuses is swapped for the older name; no nvidia-smi at all
+    records nothing and says why."""
+    envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(FAKE_SMI)
+    smi.chmod(0o755)
+    began = time.time()
+    with envelope.GpuTelemetry(["0"], every_ms=20, smi=str(smi)) as telemetry:
+        time.sleep(0.5)
+    ended = time.time()
+    assert telemetry.fields[-1] == "clocks_throttle_reasons.active"
+    assert telemetry._proc is not None and telemetry._proc.poll() is not None
+    count = len(telemetry.samples)
+    assert count >= 5
+    time.sleep(0.1)
+    assert len(telemetry.samples) == count  # stopped
+    got = telemetry.between("0", began, ended)
+    assert got["gpu_sm_mhz_mean"] == 1980.0 and got["gpu_samples"] == count
+    assert "problem" not in telemetry.describe()
+    with envelope.GpuTelemetry(["0"], smi=str(tmp_path / "missing")) as absent:
+        pass
+    assert absent.between("0", 0, 2 * time.time()) == {}
+    assert "missing" in absent.describe()["problem"]
 
 
 def test_a_window_counts_the_hosts_tcp_trouble(tmp_path: Path) -> None:
