@@ -695,9 +695,11 @@ def plot_off_over_plain(rows: Sequence[dict[str, Any]], path: Path) -> None:
 
 def gpu_clock_rows(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """Per run, server and c, from the windows gpu_envelope.py's GPU telemetry covered: the
-    spread of tok/s beside the spread of the GPU's clocks and power, the clock-event reasons
-    seen, and the correlation of a window's tok/s with its mean SM clock (None below three
-    windows or where either is constant). A clock that moves with tok/s names the host's noise."""
+    spread of tok/s beside the spread of the GPU's clocks, power and utilisation, the
+    clock-event reasons seen, and the correlation of a window's tok/s with its mean SM clock
+    and with its GPU utilisation (None below three windows or where either is constant). A
+    clock that moves with tok/s puts the noise on the GPU; a steady clock with utilisation
+    moving with tok/s puts it on the host, which left the GPU idle."""
     rows = []
     for name, result in sorted(results.items(), key=lambda kv: run_order(kv[0])):
         groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
@@ -708,35 +710,50 @@ def gpu_clock_rows(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             tok_s = [w["tok_s"] for w in ws]
             sm = [w["gpu_sm_mhz_mean"] for w in ws]
             power = [w["gpu_power_w_mean"] for w in ws if w.get("gpu_power_w_mean") is not None]
-            r = None
-            if len(ws) >= 3 and len(set(tok_s)) > 1 and len(set(sm)) > 1:
-                r = round(statistics.correlation(tok_s, sm), 2)
+            util = [w["gpu_util_mean"] for w in ws if w.get("gpu_util_mean") is not None]
+            steal = [100 * w["host_cpu_steal"] for w in ws if w.get("host_cpu_steal") is not None]
             rows.append({
                 "run": _short(name), "server": server, "c": c, "windows": len(ws),
                 "tok_s": (min(tok_s), max(tok_s)), "sm_mhz_mean": (min(sm), max(sm)),
                 "sm_mhz_lowest": min(w.get("gpu_sm_mhz_min", w["gpu_sm_mhz_mean"]) for w in ws),
                 "power_w": (min(power), max(power)) if power else None,
+                "util": (min(util), max(util)) if util else None,
+                "host_steal_pct": (min(steal), max(steal)) if steal else None,
                 "reasons": sorted({x for w in ws for x in w.get("gpu_clock_reasons", ())}),
-                "r_tok_s_sm": r,
+                "r_tok_s_sm": correlation(tok_s, sm),
+                "r_tok_s_util": correlation(tok_s, util) if len(util) == len(ws) else None,
             })  # fmt: skip
     return rows
+
+
+def correlation(xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    """Pearson's r to two places; None below three points or where either side is constant."""
+    if len(xs) < 3 or len(set(xs)) < 2 or len(set(ys)) < 2:
+        return None
+    return round(statistics.correlation(xs, ys), 2)
 
 
 def gpu_clock_table(rows: Sequence[dict[str, Any]]) -> str:
     def span(pair: tuple[float, float] | None) -> str:
         return "" if pair is None else f"{pair[0]:,.0f}-{pair[1]:,.0f}"
 
+    # Stolen CPU is a few percent at most: one decimal.
+    def share(pair: tuple[float, float] | None) -> str:
+        return "" if pair is None else f"{pair[0]:.1f}-{pair[1]:.1f}"
+
     lines = [
         "| run | server | c | windows | tok/s | SM clock, window means (MHz) | lowest SM clock "
-        "| power (W) | clock reasons | r(tok/s, SM clock) |",
-        "|---" * 10 + "|",
+        "| power (W) | GPU utilisation (%) | host CPU stolen (%) | clock reasons "
+        "| r(tok/s, SM clock) | r(tok/s, utilisation) |",
+        "|---" * 13 + "|",
     ]
     for r in rows:
         reasons = ", ".join(r["reasons"]) or "none"
         lines.append(
             f"| {r['run']} | {r['server']} | {r['c']} | {r['windows']} | {span(r['tok_s'])} | "
             f"{span(r['sm_mhz_mean'])} | {r['sm_mhz_lowest']:,.0f} | {span(r['power_w'])} | "
-            f"{reasons} | {r['r_tok_s_sm']} |"
+            f"{span(r['util'])} | {share(r['host_steal_pct'])} | {reasons} | {r['r_tok_s_sm']} | "
+            f"{r['r_tok_s_util']} |"
         )
     return "\n".join(lines) + "\n"
 

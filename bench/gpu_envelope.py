@@ -371,6 +371,32 @@ def tcp_counters(proc: Path = Path("/proc")) -> dict[str, int]:
     return found
 
 
+CPU_TIME_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def cpu_times(proc: Path = Path("/proc")) -> dict[str, int]:
+    """The host's CPU time (all CPUs, in clock ticks) by CPU_TIME_FIELDS, from /proc/stat's
+    first line; empty where it cannot be read."""
+    try:
+        first = (proc / "stat").read_text().splitlines()[0].split()
+    except (OSError, IndexError):
+        return {}
+    if not first or first[0] != "cpu":
+        return {}
+    return {name: int(v) for name, v in zip(CPU_TIME_FIELDS, first[1:], strict=False)}
+
+
+def cpu_deltas(before: dict[str, int], after: dict[str, int]) -> dict[str, float]:
+    """The window's share of the host's CPU time that was busy and that the hypervisor stole
+    (a virtual CPU ready to run but not running: the guest sees no run-queue wait for it)."""
+    total = sum(after.get(k, 0) - before.get(k, 0) for k in CPU_TIME_FIELDS)
+    if not before or not after or total <= 0:
+        return {}
+    idle = sum(after.get(k, 0) - before.get(k, 0) for k in ("idle", "iowait"))
+    steal = after.get("steal", 0) - before.get("steal", 0)
+    return {"host_cpu_busy": round(1 - idle / total, 4), "host_cpu_steal": round(steal / total, 4)}
+
+
 def time_wait_sockets(proc: Path = Path("/proc")) -> int:
     """Sockets in TIME_WAIT (state 06 in /proc/net/tcp and tcp6): what a client that opens a
     connection per request leaves behind, for 60 s each."""
@@ -680,9 +706,9 @@ def window(server: Server, clients: int, seconds: float, warmup: float, temperat
         gc_before = read_gc_stats(gc_stats, schedulers) if gc_stats is not None else []
         host_before = scheduler_times(schedulers)
         router_before = main_thread_times(server.router_pid) if server.router_pid else None
-        tcp_before = tcp_counters()
+        tcp_before, cpu_before = tcp_counters(), cpu_times()
         time.sleep(max(0.0, stop_at - time.time()))
-        tcp_after = tcp_counters()
+        tcp_after, cpu_after = tcp_counters(), cpu_times()
         router_after = main_thread_times(server.router_pid) if server.router_pid else None
         host_after = scheduler_times(schedulers)
         gc_after = read_gc_stats(gc_stats, schedulers) if gc_stats is not None else []
@@ -721,6 +747,7 @@ def window(server: Server, clients: int, seconds: float, warmup: float, temperat
         **({"pyspy_error": pyspy_error} if pyspy_error else {}),
         **router_deltas(router_before, router_after),
         **(telemetry.between(server.gpu, window_start, stop_at) if telemetry is not None else {}),
+        **cpu_deltas(cpu_before, cpu_after),
         **(trace.summary() if trace is not None else {}),
         "tcp": {k: tcp_after[k] - tcp_before[k] for k in tcp_after if k in tcp_before},
         "time_wait_sockets": time_wait,

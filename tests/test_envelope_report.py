@@ -180,7 +180,8 @@ def test_the_gpus_clocks_are_set_beside_each_servers_tok_s(report: ModuleType) -
 
     def clocked(server: str, tok_s: float, sm: float, **kw: object) -> dict[str, object]:
         return window(server, 16, tok_s, gpu_sm_mhz_mean=sm, gpu_sm_mhz_min=sm - 100,
-                      gpu_power_w_mean=400.0, **kw)  # fmt: skip
+                      gpu_power_w_mean=400.0, gpu_util_mean=tok_s / 100,
+                      host_cpu_steal=0.02, **kw)  # fmt: skip
 
     windows = [clocked("always-on", 6000, 1980), clocked("always-on", 4000, 1500,
                                                         gpu_clock_reasons=["0x04"]),
@@ -191,9 +192,13 @@ def test_the_gpus_clocks_are_set_beside_each_servers_tok_s(report: ModuleType) -
     assert by_server["always-on"]["r_tok_s_sm"] == 0.93
     assert by_server["always-on"]["sm_mhz_lowest"] == 1400
     assert by_server["always-on"]["reasons"] == ["0x04"]
+    assert by_server["always-on"]["r_tok_s_util"] == 1.0
     assert by_server["plain"]["windows"] == 2 and by_server["plain"]["r_tok_s_sm"] is None
     table = report.gpu_clock_table(rows)
-    row = "| 60-clocks | always-on | 16 | 3 | 4,000-6,000 | 1,500-1,980 | 1,400 | 400-400 |"
+    row = (
+        "| 60-clocks | always-on | 16 | 3 | 4,000-6,000 | 1,500-1,980 | 1,400 | 400-400 | 40-60 "
+        "| 2.0-2.0 | 0x04 | 0.93 | 1.0 |"
+    )
     assert row in table
     unclocked = {"gpu-envelope-1-x.json": {"windows": [window("plain", 1, 9)]}}
     assert report.gpu_clock_rows(unclocked) == []
@@ -687,6 +692,23 @@ def test_a_window_counts_the_hosts_tcp_trouble(tmp_path: Path) -> None:
                              "   2: 0100007F:7A31 0100007F:D3B4 06 0:0\n")  # fmt: skip
     assert envelope.time_wait_sockets(tmp_path) == 2  # no tcp6 file: counted as none
     assert envelope.tcp_counters(tmp_path / "nowhere") == {}
+
+
+def test_a_window_measures_the_hosts_busy_and_stolen_cpu_time(tmp_path: Path) -> None:
+    """/proc/stat's first line, all CPUs: the window's busy share and the share the hypervisor
+    stole; nothing where it cannot be read or no time passed."""
+    envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3\nintr 5\n")
+    before = envelope.cpu_times(tmp_path)
+    assert before["idle"] == 800 and before["steal"] == 0
+    stat.write_text("cpu  400 0 150 1100 50 0 0 300 0 0\n")
+    after = envelope.cpu_times(tmp_path)
+    # 1,000 ticks: 300 idle, 300 stolen.
+    assert envelope.cpu_deltas(before, after) == {"host_cpu_busy": 0.7, "host_cpu_steal": 0.3}
+    assert envelope.cpu_deltas(before, before) == {}
+    assert envelope.cpu_times(tmp_path / "nowhere") == {}
+    assert envelope.cpu_deltas({}, after) == {}
 
 
 def test_a_persistent_client_keeps_its_connection_and_reopens_a_closed_one() -> None:
