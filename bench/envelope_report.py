@@ -272,19 +272,62 @@ write launched kernel by kernel, as before the sixteenth session's CUDA graphs
 
 def variant_pairs(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Per run, concurrency and pair of OFF_VARIANTS: the window-by-window ratios (same repeat,
-    adjacent in time) and their geometric summary."""
+    adjacent in time), their geometric summary, and the undisturbed ratio over those windows."""
     rows = []
     for run, windows in sorted(runs.items(), key=lambda kv: run_order(kv[0])):
         by_key = {(w["server"], w["c"], w.get("rep")): w["tok_s"] for w in windows}
         for num, den in OFF_VARIANTS:
             for c in sorted({c for (server, c, _) in by_key if server == num}):
-                ratios = [by_key[(num, c, rep)] / by_key[(den, c, rep)]
+                paired = [(by_key[(num, c, rep)], by_key[(den, c, rep)])
                           for (server, cc, rep) in sorted(by_key, key=str)
                           if server == num and cc == c and by_key.get((den, c, rep))]  # fmt: skip
-                if ratios:
+                if paired:
                     rows.append({"run": run, "c": c, "server": num, "over": den,
-                                 **geometric_summary(ratios)})  # fmt: skip
+                                 **geometric_summary([a / b for a, b in paired]),
+                                 **undisturbed_ratio([a for a, _ in paired],
+                                                     [b for _, b in paired])})  # fmt: skip
     return rows
+
+
+UNDISTURBED_QUANTILE = 0.8
+"""This host's noise only ever slows a window: spells of a few windows in which the host runs
+slower while the GPU keeps its clocks (BENCHMARKS.md job 60: 1.47x between windows of one
+server, tok/s moving with the GPU's utilisation, r = 0.97). Each server's 80th percentile over
+its windows is its speed when undisturbed, which such a spell moves less than it moves a
+pair of adjacent windows."""
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The q-quantile with linear interpolation between order statistics (numpy's default)."""
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    low = math.floor(k)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (k - low)
+
+
+def undisturbed_ratio(a: Sequence[float], b: Sequence[float], q: float = UNDISTURBED_QUANTILE,
+                      draws: int = 4000) -> dict[str, Any]:  # fmt: skip
+    """a's q-quantile over b's, and a bootstrap 90% interval for it (each side's windows drawn
+    again on their own; seeded, so that the report regenerates byte for byte). Empty below
+    three windows a side."""
+    import random
+
+    if min(len(a), len(b)) < 3:
+        return {}
+    rng = random.Random(0)
+    ratios = sorted(quantile(rng.choices(a, k=len(a)), q) / quantile(rng.choices(b, k=len(b)), q)
+                    for _ in range(draws))  # fmt: skip
+    return {"undisturbed": round(quantile(a, q) / quantile(b, q), 3),
+            "undisturbed_p05": round(ratios[int(0.05 * draws)], 3),
+            "undisturbed_p95": round(ratios[int(0.95 * draws) - 1], 3)}  # fmt: skip
+
+
+def undisturbed_cell(row: dict[str, Any]) -> str:
+    """Two table cells: the undisturbed ratio and its interval (blank below three pairs)."""
+    if "undisturbed" not in row:
+        return " | "
+    return f"{row['undisturbed']} | {row['undisturbed_p05']}-{row['undisturbed_p95']}"
 
 
 def geometric_summary(ratios: Sequence[float], draws: int = 4000) -> dict[str, Any]:
@@ -649,19 +692,21 @@ def off_over_plain_history(results: dict[str, dict[str, Any]]) -> list[dict[str,
 
 
 def off_over_plain_table(rows: Sequence[dict[str, Any]]) -> str:
-    lines = ["| run | c | requests | pairs | geometric mean | 90% interval |", "|---" * 6 + "|"]
+    lines = ["| run | c | requests | pairs | geometric mean | 90% interval | undisturbed "
+             "| 90% interval |", "|---" * 8 + "|"]  # fmt: skip
     lines += [f"| {r['run']} | {r['c']} | {r['requests']} | {r['pairs']} | {r['geomean']} | "
-              f"{r['p05']}-{r['p95']} |" for r in rows]  # fmt: skip
+              f"{r['p05']}-{r['p95']} | {undisturbed_cell(r)} |" for r in rows]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
 def plot_off_over_plain(rows: Sequence[dict[str, Any]], path: Path) -> None:
-    """One panel per level: each run's geometric mean and 90% interval, coloured by
-    requests_label(), against the target."""
+    """One panel per level: each run's geometric mean and 90% interval, and (x) its
+    undisturbed ratio, coloured by requests_label(), against the target."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     runs = list(dict.fromkeys(r["run"] for r in rows))
     labels = list(dict.fromkeys(r["requests"] for r in rows))
@@ -677,12 +722,18 @@ def plot_off_over_plain(rows: Sequence[dict[str, Any]], path: Path) -> None:
                 r["geomean"], runs.index(r["run"]), xerr=err, fmt="o", capsize=2, color=colour,
                 markerfacecolor="white" if r["lean_extend"] else colour,
             )  # fmt: skip
+            if "undisturbed" in r:
+                ax.plot(r["undisturbed"], runs.index(r["run"]), "x", color=colour, markersize=7)
         handles[f"target {OFF_TARGET}"] = ax.axvline(OFF_TARGET, color="k", linestyle="--",
                                                      linewidth=1)  # fmt: skip
         ax.axvline(1.0, color="grey", linewidth=0.5)
         ax.set_title(f"c = {c}")
         ax.set_xlabel("off over plain, window by window (geometric mean, 90% interval)")
         ax.grid(alpha=0.3)
+    if any("undisturbed" in r for r in rows):
+        handles["x: undisturbed (the 80th percentiles' ratio)"] = Line2D(
+            [], [], marker="x", color="k", linestyle="none"
+        )
     axes[0].set_yticks(range(len(runs)), runs, fontsize=7)
     axes[0].invert_yaxis()
     fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=3, fontsize=8)
@@ -837,11 +888,14 @@ def run_section(results: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]
     variants = variant_pairs({name: r["windows"] for name, r in results.items()})
     if variants:
         md += ("\nThe off step's variants, window by window (same repeat; geometric mean, "
-               "bootstrap 90% interval):\n\n| run | c | server | over | pairs | geometric mean "
-               "| 90% interval |\n|---|---|---|---|---|---|---|\n")  # fmt: skip
+               "bootstrap 90% interval), and undisturbed (the ratio of the two servers' 80th "
+               "percentiles over those windows; each side drawn again on its own for the "
+               "interval):\n\n| run | c | server | over | pairs | geometric mean "
+               "| 90% interval | undisturbed | 90% interval |\n"
+               "|---|---|---|---|---|---|---|---|---|\n")  # fmt: skip
         md += "".join(f"| {_short(r['run'])} | {r['c']} | {r['server']} | {r['over']} | "
-                      f"{r['pairs']} | {r['geomean']} | {r['p05']}-{r['p95']} |\n"
-                      for r in variants)  # fmt: skip
+                      f"{r['pairs']} | {r['geomean']} | {r['p05']}-{r['p95']} | "
+                      f"{undisturbed_cell(r)} |\n" for r in variants)  # fmt: skip
     host = scheduler_per_step(results)
     if host:
         md += ("\nA decode step's time and the scheduler's main thread in it (rank 0, /proc "

@@ -204,6 +204,25 @@ def test_the_gpus_clocks_are_set_beside_each_servers_tok_s(report: ModuleType) -
     assert report.gpu_clock_rows(unclocked) == []
 
 
+def test_the_undisturbed_ratio_compares_each_servers_upper_windows(report: ModuleType) -> None:
+    """A spell of slow windows that hits one server of a pair moves the pairs' geometric mean
+    but not the ratio of the two servers' 80th percentiles; its interval comes from drawing
+    each side's windows again, and fewer than three windows a side give none."""
+    assert report.quantile([1, 2, 3, 4, 5], 0.8) == pytest.approx(4.2)
+    assert report.quantile([7], 0.8) == 7
+    plain = [1000.0] * 10
+    off = [950.0] * 7 + [600.0] * 3  # three windows in a slow spell
+    windows = [window(server, 16, rate, rep=rep)
+               for rep, (a, b) in enumerate(zip(off, plain, strict=True))
+               for server, rate in (("patched-off", a), ("plain", b))]  # fmt: skip
+    (row,) = report.variant_pairs({"job": windows})
+    assert row["geomean"] < 0.85
+    assert row["undisturbed"] == 0.95
+    assert row["undisturbed_p05"] <= 0.95 <= row["undisturbed_p95"]
+    assert report.undisturbed_ratio([1.0, 2.0], [1.0, 2.0, 3.0]) == {}
+    assert report.undisturbed_cell({"pairs": 2}) == " | "
+
+
 def test_jobs_sort_by_their_number(report: ModuleType) -> None:
     names = ["gpu-envelope-10-c128.json", "gpu-envelope-2-high-c.json", "gpu-envelope-9-x.json"]
     assert sorted(names, key=report.run_order) == [names[1], names[2], names[0]]
