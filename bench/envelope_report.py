@@ -250,7 +250,8 @@ def same_mode_pairs(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any
             for kind, other in ((mode, static), ("proxy", direct)):
                 if kind is not None and other is not None and other["tok_s"] > 0:
                     pairs.append({"run": run, "c": c, "rep": rep, "mode": kind,
-                                  "ratio": round(w["tok_s"] / other["tok_s"], 3)})  # fmt: skip
+                                  "ratio": round(w["tok_s"] / other["tok_s"], 3),
+                                  "tok_s": w["tok_s"], "other_tok_s": other["tok_s"]})  # fmt: skip
     return pairs
 
 
@@ -321,6 +322,11 @@ def undisturbed_ratio(a: Sequence[float], b: Sequence[float], q: float = UNDISTU
     return {"undisturbed": round(quantile(a, q) / quantile(b, q), 3),
             "undisturbed_p05": round(ratios[int(0.05 * draws)], 3),
             "undisturbed_p95": round(ratios[int(0.95 * draws) - 1], 3)}  # fmt: skip
+
+
+def undisturbed_of(pairs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """undisturbed_ratio() of same_mode_pairs(): the routed windows over the static ones."""
+    return undisturbed_ratio([p["tok_s"] for p in pairs], [p["other_tok_s"] for p in pairs])
 
 
 def undisturbed_cell(row: dict[str, Any]) -> str:
@@ -844,17 +850,23 @@ def run_section(results: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]
             span = f"{low}-{high}" if high < 1 << 20 else f">= {low}"
             runs_here = sorted({p["run"] for p in chosen}, key=run_order)
             for run in runs_here + (["all runs"] if len(runs_here) > 1 else []):
-                ratios = [p["ratio"] for p in chosen if run in ("all runs", p["run"])]
-                if ratios:
+                mine = [p for p in chosen if run in ("all runs", p["run"])]
+                # Percentiles pooled over jobs or levels would mix speeds: one run, one level.
+                one_level = len({p["c"] for p in mine}) == 1
+                upper = undisturbed_of(mine) if run != "all runs" and one_level else {}
+                if mine:
+                    ratios = [p["ratio"] for p in mine]
                     same_mode_rows.append({"mode": mode, "static": static, "c": span, "run": run,
-                                   **geometric_summary(ratios)})  # fmt: skip
+                                           **geometric_summary(ratios), **upper})  # fmt: skip
                 # A job with many pairs per level also answers per level.
                 levels = sorted({p["c"] for p in chosen if p["run"] == run})
                 for c in levels if run != "all runs" and len(levels) > 1 else []:
-                    at_c = [p["ratio"] for p in chosen if p["run"] == run and p["c"] == c]
+                    at_c = [p for p in chosen if p["run"] == run and p["c"] == c]
                     if len(at_c) >= PER_LEVEL_PAIRS:
                         same_mode_rows.append({"mode": mode, "static": static, "c": str(c),
-                                               "run": run, **geometric_summary(at_c)})  # fmt: skip
+                                               "run": run,
+                                               **geometric_summary([p["ratio"] for p in at_c]),
+                                               **undisturbed_of(at_c)})  # fmt: skip
     md = (
         table(stats, ratio, probing, source)
         + "\n\nEvery run's ratios (each side by side within its run):\n\n"
@@ -879,11 +891,12 @@ def run_section(results: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]
         f"{r['plain_tok_s']:,.0f} | {r['ratio']} |\n" for r in side_by_side)  # fmt: skip
     md += ("\nThe routed server against the static server in the same mode, window by window "
            "(every routed window that ran one mode throughout, over the adjacent window of "
-           "always-on or plain; per run and pooled; geometric mean, bootstrap 90% interval):\n\n"
-           "| mode | over | c | run | pairs | geometric mean | 90% interval |\n"
-           "|---|---|---|---|---|---|---|\n")  # fmt: skip
+           "always-on or plain; per run and pooled; geometric mean, bootstrap 90% interval; "
+           "undisturbed, per run and level: the 80th percentiles' ratio over those windows):\n\n"
+           "| mode | over | c | run | pairs | geometric mean | 90% interval | undisturbed "
+           "| 90% interval |\n|---|---|---|---|---|---|---|---|---|\n")  # fmt: skip
     md += "".join(f"| {r['mode']} | {r['static']} | {r['c']} | {_short(r['run'])} | {r['pairs']} "
-                  f"| {r['geomean']} | {r['p05']}-{r['p95']} |\n"
+                  f"| {r['geomean']} | {r['p05']}-{r['p95']} | {undisturbed_cell(r)} |\n"
                   for r in same_mode_rows)  # fmt: skip
     variants = variant_pairs({name: r["windows"] for name, r in results.items()})
     if variants:

@@ -103,6 +103,25 @@ def test_same_mode_pairs_compare_a_routed_window_with_the_static_server_in_its_m
     assert report.geometric_summary([1.0] * 5)["p05"] == report.geometric_summary([1.0] * 5)["p95"]
 
 
+def test_the_same_mode_table_gives_the_undisturbed_ratio_per_run_at_one_level_only(
+    report: ModuleType, tmp_path: Path
+) -> None:
+    """Percentiles over windows of several levels, or of several jobs, would mix speeds: the
+    routed server's undisturbed ratio appears where one run measured one level."""
+
+    def speculating(c: int, rep: int, routed: float, static: float) -> list[dict[str, object]]:
+        return [window("always-on", c, static, rep=rep, steps_on=0, steps_off=0),
+                window("specgate", c, routed, rep=rep, steps_on=90, steps_off=0)]  # fmt: skip
+
+    one = [w for rep in range(4) for w in speculating(16, rep, 950 + rep, 1000 + rep)]
+    two = [w for rep in range(4) for w in speculating(16 if rep % 2 else 32, rep, 900, 1000)]
+    job = {"tp": 1, "temperature": 0.9, "predicted_accept_length": 3.0}
+    md = report_of(report, tmp_path, "gpu-envelope-61-one.json", {**job, "windows": one})
+    assert "| on | always-on | >= 9 | 61-one | 4 | 0.95 | 0.95-0.95 | 0.95 | " in md
+    md = report_of(report, tmp_path, "gpu-envelope-62-two.json", {**job, "windows": two})
+    assert "| on | always-on | >= 9 | 62-two | 4 | 0.9 | 0.9-0.9 |  |  |" in md
+
+
 def test_a_run_without_plain_gives_a_ratio_only_where_always_on_won_everywhere(
     report: ModuleType,
 ) -> None:
