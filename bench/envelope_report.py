@@ -680,20 +680,22 @@ def requests_label(result: dict[str, Any]) -> str:
     return f"{shape} target, {low}-{high} new tokens"
 
 
-def off_over_plain_history(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """patched-off over plain, window by window, in every tensor-parallel-1 run that ran both
-    at OFF_HISTORY_LEVELS, in job order, with requests_label() and whether the job ran the
-    lean draft extend (LAST_LEAN_EXTEND_JOB)."""
+def off_over_plain_history(results: dict[str, dict[str, Any]],
+                           variants: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:  # fmt: skip
+    """Of `variants` (variant_pairs() rows of `results`' runs): patched-off over plain in every
+    tensor-parallel-1 run that ran both at OFF_HISTORY_LEVELS, in job order, with
+    requests_label() and whether the job ran the lean draft extend (LAST_LEAN_EXTEND_JOB)."""
     rows = []
-    for name, result in sorted(results.items(), key=lambda kv: run_order(kv[0])):
-        if (result.get("tp") or 1) != 1:
-            continue
-        for row in variant_pairs({name: result["windows"]}):
-            if (row["server"], row["over"]) == ("patched-off", "plain") and (
-                row["c"] in OFF_HISTORY_LEVELS
-            ):
-                rows.append({**row, "run": _short(name), "requests": requests_label(result),
-                             "lean_extend": job_number(name) <= LAST_LEAN_EXTEND_JOB})  # fmt: skip
+    for row in sorted(variants, key=lambda r: (run_order(r["run"]), r["c"])):
+        result = results[row["run"]]
+        if (
+            (row["server"], row["over"]) == ("patched-off", "plain")
+            and row["c"] in OFF_HISTORY_LEVELS
+            and (result.get("tp") or 1) == 1
+        ):
+            lean = job_number(row["run"]) <= LAST_LEAN_EXTEND_JOB
+            rows.append({**row, "run": _short(row["run"]), "requests": requests_label(result),
+                         "lean_extend": lean})  # fmt: skip
     return rows
 
 
@@ -1016,6 +1018,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_profile(profile, PROFILE_PATH)
     args.out.mkdir(parents=True, exist_ok=True)
     md, summary, stats = run_section(groups.pop((1, ENVELOPE_TEMPERATURE, ""), {}))
+    variants = list(summary.get("off_variant_pairs", ()))
     error = sim_error(profile, fitted_stats) if profile else None
     error_composed = sim_error(profile, stats) if profile else None
     summary.update(simulator=error, simulator_vs_table=error_composed)
@@ -1025,6 +1028,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         groups.items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][0])
     ):
         group_md, group_summary, group_stats = run_section(group)
+        variants += group_summary.get("off_variant_pairs", ())
         accept = statistics.median(r["predicted_accept_length"] for r in group.values())
         if differs:
             md += (f"\n## Another workload ({differs}), temperature {temperature:g}, tensor "
@@ -1048,7 +1052,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         summary[key] = group_summary
         if group_stats:
             plot(group_stats, None, args.out / png, tp=tp, accept=accept)
-    history = off_over_plain_history(results)
+    history = off_over_plain_history(results, variants)
     if history:
         md += ("\n## Speculation off over plain, every run at tensor parallel 1\n\n"
                "Window by window (same repeat; geometric mean, bootstrap 90% interval); the "

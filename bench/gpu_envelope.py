@@ -450,6 +450,8 @@ GPU_FIELDS = ("index", "uuid", "clocks.sm", "clocks.mem", "power.draw", "tempera
 CLOCK_REASON_FIELDS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")
 """Why the clocks are below their maximum, as a bitmask (0x1: idle, 0x4: software power cap,
 0x20/0x40: thermal slowdown); drivers before 535 know only the second name."""
+IDLE_REASONS = {"0x0000000000000000", "0x0000000000000001", "0x0", "0x1", "Not Active"}
+"""Reasons that say nothing about a busy GPU's speed: none, or idle."""
 
 
 def parse_smi_line(line: str, fields: Sequence[str], at: float) -> dict[str, Any] | None:
@@ -460,13 +462,15 @@ def parse_smi_line(line: str, fields: Sequence[str], at: float) -> dict[str, Any
         return None
     sample: dict[str, Any] = {"t": at}
     for name, value in zip(fields, values, strict=True):
-        if name in ("index", "uuid") or name in CLOCK_REASON_FIELDS:
-            sample[name if name in ("index", "uuid") else "reasons"] = value
-            continue
-        try:
-            sample[name] = float(value)
-        except ValueError:  # "[N/A]", "[Not Supported]"
-            sample[name] = None
+        if name in ("index", "uuid"):
+            sample[name] = value
+        elif name in CLOCK_REASON_FIELDS:
+            sample["reasons"] = value
+        else:
+            try:
+                sample[name] = float(value)
+            except ValueError:  # "[N/A]", "[Not Supported]"
+                sample[name] = None
     return sample
 
 
@@ -498,9 +502,6 @@ def gpu_window(samples: Sequence[dict[str, Any]], gpus: Collection[str], start: 
         **({"gpu_util_mean": round(statistics.fmean(util), 1)} if util else {}),
         **({"gpu_clock_reasons": reasons} if reasons else {}),
     }  # fmt: skip
-
-
-IDLE_REASONS = {"0x0000000000000000", "0x0000000000000001", "0x0", "0x1", "Not Active"}
 
 
 class GpuTelemetry:

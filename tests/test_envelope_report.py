@@ -175,7 +175,8 @@ def test_every_run_with_off_and_plain_goes_into_the_history_in_job_order(
         "gpu-envelope-11-tp2.json": {"tp": 2, "windows": pairs(16, 1000, 700)},
         "gpu-envelope-47-8b.json": {"shape": eight, "windows": pairs(64, 1000, 920)},
     }  # fmt: skip
-    rows = report.off_over_plain_history(results)
+    variants = report.variant_pairs({name: r["windows"] for name, r in results.items()})
+    rows = report.off_over_plain_history(results, variants)
     assert [(r["run"], r["c"], r["geomean"]) for r in rows] == [
         ("8-lean", 16, 0.9), ("47-8b", 64, 0.92), ("58-long", 16, 0.96), ("58-long", 64, 0.95),
     ]  # fmt: skip
