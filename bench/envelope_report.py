@@ -150,6 +150,7 @@ def summarise(windows: Sequence[dict[str, Any]]) -> Stats:
 
             stats.setdefault(server, {})[c] = {
                 "tok_s": round(statistics.median(rates), 1),
+                "tok_s_undisturbed": round(quantile(rates, UNDISTURBED_QUANTILE), 1),
                 "min": min(rates), "max": max(rates), "windows": len(ws),
                 "tpot_ms_p50": med("tpot_ms_p50"), "tpot_ms_p99": med("tpot_ms_p99"),
                 "accept_length": med("accept_length"),
@@ -349,13 +350,14 @@ def geometric_summary(ratios: Sequence[float], draws: int = 4000) -> dict[str, A
             "p95": round(means[int(0.95 * draws) - 1], 3)}  # fmt: skip
 
 
-def envelope_ratio(stats: Stats, routed: str = "specgate") -> dict[int, float]:
-    """X_d / max(X_a, X_b) wherever all three ran (`routed`: specgate or specgate-probes)."""
+def envelope_ratio(stats: Stats, routed: str = "specgate", key: str = "tok_s") -> dict[int, float]:
+    """X_d / max(X_a, X_b) wherever all three ran (`routed`: specgate or specgate-probes), of
+    each server's median tok/s, or of another figure of summarise() (`key`)."""
     out = {}
     for c, d in stats.get(routed, {}).items():
         a, b = stats.get("plain", {}).get(c), stats.get("always-on", {}).get(c)
         if a and b and len({row.get("run") for row in (a, b, d)}) == 1:
-            out[c] = round(d["tok_s"] / max(a["tok_s"], b["tok_s"]), 3)
+            out[c] = round(d[key] / max(a[key], b[key]), 3)
     return out
 
 
@@ -582,14 +584,17 @@ def table(
     ratio: dict[int, float],
     probing: dict[int, float] | None = None,
     source: dict[int, str] | None = None,
+    probing_undisturbed: dict[int, float] | None = None,
 ) -> str:
-    """The envelope table; `probing`: X_d' of the router that probes, where it ran; `source`:
-    the run each row comes from."""
+    """The envelope table; `probing`: X_d' of the router that probes, where it ran, and
+    `probing_undisturbed` the same of the servers' 80th percentiles; `source`: the run each
+    row comes from."""
     levels = sorted({c for by_c in stats.values() for c in by_c})
     extra = " X_d' / max(X_a, X_b) |" if probing else ""
+    extra += " X_d' / max(X_a, X_b), undisturbed |" if probing_undisturbed else ""
+    columns = 3 + bool(probing) + bool(probing_undisturbed) + sum(s in stats for s in NAMES)
     lines = ["| c | run | " + " | ".join(NAMES[s] for s in NAMES if s in stats)
-             + " | X_d / max(X_a, X_b) |" + extra,
-             "|---" * (3 + bool(probing) + sum(s in stats for s in NAMES)) + "|"]  # fmt: skip
+             + " | X_d / max(X_a, X_b) |" + extra, "|---" * columns + "|"]  # fmt: skip
     for c in levels:
         cells = []
         for server in (s for s in NAMES if s in stats):
@@ -608,6 +613,7 @@ def table(
                 + extra
             )
         tail = f" {probing.get(c, '')} |" if probing else ""
+        tail += f" {probing_undisturbed.get(c, '')} |" if probing_undisturbed else ""
         run = _short((source or {}).get(c, ""))
         lines.append(f"| {c} | {run} | " + " | ".join(cells) + f" | {ratio.get(c, '')} |" + tail)
     return "\n".join(lines)
@@ -833,6 +839,7 @@ def run_section(results: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]
     pairs = same_mode_pairs({name: r["windows"] for name, r in results.items()})
     ratio = envelope_ratio(stats)
     probing = envelope_ratio(stats, "specgate-probes")
+    probing_undisturbed = envelope_ratio(stats, "specgate-probes", key="tok_s_undisturbed")
     every_run = []
     wins = always_on_wins(runs)
     for name, run in runs.items():
@@ -870,7 +877,7 @@ def run_section(results: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]
                                                **geometric_summary([p["ratio"] for p in at_c]),
                                                **undisturbed_of(at_c)})  # fmt: skip
     md = (
-        table(stats, ratio, probing, source)
+        table(stats, ratio, probing, source, probing_undisturbed)
         + "\n\nEvery run's ratios (each side by side within its run):\n\n"
         + "| run | c | X_c / max(X_a, X_b) | X_d / max(X_a, X_b) | X_d' / max(X_a, X_b) |\n"
         + "|---|---|---|---|---|\n"
@@ -932,7 +939,9 @@ def run_section(results: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]
     md += ' (BENCHMARKS.md, "This host\'s noise").\n'
     figures = {"inputs": sorted(results, key=run_order), "stats": stats, "ratio": ratio,
                "idle_servers_slept": slept,
-               "ratio_router_probing": probing, "row_source": source, "every_run": every_run,
+               "ratio_router_probing": probing,
+               "ratio_router_probing_undisturbed": probing_undisturbed,
+               "row_source": source, "every_run": every_run,
                "off_vs_plain_side_by_side": side_by_side, "same_mode_pairs": pairs,
                "same_mode_summary": same_mode_rows,
                "off_variant_pairs": variants, "scheduler_per_step": host}  # fmt: skip

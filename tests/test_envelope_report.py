@@ -51,6 +51,19 @@ def test_the_envelope_ratio_is_specgate_over_the_better_static_server(report: Mo
         ("patched-off", 64, 0.95), ("specgate", 64, 0.98)]  # fmt: skip
 
 
+def test_the_envelope_ratio_of_undisturbed_speeds_ignores_a_slow_spell(report: ModuleType) -> None:
+    """Of each server's 80th percentile: two slow windows of the routed server's five move
+    its median, not its undisturbed speed."""
+    windows = [window("plain", 16, rate) for rate in (900, 910, 920, 930, 940)]
+    windows += [window("always-on", 16, rate) for rate in (1000, 1010, 1020, 1030, 1040)]
+    windows += [window("specgate-probes", 16, rate) for rate in (600, 650, 1000, 1010, 1020)]
+    stats = report.summarise(windows)
+    assert stats["always-on"][16]["tok_s_undisturbed"] == 1032.0
+    assert report.envelope_ratio(stats, "specgate-probes") == {16: round(1000 / 1020, 3)}
+    undisturbed = report.envelope_ratio(stats, "specgate-probes", key="tok_s_undisturbed")
+    assert undisturbed == {16: round(1012 / 1032, 3)}
+
+
 def test_rows_above_the_start_threshold_come_from_jobs_whose_router_learned(
     report: ModuleType,
 ) -> None:
