@@ -253,10 +253,14 @@ class SpecgateApiEmulator(kmock.KubernetesEmulator):
                     raise k8s.KubernetesError(
                         status=422, reason="Invalid", message=str(exc)
                     ) from exc
+                # A subresource write touches one side only; an object never given a status
+                # keeps none (a null one would fail the CRD schema's `type: object`).
                 if request.subresource == "status":
                     new = {**current, "status": new.get("status")}
                 elif self._has_status(request.resource):
-                    new = {**new, "status": current.get("status")}
+                    new = {k: v for k, v in new.items() if k != "status"}
+                    if "status" in current:
+                        new["status"] = current["status"]
             elif request.subresource == "status":
                 new = merge_patch(current, {"status": body.get("status")})
             else:

@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from specgate_operator import install
+from specgate_operator.handlers import FINALIZER
 
 from .conftest import minimal_resource
 from .kube_harness import SDD_PATH, Cluster, _free_port, cluster, wait_for
@@ -123,6 +124,44 @@ async def test_create_makes_every_child_with_owner_references_and_status(
     async with httpx.AsyncClient() as client:
         live = await client.get(f"http://127.0.0.1:{operator.liveness_port}/healthz")
     assert live.status_code == 200
+
+
+def _first_version(history: list[Any], holds: Any = lambda version: True) -> int:
+    """The resourceVersion of the first version in an emulator object's history that holds."""
+    return min(int(v["metadata"]["resourceVersion"]) for v in history if v is not None and holds(v))
+
+
+async def test_children_come_only_after_the_finalizer(
+    cluster: Cluster, operator: OperatorProcess
+) -> None:
+    """A child made before kopf's finalizer is on the resource could outlive a deletion that
+    on_delete never sees: the resync timer waits for the finalizer. The emulator's
+    resourceVersions come from one counter, so its histories give the order."""
+    await _create(cluster, minimal_resource())
+    await wait_for(lambda: _all_children(cluster), what="all children")
+    histories = {(key[0].plural, key[2]): obj.history.raw
+                 for key, obj in cluster.emulator._objects.items()}  # fmt: skip
+    finalized = _first_version(
+        histories["specdecodedeployments", "demo"],
+        lambda v: FINALIZER in (v["metadata"].get("finalizers") or []),
+    )
+    children = {(c.rsplit("/", 1)[1], n) for c, n in CHILDREN}
+    assert finalized < min(_first_version(histories[key]) for key in children)
+
+
+async def test_a_json_patch_reaches_a_resource_that_has_no_status_yet(cluster: Cluster) -> None:
+    """kopf adds its finalizer with a JSON patch conditioned on the resourceVersion, before
+    anything wrote a status: the emulator must not give the resource a null status (the CRD
+    schema rejects it, and kopf would take the 422 for a conflict and wait for another event)."""
+    created = await _create(cluster, minimal_resource())
+    ops = [{"op": "test", "path": "/metadata/resourceVersion",
+            "value": created["metadata"]["resourceVersion"]},
+           {"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}]  # fmt: skip
+    resp = await cluster.api.patch(
+        f"{SDD_PATH}/demo", json=ops, headers={"Content-Type": "application/json-patch+json"}
+    )
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["metadata"]["finalizers"] == [FINALIZER] and "status" not in resp.json()
 
 
 async def test_ready_follows_the_children(cluster: Cluster, operator: OperatorProcess) -> None:

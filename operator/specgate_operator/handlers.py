@@ -187,6 +187,11 @@ async def delete_children(kube: KubeClient, name: str, namespace: str, uid: str)
     return deleted
 
 
+def holds_finalizer(meta: Any, **_: Any) -> bool:
+    """Whether the resource carries the operator's finalizer (a kopf `when=` filter)."""
+    return FINALIZER in (meta.get("finalizers") or [])
+
+
 def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     resource = (api.GROUP, api.VERSION, api.PLURAL)
@@ -242,7 +247,11 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     async def on_change(body: Any, patch: Any, memo: Any, logger: Logger, **_: Any) -> None:
         await reconcile(body, patch, memo, logger)
 
-    @kopf.timer(*resource, interval=config.resync_seconds, idle=0, registry=registry)
+    # Only once kopf's finalizer is on the resource: children made before it could outlive a
+    # deletion that on_delete never sees, and the timer's status writes would keep moving the
+    # resourceVersion that kopf's finalizer patch is conditioned on.
+    @kopf.timer(*resource, interval=config.resync_seconds, idle=0, when=holds_finalizer,
+                registry=registry)  # fmt: skip
     async def resync(body: Any, patch: Any, memo: Any, logger: Logger, **_: Any) -> None:
         await reconcile(body, patch, memo, logger)
 
