@@ -381,6 +381,30 @@ def test_a_draft_kv_only_prefill_leaves_a_catch_up_and_no_proposal(patched_site:
     assert len(done) == 1 and done[0].lineno > full.lineno
 
 
+def test_a_lagged_off_step_hands_back_host_accept_lengths(patched_site: Path) -> None:
+    """An off step with the lagged write accepts one token a request: its accept lengths are a
+    host tensor of ones kept across steps, so the result's copy to the host has nothing to
+    copy (upstream's _async_d2h passes a host tensor through) where a GPU tensor cost a
+    pinned allocation, a copy and a record_stream a step. Only upstream's draft extend
+    reads them on the GPU, and that branch is not the lagged one."""
+    srt = patched_site / "sglang" / "srt"
+    worker = srt / "speculative" / "eagle_worker_v2.py"
+    off = _function(worker, "EAGLEWorkerV2._forward_plain_decode_and_extend")
+    (lagged,) = [n for n in ast.walk(off) if isinstance(n, ast.If)
+                 and ast.unparse(n.test) == "lagged_off"]  # fmt: skip
+    (handed,) = [n for n in lagged.body if isinstance(n, ast.Assign)
+                 and ast.unparse(n.targets[0]) == "batch_output.accept_lens"]  # fmt: skip
+    assert ast.unparse(handed.value).startswith("self._host_ones(")
+    assert isinstance(lagged.body[-1], ast.Return)
+    ones = ast.unparse(_function(worker, "EAGLEWorkerV2._host_ones"))
+    assert "torch.ones((n,), dtype=torch.int32)" in ones and "device" not in ones
+    d2h = ast.parse((srt / "managers" / "utils.py").read_text())
+    (async_d2h,) = [n for n in d2h.body
+                    if isinstance(n, ast.FunctionDef) and n.name == "_async_d2h"]  # fmt: skip
+    (passes,) = [n for n in async_d2h.body if isinstance(n, ast.If)]
+    assert ast.unparse(passes) == "if not t.is_cuda:\n    return t.to('cpu', non_blocking=True)"
+
+
 @pytest.mark.parametrize(
     "blockers", ["lean_extend_blockers", "lagged_kv_blockers", "draft_kv_only_prefill"]
 )
@@ -575,6 +599,14 @@ def test_prompt_kv_write_replays_a_graph_per_token_bucket(patched_site: Path) ->
     (graph_write,) = [c for c in _calls(worker, "write") if "graphs" in ast.unparse(c.func)]
     (eager_write,) = [c for c in _calls(worker, "write") if "writer" in ast.unparse(c.func)]
     assert graph_write.lineno < eager_write.lineno  # the graph first, kernel by kernel after
+    # With a graph, the host builds one array and launches only the copies and the replay:
+    # the shift, the tails' scatter and the keep are inside the graph.
+    (graph_branch,) = [n for n in ast.walk(worker) if isinstance(n, ast.If)
+                       and ast.unparse(n.test) == "size is not None"]  # fmt: skip
+    graph_side = ast.Module(body=graph_branch.body, type_ignores=[])
+    assert "prompt_kv_graph_inputs(" in ast.unparse(graph_side)
+    assert "keep(" not in ast.unparse(graph_side) and "empty_like" not in ast.unparse(graph_side)
+    assert "keep(" in ast.unparse(ast.Module(body=graph_branch.orelse, type_ignores=[]))
     capture = _function(speculative / "eagle_worker_v2.py",
                         "EAGLEWorkerV2._capture_prompt_kv_graphs")  # fmt: skip
     refusals = ast.unparse(capture)
@@ -582,12 +614,61 @@ def test_prompt_kv_write_replays_a_graph_per_token_bucket(patched_site: Path) ->
         assert reason in refusals
     graphs = speculative / "lagged_draft_kv.py"
     init = ast.unparse(_function(graphs, "PromptKvGraphs.__init__"))
-    # Largest bucket first, the others in its memory pool; each write run once outside the
-    # capture (cuBLAS chooses its kernels there).
+    # Largest bucket first, the others in its memory pool; each body run once outside the
+    # capture (cuBLAS chooses its kernels there); the warm-ups' keep into row 0 forgotten.
     assert "reversed(self.buckets)" in init and "pool=pool" in init
-    assert init.index("writer.write(*inputs)") < init.index("torch.cuda.graph(")
+    assert init.index("self._write(size)") < init.index("torch.cuda.graph(")
+    assert "writer.position.fill_(-1)" in init
+    body = ast.unparse(_function(graphs, "PromptKvGraphs._write"))
+    assert body.index("self.writer.write(") < body.index("self.writer.keep(")
     write = ast.unparse(_function(graphs, "PromptKvGraphs.write"))
-    assert "self.slots[n:size].zero_()" in write and "return False" in write
+    # The padding rows and the spare row write slot 0.
+    assert "self.slots[n:size + 1].zero_()" in write and "replay()" in write
+
+
+def test_prompt_kv_graph_inputs_pad_into_harmless_rows(patched_site: Path) -> None:
+    """The host array of the prompts' draft KV graph: each prompt's last index, its row, every
+    position. A NumPy transcription of the graph's body (PromptKvGraphs._write) run on it
+    gives each real position the token after it (the next prompt token, or the prompt's tail
+    at its end) and keeps each prompt's last position in its row; the padding's scatter lands
+    on the spare row past the bucket, its keep on row 0 (the padding row), nowhere else."""
+    import numpy as np
+
+    inputs = _module(patched_site).prompt_kv_graph_inputs
+    rng = np.random.default_rng(7)
+    for size, prefix_lens, extend_lens in [
+        (16, [0, 5, 2], [3, 2, 4]), (16, [3], [16]), (32, [0] * 17, [1] * 17),
+        (64, [10, 0], [30, 1]),
+    ]:  # fmt: skip
+        count, total = len(extend_lens), sum(extend_lens)
+        rows = list(rng.choice(np.arange(1, 100), size=count, replace=False))
+        meta = inputs(prefix_lens, extend_lens, rows, size)
+        assert meta.shape == (3 * size + 1,) and str(meta.dtype) == "int64"
+        last, row_of, positions = meta[:size], meta[size : 2 * size], meta[2 * size :]
+        input_ids = rng.integers(1000, 2000, size=size)  # past the prefill: stale rows
+        tails = rng.integers(5000, 6000, size=size)  # past the prompts: stale entries
+        tokens = np.zeros(size + 1, dtype=np.int64)
+        tokens[: size - 1] = input_ids[1:size]
+        tokens[last] = tails
+        kept_rows = np.full(128, -1)
+        kept_rows[row_of] = positions[last]
+
+        starts = np.cumsum([0, *extend_lens])
+        for i in range(count):
+            run = slice(starts[i], starts[i + 1])
+            expected_positions = np.arange(prefix_lens[i], prefix_lens[i] + extend_lens[i])
+            assert positions[run].tolist() == expected_positions.tolist()
+            expected_tokens = [*input_ids[starts[i] + 1 : starts[i + 1]], tails[i]]
+            assert tokens[run].tolist() == expected_tokens
+            assert kept_rows[rows[i]] == prefix_lens[i] + extend_lens[i] - 1
+        assert (positions[total:] == 0).all() and (row_of[count:] == 0).all()
+        assert (last[count:] == size).all()  # the spare row, never written to the KV pool
+        touched = {int(r) for r in np.nonzero(kept_rows >= 0)[0]}
+        assert touched <= {*map(int, rows), 0}
+    with pytest.raises(ValueError, match="17 tokens"):
+        inputs([0], [17], [1], 16)
+    with pytest.raises(ValueError, match="rows"):
+        inputs([0, 0], [1, 1], [1], 16)
 
 
 def test_host_known_lengths_live_in_a_numpy_array(patched_site: Path) -> None:
