@@ -619,6 +619,9 @@ def test_prompt_kv_write_replays_a_graph_per_token_bucket(patched_site: Path) ->
     assert "reversed(self.buckets)" in init and "pool=pool" in init
     assert init.index("self._write(size)") < init.index("torch.cuda.graph(")
     assert "writer.position.fill_(-1)" in init
+    # Each warm-up and capture reads the padding layout of its own bucket (a larger bucket's
+    # last indices left in its rows put the first try out of range).
+    assert init.index("self.meta.zero_()") < init.index("self.meta[:size] = size")
     body = ast.unparse(_function(graphs, "PromptKvGraphs._write"))
     assert body.index("self.writer.write(") < body.index("self.writer.keep(")
     write = ast.unparse(_function(graphs, "PromptKvGraphs.write"))
