@@ -11,6 +11,7 @@ import ast
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -1339,3 +1340,39 @@ def test_pinned_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
     assert "--extra patched-off" in ran["1"] and "--pin-cpus 2/2" in ran["1"]
     assert "--port-base 31300" in ran["1"] and "--port-base" not in ran["0"]
     _results_came_back(out, {"c4.json", "off.json"}, {"c4/plain.log", "off/plain.log"})
+
+
+def test_a_warm_gpu_machine_patches_again_when_the_patch_changed(tmp_path: Path) -> None:
+    """run-on-gpu.sh unpacks and patches the archive once per patch: a second call with the same
+    patch keeps the patched tree (the device keeps a machine warm between calls), one with a
+    changed patch starts again from the archive. A marker that only said "patched" once ran a
+    GPU job against the previous call's patch."""
+    repo = tmp_path / "repo"
+    (repo / "worker-image" / "gputest").mkdir(parents=True)
+    shutil.copy(ROOT / "worker-image/gputest/run-on-gpu.sh", repo / "worker-image/gputest/")
+    (repo / "worker-image" / "patches").mkdir()
+    pristine = tmp_path / "pristine"
+    pristine.mkdir()
+    (pristine / "engine.py").write_text("speed = 1\n")
+    archive = tmp_path / "site.tar.xz"
+    subprocess.run(["tar", "-cJf", str(archive), "-C", str(pristine), "engine.py"], check=True)
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "nvidia-smi").write_text("#!/bin/sh\necho fake GPU\n")
+    (fake_bin / "nvidia-smi").chmod(0o755)
+    site = tmp_path / "site"
+    env = {**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}", "SPECGATE_SITE": str(site)}
+
+    def run_with(new_line: str) -> str:
+        patch = f"--- a/engine.py\n+++ b/engine.py\n@@ -1 +1 @@\n-speed = 1\n+{new_line}\n"
+        (repo / "worker-image" / "patches" / "0001.patch").write_text(patch)
+        subprocess.run(["bash", "worker-image/gputest/run-on-gpu.sh", str(archive),
+                        str(tmp_path / "out"), "none"], cwd=repo, env=env, check=True,
+                       capture_output=True, timeout=60)  # fmt: skip
+        return (site / "engine.py").read_text()
+
+    assert run_with("speed = 2") == "speed = 2\n"
+    (site / "engine.py").write_text("speed = 2\n# kept: same patch, no unpacking\n")
+    assert run_with("speed = 2").endswith("# kept: same patch, no unpacking\n")
+    assert run_with("speed = 3") == "speed = 3\n"
+    assert (tmp_path / "site-upstream" / "engine.py").read_text() == "speed = 1\n"
