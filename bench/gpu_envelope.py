@@ -92,6 +92,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "worker-image" / "gputest"))
 
 import verify  # type: ignore[import-not-found]  # noqa: E402
+from patchsum import patch_sha256  # type: ignore[import-not-found]  # noqa: E402
 from speed import (  # type: ignore[import-not-found]  # noqa: E402
     ADAPTIVE_OFF_ABOVE_8,
     SHAPES,
@@ -1256,6 +1257,7 @@ def main() -> int:
     ]
     results: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d"), "engine": args.engine,
+        "patch_sha256": patch_sha256(),  # which patch the patched servers ran
         "shape": shape_name(args.shape),
         "temperature": args.temperature, "c": args.c,
         "new_tokens": list(new_tokens), "prefill_graph_tokens": args.prefill_graph_tokens,

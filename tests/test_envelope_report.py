@@ -135,6 +135,30 @@ def test_the_same_mode_table_gives_the_undisturbed_ratio_per_run_at_one_level_on
     assert "| on | always-on | >= 9 | 62-two | 4 | 0.9 | 0.9-0.9 |  |  |" in md
 
 
+def test_the_routed_pools_also_cover_only_the_jobs_after_the_fixes(report: ModuleType) -> None:
+    """Jobs before the prefill-sync and httpx fixes measured code that no longer runs: the
+    same-mode table pools the jobs from FIXED_ROUTED_PATH_JOB on as well as all of them."""
+
+    def job(ratio: float) -> dict[str, object]:
+        windows = [w for rep in range(2) for w in (
+            window("always-on", 16, 1000, rep=rep, steps_on=0, steps_off=0),
+            window("specgate", 16, 1000 * ratio, rep=rep, steps_on=90, steps_off=0))]  # fmt: skip
+        return {"tp": 1, "temperature": 0.9, "predicted_accept_length": 3.0, "windows": windows}
+
+    fixed = report.FIXED_ROUTED_PATH_JOB
+    results = {f"gpu-envelope-{fixed - 5}-old.json": job(0.8),
+               f"gpu-envelope-{fixed + 2}-new.json": job(0.95),
+               f"gpu-envelope-{fixed + 3}-newer.json": job(1.0)}  # fmt: skip
+    md, _, _ = report.run_section(results)
+    assert "| on | always-on | >= 9 | all runs | 6 | " in md
+    every = round((0.8 * 0.95 * 1.0) ** (1 / 3), 3)
+    assert f"| all runs | 6 | {every} |" in md
+    assert f"| runs from {fixed} on | 4 | {round((0.95 * 1.0) ** 0.5, 3)} |" in md
+    # With every job after the fixes, the second pool would repeat the first: none.
+    md, _, _ = report.run_section({k: v for k, v in results.items() if "old" not in k})
+    assert "runs from" not in md and "| all runs | 4 |" in md
+
+
 def test_a_run_without_plain_gives_a_ratio_only_where_always_on_won_everywhere(
     report: ModuleType,
 ) -> None:
@@ -297,7 +321,7 @@ def test_the_committed_report_matches_the_committed_sweep(
     assert (tmp_path / "gpu_envelope.png").stat().st_size > 20_000
 
 
-def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
+def test_gpu_envelope_rehearsal(report: ModuleType, tmp_path: Path) -> None:
     """bench/gpu_envelope.py's orchestration against simulated pods and the real router: every
     server measured at every level, the router in front of specgate, results saved. Two runs
     share the host at once, as on a two-GPU machine (one per GPU): the second with its own
@@ -333,6 +357,7 @@ def test_gpu_envelope_rehearsal(tmp_path: Path) -> None:
                     for c in (1, 4)} | {("patched-off", 4), ("patched-8", 4)}  # fmt: skip
     assert len(result["windows"]) == 2 * (4 * 2 + 2)
     assert result["switched_first"] is True
+    assert result["patch_sha256"] == report.patch_sha256()  # which patch it measured
     # Servers are sized for the largest client count run, profiled (the sim takes no profiles)
     # or learned: the learning pattern reaches 96.
     learn_pattern = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope").LEARN_PATTERN
@@ -1108,3 +1133,66 @@ def test_pinning_a_real_scheduler_moves_only_its_main_thread(tmp_path: Path) -> 
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 9)
         server.wait(timeout=10)
+
+
+def test_the_patch_checksum_is_the_one_run_on_gpu_writes(report: ModuleType,
+                                                         tmp_path: Path) -> None:  # fmt: skip
+    import subprocess
+
+    for name, text in (("0002-b.patch", "second\n"), ("0001-a.patch", "first\n")):
+        (tmp_path / name).write_text(text)
+    (tmp_path / "notes.txt").write_text("not a patch\n")
+    shell = subprocess.run(f"cat {tmp_path}/*.patch | sha256sum", shell=True, check=True,
+                           capture_output=True, text=True).stdout.split()[0]  # fmt: skip
+    assert report.patch_sha256(tmp_path) == shell
+    (tmp_path / "0001-a.patch").write_text("first, changed\n")
+    assert report.patch_sha256(tmp_path) != shell
+    # The tree's own patch, as run-on-gpu.sh's marker holds it.
+    tree = subprocess.run("cat worker-image/patches/*.patch | sha256sum", shell=True, cwd=ROOT,
+                          check=True, capture_output=True, text=True).stdout.split()[0]  # fmt: skip
+    assert report.patch_sha256() == tree
+
+
+def test_runs_before_checksums_count_only_while_the_patch_is_theirs(report: ModuleType) -> None:
+    old = report.UNRECORDED_PATCH_SHA256
+    assert report.ran_patch("gpu-envelope-65-x.json", {}, old)
+    assert not report.ran_patch("gpu-envelope-65-x.json", {}, "another")
+    assert not report.ran_patch("gpu-envelope-40-x.json", {}, old)
+    assert report.ran_patch("gpu-envelope-90-x.json", {"patch_sha256": "abc"}, "abc")
+    assert not report.ran_patch("gpu-envelope-65-x.json", {"patch_sha256": "abc"}, old)
+
+
+def test_off_over_plain_pools_every_pair_of_the_patch_in_the_tree(report: ModuleType) -> None:
+    def run(ratio_16: float, *, sha: str = "now", **extra: object) -> dict[str, object]:
+        windows = []
+        for rep in range(3):
+            windows += [window("plain", 16, 1000.0, rep=rep),
+                        window("patched-off", 16, 1000.0 * ratio_16, rep=rep),
+                        window("plain", 64, 2000.0, rep=rep),
+                        window("patched-off", 64, 1800.0, rep=rep)]  # fmt: skip
+        windows.append(window("patched-off", 16, 10.0, rep=9))  # no plain beside it: unpaired
+        return {"windows": windows, "patch_sha256": sha, **extra}
+
+    results = {
+        "gpu-envelope-91-a.json": run(0.9),
+        "gpu-envelope-90-b.json": run(1.0),
+        "gpu-envelope-92-old-patch.json": run(0.5, sha="before"),
+        "gpu-envelope-93-tp2.json": run(0.5, tp=2),
+        "gpu-envelope-94-pinned.json": run(0.5, scheduler_cores={"plain": {}}),
+        "gpu-envelope-95-longer.json": run(0.5, new_tokens=[256, 512]),
+    }
+    rows = report.off_over_plain_pooled(results, "now")
+    short = [r for r in rows if r["requests"].endswith("64-192 new tokens")]
+    pooled = [(r["c"], r["jobs"], r["pairs"]) for r in short]
+    assert pooled == [(16, [90, 91], 6), (64, [90, 91], 6)]
+    assert short[0]["geomean"] == round((0.9 * 1.0) ** 0.5, 3)
+    assert short[1]["geomean"] == 0.9
+    longer = [r for r in rows if r["requests"].endswith("256-512 new tokens")]
+    assert [(r["c"], r["jobs"], r["geomean"]) for r in longer] == [(16, [95], 0.5), (64, [95], 0.9)]
+    assert report.off_over_plain_pooled(results, "unmeasured") == []
+
+
+def test_the_target_verdict_needs_the_whole_interval(report: ModuleType) -> None:
+    assert report.target_verdict({"p05": 0.95, "p95": 1.0}) == "yes"
+    assert report.target_verdict({"p05": 0.90, "p95": 0.949}) == "no"
+    assert report.target_verdict({"p05": 0.93, "p95": 0.99}) == "not resolved"
