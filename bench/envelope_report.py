@@ -730,23 +730,22 @@ def ran_patch(name: str, result: dict[str, Any], sha: str) -> bool:
 
 
 def off_over_plain_pooled(results: dict[str, dict[str, Any]], sha: str) -> list[dict[str, Any]]:
-    """patched-off over plain at OFF_HISTORY_LEVELS, the window pairs of every run of the patch
-    `sha` pooled per requests_label() and level: one job on this host can sit 5-10% from the
-    next, so the worker-image target is judged on the pool. Tensor parallel 1, servers free on
-    the host's CPUs (runs that pinned them measured another setup)."""
+    """patched-off over plain at OFF_HISTORY_LEVELS, the window pairs of every tensor-parallel-1
+    run of the patch `sha` pooled per workload() and level: one job on this host can sit 5-10%
+    from the next, so the worker-image target is judged on the pool, and runs whose workload or
+    host differed (other requests, pinned servers, py-spy recording) pool apart."""
     pooled: dict[tuple[str, int], list[float]] = {}
     jobs: dict[tuple[str, int], list[int]] = {}
     for name, result in sorted(results.items(), key=lambda kv: run_order(kv[0])):
-        pinned = result.get("scheduler_cores") or result.get("benchmark_cpus")
-        if (result.get("tp") or 1) != 1 or pinned or not ran_patch(name, result, sha):
+        if (result.get("tp") or 1) != 1 or not ran_patch(name, result, sha):
             continue
         for c, paired in window_pairs(result["windows"], "patched-off", "plain").items():
             if c in OFF_HISTORY_LEVELS:
-                key = (requests_label(result), c)
+                key = (workload(result), c)
                 pooled.setdefault(key, []).extend(a / b for a, b in paired)
                 jobs.setdefault(key, []).append(job_number(name))
-    return [{"requests": label, "c": c, "jobs": jobs[(label, c)], **geometric_summary(ratios)}
-            for (label, c), ratios in sorted(pooled.items())]  # fmt: skip
+    return [{"workload": setup, "c": c, "jobs": jobs[(setup, c)], **geometric_summary(ratios)}
+            for (setup, c), ratios in sorted(pooled.items())]  # fmt: skip
 
 
 def target_verdict(row: dict[str, Any], target: float = OFF_TARGET) -> str:
@@ -758,10 +757,10 @@ def target_verdict(row: dict[str, Any], target: float = OFF_TARGET) -> str:
 
 
 def off_over_plain_pooled_table(rows: Sequence[dict[str, Any]]) -> str:
-    lines = ["| requests | c | jobs | pairs | geometric mean | 90% interval | target met |",
+    lines = ["| workload | c | jobs | pairs | geometric mean | 90% interval | target met |",
              "|---" * 7 + "|"]  # fmt: skip
-    lines += [f"| {r['requests']} | {r['c']} | {', '.join(map(str, r['jobs']))} | {r['pairs']} "
-              f"| {r['geomean']} | {r['p05']}-{r['p95']} | {target_verdict(r)} |"
+    lines += [f"| {r['workload'] or 'the sweep'} | {r['c']} | {', '.join(map(str, r['jobs']))} "
+              f"| {r['pairs']} | {r['geomean']} | {r['p05']}-{r['p95']} | {target_verdict(r)} |"
               for r in rows]  # fmt: skip
     return "\n".join(lines) + "\n"
 
@@ -1144,7 +1143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if pooled := off_over_plain_pooled(results, sha):
         md += ("\n## Speculation off over plain, the patch as it stands, pooled\n\n"
                f"Every window pair of the runs that measured the patch in the tree (checksum "
-               f"`{sha[:12]}`), pooled by workload and level (geometric mean, bootstrap 90% "
+               f"`{sha[:12]}`), pooled by workload (its differences from the sweep's; runs "
+               f"that differ pool apart) and level (geometric mean, bootstrap 90% "
                f"interval). Target met: the whole interval at or above {OFF_TARGET}; not met: "
                "all of it below.\n\n" + off_over_plain_pooled_table(pooled))  # fmt: skip
         summary["off_over_plain_pooled"] = pooled

@@ -1182,13 +1182,17 @@ def test_off_over_plain_pools_every_pair_of_the_patch_in_the_tree(report: Module
         "gpu-envelope-95-longer.json": run(0.5, new_tokens=[256, 512]),
     }
     rows = report.off_over_plain_pooled(results, "now")
-    short = [r for r in rows if r["requests"].endswith("64-192 new tokens")]
+    short = [r for r in rows if r["workload"] == ""]  # the sweep's, nothing different
     pooled = [(r["c"], r["jobs"], r["pairs"]) for r in short]
     assert pooled == [(16, [90, 91], 6), (64, [90, 91], 6)]
     assert short[0]["geomean"] == round((0.9 * 1.0) ** 0.5, 3)
     assert short[1]["geomean"] == 0.9
-    longer = [r for r in rows if r["requests"].endswith("256-512 new tokens")]
+    longer = [r for r in rows if r["workload"] == "256-512 new tokens a request"]
     assert [(r["c"], r["jobs"], r["geomean"]) for r in longer] == [(16, [95], 0.5), (64, [95], 0.9)]
+    # Pinned schedulers are another host setup: a pool of their own, never the sweep's.
+    pinned = [r for r in rows if "scheduler alone" in r["workload"]]
+    assert [(r["c"], r["jobs"]) for r in pinned] == [(16, [94]), (64, [94])]
+    assert len(rows) == 6
     assert report.off_over_plain_pooled(results, "unmeasured") == []
 
 
