@@ -265,26 +265,48 @@ OFF_VARIANTS = (("patched-off", "plain"), ("patched-off-lean", "plain"),
                 ("patched-off", "patched-off-upstream-extend"),
                 ("patched-off", "patched-off-full-prefill"),
                 ("patched-off-eager-prompt-kv", "plain"),
-                ("patched-off", "patched-off-eager-prompt-kv"))  # fmt: skip
+                ("patched-off", "patched-off-eager-prompt-kv"),
+                ("patched-on", "always-on"))  # fmt: skip
 """Pinned-off servers against plain and against each other: the patch's off step
 (patched-off: the lean draft extend every step in jobs 1-11, the lagged draft KV write inside
 the target's decode graph since), the lean draft extend every step (patched-off-lean),
 upstream's generic one (patched-off-upstream-extend), and the draft's whole prefill where the
 patch writes the draft's KV alone since the eighth session (patched-off-full-prefill), and that
 write launched kernel by kernel, as before the sixteenth session's CUDA graphs
-(patched-off-eager-prompt-kv)."""
+(patched-off-eager-prompt-kv); and the patched server speculating on every step with its
+threshold controller live (patched-on) against always-on: what the machinery costs a
+speculating step."""
 
 
-def window_pairs(windows: Sequence[dict[str, Any]], num: str, den: str
-                 ) -> dict[int, list[tuple[float, float]]]:  # fmt: skip
+def window_pairs(windows: Sequence[dict[str, Any]], num: str, den: str,
+                 replica: int | None = None) -> dict[int, list[tuple[float, float]]]:  # fmt: skip
     """Per concurrency, the (num, den) tok/s of every repeat both servers ran: adjacent in
-    time, so the host's slow spells mostly hit both."""
-    by_key = {(w["server"], w["c"], w.get("rep")): w["tok_s"] for w in windows}
+    time, so the host's slow spells mostly hit both. A run with several processes of each
+    server (gpu_envelope.py --replicas) pairs replica K of one with replica K of the other;
+    `replica` keeps one such pair of processes."""
+    by_key = {(w["server"], w["c"], w.get("rep"), w.get("replica", 1)): w["tok_s"]
+              for w in windows}  # fmt: skip
     pairs: dict[int, list[tuple[float, float]]] = {}
-    for server, c, rep in sorted(by_key, key=str):
-        if server == num and by_key.get((den, c, rep)):
-            pairs.setdefault(c, []).append((by_key[(num, c, rep)], by_key[(den, c, rep)]))
+    for server, c, rep, k in sorted(by_key, key=str):
+        if server == num and replica in (None, k) and by_key.get((den, c, rep, k)):
+            pairs.setdefault(c, []).append((by_key[(num, c, rep, k)], by_key[(den, c, rep, k)]))
     return dict(sorted(pairs.items()))
+
+
+def replica_pairs(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """variant_pairs() of the runs with several processes per server, one row per pair of
+    processes (replica K over replica K): how far apart two processes of the same code run,
+    which a job with one process per server cannot tell from the code's own cost."""
+    rows = []
+    for run, windows in sorted(runs.items(), key=lambda kv: run_order(kv[0])):
+        replicas = sorted({w["replica"] for w in windows if "replica" in w})
+        for num, den in OFF_VARIANTS if len(replicas) > 1 else ():
+            for k in replicas:
+                for c, paired in window_pairs(windows, num, den, replica=k).items():
+                    rows.append({"run": run, "c": c, "server": num, "over": den, "replica": k,
+                                 **geometric_summary([a / b for a, b in paired])})  # fmt: skip
+    return sorted(rows, key=lambda r: (run_order(r["run"]), r["server"], r["over"], r["c"],
+                                       r["replica"]))  # fmt: skip
 
 
 def variant_pairs(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -988,6 +1010,16 @@ def run_section(results: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]
         md += "".join(f"| {_short(r['run'])} | {r['c']} | {r['server']} | {r['over']} | "
                       f"{r['pairs']} | {r['geomean']} | {r['p05']}-{r['p95']} | "
                       f"{undisturbed_cell(r)} |\n" for r in variants)  # fmt: skip
+    by_process = replica_pairs({name: r["windows"] for name, r in results.items()})
+    if by_process:
+        md += ("\nThe same, process by process, in runs with several processes per server "
+               "(`--replicas`; replica K over replica K):\n\n| run | c | server | over | "
+               "replica | pairs | geometric mean | 90% interval |\n"
+               "|---|---|---|---|---|---|---|---|\n")  # fmt: skip
+        md += "".join(f"| {_short(r['run'])} | {r['c']} | {r['server']} | {r['over']} | "
+                      f"{r['replica']} | {r['pairs']} | "
+                      f"{r['geomean']} | {r['p05']}-{r['p95']} |\n"
+                      for r in by_process)  # fmt: skip
     host = scheduler_per_step(results)
     if host:
         md += ("\nA decode step's time and the scheduler's main thread in it (rank 0, /proc "
@@ -1014,7 +1046,8 @@ def run_section(results: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]
                "row_source": source, "every_run": every_run,
                "off_vs_plain_side_by_side": side_by_side, "same_mode_pairs": pairs,
                "same_mode_summary": same_mode_rows,
-               "off_variant_pairs": variants, "scheduler_per_step": host}  # fmt: skip
+               "off_variant_pairs": variants, "off_variant_pairs_by_process": by_process,
+               "scheduler_per_step": host}  # fmt: skip
     return md, figures, stats
 
 

@@ -17,8 +17,13 @@ inside the target's decode graph), pinned off with a lean draft extend every ste
 (patched-off-lean), or with upstream's generic draft extend (patched-off-upstream-extend), or
 with the draft's whole prefill where the patch writes only its KV (patched-off-full-prefill), or
 with that KV-only write launched kernel by kernel, not from CUDA graphs
-(patched-off-eager-prompt-kv), or at threshold 8 with no router (patched-8), and EAGLE-3
+(patched-off-eager-prompt-kv), or at threshold 8 with no router (patched-8), or with a threshold
+above any batch, so that it speculates on every step with the threshold's machinery live
+(patched-on: against always-on, what that machinery costs a speculating step), and EAGLE-3
 always on from unpatched SGLang (upstream-always-on), measured at --extra-levels only.
+--replicas N starts every server N times, each process with its own window in the rotation:
+on this host one process can run 5-10% slower than another with the same code, which a ratio
+between two processes takes in; several per kind average it out within one job.
 --servers picks a different main set; --tp N runs every server tensor-parallel over the first
 N GPUs. Two runs can share a host, one per GPU (CUDA_VISIBLE_DEVICES, --port-base, --out).
 --switch-first switches specgate's engine off and back once before the sweep: at batch 1-2 the
@@ -109,15 +114,22 @@ EXTRAS = (
     "patched-off-full-prefill",
     "patched-off-eager-prompt-kv",
     "patched-8",
+    "patched-on",
     "upstream-always-on",
     "specgate-probes",
 )
+SPECULATING_THRESHOLD = 1024
+"""patched-on's threshold: above any batch a job runs (the job refuses a --max-running that
+reaches it), so the server speculates on every step while its threshold controller is live."""
 ROUTED = ("specgate", "specgate-probes")
 """Servers behind specgate's router; specgate-probes' router also probes (control.probe*)."""
 UPSTREAM = ("upstream-0step", "upstream-always-on")
 """Servers that run unpatched SGLang where run-on-gpu.sh provides it ($SPECGATE_UPSTREAM_SITE)."""
 ROUTER_OFFSET = 500
 """The router listens at --port-base + ROUTER_OFFSET; the servers at --port-base + 0, 1, ..."""
+MAX_REPLICAS = 4
+"""--replicas' limit. Each replica is a whole server process: size --mem-fraction so that all
+of them fit the GPU (two kinds, two replicas each: 0.2 apiece on an H200)."""
 NEW_TOKENS = (64, 192)
 """Each request's max_new_tokens (ignore_eos), drawn uniformly from this range: the sweep's
 workload, with 32-token prompts. Prefills are then about one step in 64 at c = 64."""
@@ -141,11 +153,23 @@ class Server:
     cpus: list[int] | None = None
     """The CPUs it runs on, with --pin-cpus (else wherever the OS puts it)."""
     proc: subprocess.Popen[bytes] | None = None
+    replica: int = 1
+    """Which of --replicas processes of this server it is (1: the first, or the only one)."""
+
+    @property
+    def label(self) -> str:
+        """The server's own name: its kind, with `-rK` for replica K past the first."""
+        return replica_label(self.name, self.replica)
 
     @property
     def client_port(self) -> int:
         """Where the clients send: the router for specgate, the engine for the others."""
         return self.router_port if self.router_port is not None else self.port
+
+
+def replica_label(name: str, replica: int) -> str:
+    """`name` for the first process of a server kind, `name-rK` for the K-th (--replicas)."""
+    return name if replica == 1 else f"{name}-r{replica}"
 
 
 def engine_args(name: str, common: list[str], eagle: list[str], adaptive: Path,
@@ -163,6 +187,8 @@ def engine_args(name: str, common: list[str], eagle: list[str], adaptive: Path,
         "specgate-probes": routed,
         "patched-off": [*common, *eagle, "--speculative-disable-batch-threshold", "0"],
         "patched-8": [*common, *eagle, "--speculative-disable-batch-threshold", "8"],
+        "patched-on": [*common, *eagle, "--speculative-disable-batch-threshold",
+                       str(SPECULATING_THRESHOLD)],
         "patched-off-upstream-extend": [*common, *eagle,
                                         "--speculative-disable-batch-threshold", "0"],
         "patched-off-lean": [*common, *eagle, "--speculative-disable-batch-threshold", "0"],
@@ -174,7 +200,7 @@ def engine_args(name: str, common: list[str], eagle: list[str], adaptive: Path,
 
 
 SIM_THRESHOLD = {"plain": "0", "always-on": "none", "upstream-0step": "8",
-                 "patched-off": "0", "patched-8": "8",
+                 "patched-off": "0", "patched-8": "8", "patched-on": str(SPECULATING_THRESHOLD),
                  "patched-off-upstream-extend": "0", "patched-off-lean": "0",
                  "patched-off-full-prefill": "0", "patched-off-eager-prompt-kv": "0",
                  "upstream-always-on": "none"}  # fmt: skip
@@ -701,7 +727,7 @@ def window(server: Server, clients: int, seconds: float, warmup: float, temperat
         if profile is not None:
             status, body = verify.call(server.port, "/start_profile", {"output_dir": str(profile),
                 "num_steps": 24, "activities": list(profile_activities)})  # fmt: skip
-            verify.log(f"profile of {server.name} c={clients} into {profile}: {status} {body}")
+            verify.log(f"profile of {server.label} c={clients} into {profile}: {status} {body}")
         recorder = (pyspy.start(schedulers[0], pyspy_name, seconds)
                     if pyspy is not None and schedulers else None)  # fmt: skip
         before = moments(server.port)
@@ -970,16 +996,16 @@ def launch(servers: list[Server], out: Path, sim: bool, routed_threshold: int = 
                        str(routed_threshold) if server.name in ROUTED
                        else SIM_THRESHOLD[server.name], "--max-running-requests", "128", "--seed",
                        str(server.port)]  # fmt: skip
-                with open(out / f"{server.name}.log", "wb") as log:
+                with open(out / f"{server.label}.log", "wb") as log:
                     pin = verify.pin_to(server.cpus)
                     server.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                                    preexec_fn=pin)  # fmt: skip
                 continue
             env = {**server.env, "CUDA_VISIBLE_DEVICES": server.gpu}
-            server.proc = verify.start(server.name, server.args, server.port, out, env,
+            server.proc = verify.start(server.label, server.args, server.port, out, env,
                                        cpus=server.cpus)  # fmt: skip
             if i + 1 < len(group):
-                verify.wait_for_log(out / f"{server.name}.log", verify.MEMORY_SIZED, server.proc)
+                verify.wait_for_log(out / f"{server.label}.log", verify.MEMORY_SIZED, server.proc)
 
     groups: dict[str, list[Server]] = {}
     for server in servers:
@@ -1117,6 +1143,12 @@ def main() -> int:
     parser.add_argument("--pyspy", type=Path, default=None, metavar="BINARY",
                         help="py-spy records each window's first scheduler into OUT/pyspy/"
                         "SERVER-cC-repR.txt (bench/pyspy_steps.py sums them up)")  # fmt: skip
+    parser.add_argument("--replicas", type=int, default=1, metavar="N",
+                        help="start each server N times (NAME, NAME-r2, ...) and give every "
+                        "process its own window in each rotation: one process can run 5-10%% "
+                        "slower than another with the same code on this host, so a ratio "
+                        "between two processes mixes that in; N > 1 averages it within one job "
+                        "(windows then say `replica`; no routed server)")  # fmt: skip
     args = parser.parse_args()
     began = time.time()
     out = Path(args.out)
@@ -1133,6 +1165,11 @@ def main() -> int:
     routed = [n for n in main_servers + extras if n in ROUTED]
     if len(routed) > 1:
         parser.error(f"--servers/--extra: one of {', '.join(ROUTED)} at a time (one router)")
+    if not 1 <= args.replicas <= MAX_REPLICAS:
+        parser.error(f"--replicas {args.replicas}: 1 to {MAX_REPLICAS}")
+    if args.replicas > 1 and routed:
+        parser.error(f"--replicas {args.replicas}: not with {routed[0]} (one router, one "
+                     "engine behind it); replicate the static servers only")  # fmt: skip
     if (args.switch_first or args.learn_seconds or args.direct_too) and not routed:
         parser.error("--switch-first, --learn-seconds and --direct-too need a routed server "
                      "(specgate or specgate-probes)")  # fmt: skip
@@ -1178,10 +1215,11 @@ def main() -> int:
     if args.prefill_graph_tokens < 0:
         parser.error("--prefill-graph-tokens: 0 (eager prefills) or a positive token count")
     names = [*main_servers, *extras]
+    processes = [(name, k) for k in range(1, args.replicas + 1) for name in names]
     pinned: list[list[int]] | None = None
     if args.pin_cpus:
         try:
-            pinned = pin_plan(args.pin_cpus, os.sched_getaffinity(0), servers=len(names))
+            pinned = pin_plan(args.pin_cpus, os.sched_getaffinity(0), servers=len(processes))
         except ValueError as exc:
             parser.error(f"--pin-cpus {args.pin_cpus!r}: {exc}")
         os.sched_setaffinity(0, pinned[0])  # the clients' threads, and the router it starts
@@ -1195,6 +1233,9 @@ def main() -> int:
             parser.error(f"--max-running {args.max_running}: below the largest client count "
                          f"the job runs ({top}); give at least that")  # fmt: skip
         top = args.max_running
+    if "patched-on" in main_servers + extras and top >= SPECULATING_THRESHOLD:
+        parser.error(f"--max-running {top}: patched-on speculates below "
+                     f"{SPECULATING_THRESHOLD} running requests only; give less")  # fmt: skip
     models = args.models
     if args.shape != "3b" and models == parser.get_default("models"):
         models = Path(f"{models}-{args.shape}")
@@ -1252,8 +1293,9 @@ def main() -> int:
             envs[name],
             router_port=args.port_base + ROUTER_OFFSET if name in ROUTED else None,
             cpus=pinned[1 + i] if pinned else None,
+            replica=replica,
         )
-        for i, name in enumerate(names)
+        for i, (name, replica) in enumerate(processes)
     ]
     results: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d"), "engine": args.engine,
@@ -1267,10 +1309,11 @@ def main() -> int:
         "levels": levels, "repeat": args.repeat, "seconds": args.seconds,
         "warmup": args.warmup, "extra": extras, "extra_levels": extra_levels,
         "tp": args.tp, "max_running": top, "learn_seconds": args.learn_seconds,
+        "replicas": args.replicas,
         "probe_interval_seconds": args.probe_interval, "gc_stats": args.gc_stats,
         "freeze_gc_from_rep": args.freeze_gc_from_rep,
-        "servers": {s.name: {"port": s.port, "gpu": s.gpu, "env": s.env, "args": s.args,
-                            "cpus": s.cpus}
+        "servers": {s.label: {"port": s.port, "gpu": s.gpu, "env": s.env, "args": s.args,
+                             "cpus": s.cpus, **({"replica_of": s.name} if s.replica > 1 else {})}
                     for s in servers},
         "windows": [], "router_log": [],
     }  # fmt: skip
@@ -1290,9 +1333,9 @@ def main() -> int:
         for s in servers:
             assert s.proc is not None
             s_up = verify.wait_healthy(s.port, s.proc, timeout=480)
-            results["servers"][s.name]["healthy_after_s"] = round(time.time() - began, 1)
-            verify.log(f"{s.name} healthy (waited {s_up:.0f}s more)")
-        by_name = {s.name: s for s in servers}
+            results["servers"][s.label]["healthy_after_s"] = round(time.time() - began, 1)
+            verify.log(f"{s.label} healthy (waited {s_up:.0f}s more)")
+        by_name = {s.label: s for s in servers}
         every_cpu = sorted(os.sched_getaffinity(0))
         cores: list[list[int]] = []
         rest = every_cpu
@@ -1301,7 +1344,7 @@ def main() -> int:
         def place_schedulers(pinned: bool) -> dict[str, Any]:
             """--scheduler-cores: each scheduler's main thread alone on its core, or (not
             pinned) every thread of the servers free on every CPU again."""
-            return {srv.name: pin_scheduler(srv.proc.pid, core if pinned else None,
+            return {srv.label: pin_scheduler(srv.proc.pid, core if pinned else None,
                                             rest if pinned else every_cpu)
                     for srv, core in zip(servers, cores, strict=True)
                     if srv.proc is not None}  # fmt: skip
@@ -1358,6 +1401,10 @@ def main() -> int:
                 for c in levels for rep in range(args.repeat)]  # fmt: skip
         plan += [(c, rep, extras) for c in extra_levels if c not in levels
                  for rep in range(args.repeat)]  # fmt: skip
+        # Every process of a server kind its own window, replicas after the first round.
+        plan = [(c, rep, [replica_label(name, k) for k in range(1, args.replicas + 1)
+                          for name in group])
+                for c, rep, group in plan]  # fmt: skip
         # Windows one after another until the deadline; the profiles after the sweep keep
         # their time (a window each, and the summary) and run even when the sweep is cut.
         windows = [(c, rep, name) for c, rep, group in plan
@@ -1373,7 +1420,7 @@ def main() -> int:
             freeze_from = args.freeze_gc_from_rep
             if freeze_from is not None and rep >= freeze_from and not frozen:
                 results["gc_frozen_at_s"] = round(time.time() - began, 1)
-                results["gc_frozen"] = {srv.name: freeze_gc(srv) for srv in servers}
+                results["gc_frozen"] = {srv.label: freeze_gc(srv) for srv in servers}
                 verify.log(f"froze GC: {results['gc_frozen']}")
                 frozen = True
             if args.scheduler_cores == "odd-reps" and pinned_now != (rep % 2 == 1):
@@ -1384,7 +1431,9 @@ def main() -> int:
                          seed=c * 100 + rep, new_tokens=new_tokens, flush=args.flush_cache,
                          keepalive=args.client_keepalive, gc_stats=gc_folder, pyspy=pyspy,
                          pyspy_name=f"{name}-c{c}-rep{rep}", telemetry=telemetry)  # fmt: skip
-            got.update(server=name, c=c, rep=rep)
+            got.update(server=by_name[name].name, c=c, rep=rep)
+            if args.replicas > 1:
+                got["replica"] = by_name[name].replica
             if args.freeze_gc_from_rep is not None:
                 got["gc_frozen"] = frozen
             if args.scheduler_cores and not sim:

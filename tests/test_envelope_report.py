@@ -194,6 +194,29 @@ def test_off_variants_are_paired_window_by_window(report: ModuleType) -> None:
     assert rows[("patched-off", "plain")]["pairs"] == 2
 
 
+def test_replicas_pair_process_k_with_process_k(report: ModuleType) -> None:
+    """With two processes per server (--replicas 2), a pair is replica K over replica K in one
+    repeat: never one process of off over the other process of plain. The per-process rows
+    show how far two processes of the same code ran apart."""
+    windows = []
+    for rep in range(2):
+        windows += [window("plain", 16, 1000.0, rep=rep, replica=1),
+                    window("patched-off", 16, 900.0, rep=rep, replica=1),
+                    window("plain", 16, 500.0, rep=rep, replica=2),  # a slow process
+                    window("patched-off", 16, 500.0, rep=rep, replica=2)]  # fmt: skip
+    windows.append(window("patched-off", 16, 10.0, rep=2, replica=2))  # no plain-r2 beside it
+    (pooled,) = report.variant_pairs({"job": windows})
+    assert pooled["pairs"] == 4
+    assert pooled["geomean"] == round((0.9 * 1.0) ** 0.5, 3)  # 0.45 and 2.0 never form
+    rows = report.replica_pairs({"gpu-envelope-70-replicas.json": windows})
+    assert [(r["replica"], r["pairs"], r["geomean"]) for r in rows] == [(1, 2, 0.9), (2, 2, 1.0)]
+    # A run with one process per server has no per-process rows.
+    single = [w for w in windows if w.get("replica") == 1]
+    for w in single:
+        del w["replica"]
+    assert report.replica_pairs({"gpu-envelope-71-single.json": single}) == []
+
+
 def test_every_run_with_off_and_plain_goes_into_the_history_in_job_order(
     report: ModuleType, tmp_path: Path
 ) -> None:
@@ -431,6 +454,38 @@ def test_gpu_envelope_rehearsal(report: ModuleType, tmp_path: Path) -> None:
                for w in result["windows"] + second_result["windows"])  # fmt: skip
 
 
+def test_gpu_envelope_runs_replicas_each_in_its_own_window(report: ModuleType,
+                                                           tmp_path: Path) -> None:  # fmt: skip
+    """--replicas 2 starts every server twice, with its own port and log, and gives each process
+    its own window in every rotation; the windows say which process ran them."""
+    import subprocess
+
+    out = tmp_path / "replicas"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "gpu_envelope.py"), "--engine", "sim", "--out",
+         str(out), "--servers", "always-on", "--extra", "patched-on", "--levels", "4",
+         "--extra-levels", "4", "--replicas", "2", "--repeat", "2", "--seconds", "0.5",
+         "--warmup", "0.2", "--port-base", "31700"],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads((out / "envelope.json").read_text())
+    assert result["replicas"] == 2
+    assert sorted(result["servers"]) == ["always-on", "always-on-r2", "patched-on", "patched-on-r2"]
+    assert result["servers"]["patched-on-r2"]["replica_of"] == "patched-on"
+    assert len({s["port"] for s in result["servers"].values()}) == 4
+    assert sorted((w["server"], w["replica"], w["rep"]) for w in result["windows"]) == sorted(
+        (name, k, rep) for name in ("always-on", "patched-on") for k in (1, 2) for rep in (0, 1)
+    )
+    assert all((out / f"{label}.log").stat().st_size > 0 for label in result["servers"])
+    # patched-on speculates on every step, as always-on does.
+    assert all(w["steps_off"] == 0 and w["steps_on"] > 0 for w in result["windows"])
+    (row,) = report.variant_pairs({"gpu-envelope-70-replicas.json": result["windows"]})
+    assert (row["server"], row["over"], row["pairs"]) == ("patched-on", "always-on", 4)
+    rows = report.replica_pairs({"gpu-envelope-70-replicas.json": result["windows"]})
+    assert [(r["replica"], r["pairs"]) for r in rows] == [(1, 2), (2, 2)]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -454,6 +509,12 @@ def test_gpu_envelope_rehearsal(report: ModuleType, tmp_path: Path) -> None:
          "--freeze-gc-from-rep 4: between 1 and --repeat - 1 (3)"),
         (["--freeze-gc-from-rep", "0"], "--freeze-gc-from-rep 0: between 1 and"),
         (["--pyspy", "/nonexistent/py-spy"], "--pyspy /nonexistent/py-spy: no such file"),
+        (["--servers", "plain", "--replicas", "0"], "--replicas 0: 1 to 4"),
+        # One router fronts one engine: a routed server cannot be started twice.
+        (["--servers", "plain,specgate", "--replicas", "2"],
+         "--replicas 2: not with specgate (one router"),
+        (["--servers", "always-on", "--extra", "patched-on", "--max-running", "1024"],
+         "--max-running 1024: patched-on speculates below 1024 running requests only"),
         (["--gc-stats"], "--pyspy, --gc-stats and --freeze-gc-from-rep need SGLang servers"),
     ],
 )  # fmt: skip
