@@ -1257,6 +1257,23 @@ def test_off_over_plain_pools_every_pair_of_the_patch_in_the_tree(report: Module
     assert report.off_over_plain_pooled(results, "unmeasured") == []
 
 
+def test_the_pooled_interval_resamples_jobs_before_pairs(report: ModuleType) -> None:
+    """Two jobs whose pairs agree within each job but not with each other: their pairs taken as
+    independent give a narrow interval; resampling the jobs first gives one as wide as the
+    jobs are apart. The point estimate is the same geometric mean of every pair."""
+    groups = [[0.88, 0.90, 0.89, 0.91] * 3, [0.99, 1.01, 1.00, 1.02] * 3]
+    every = groups[0] + groups[1]
+    iid = report.geometric_summary(every)
+    clustered = report.clustered_geometric_summary(groups)
+    assert clustered["geomean"] == iid["geomean"] and clustered["pairs"] == 24
+    assert clustered["p05"] < iid["p05"] - 0.02 and clustered["p95"] > iid["p95"] + 0.02
+    assert 0.89 <= clustered["p05"] <= clustered["geomean"] <= clustered["p95"] <= 1.01
+    # One job alone: the interval is its pairs' own.
+    alone = report.clustered_geometric_summary([groups[0]])
+    assert alone["p95"] - alone["p05"] < 0.02
+    assert report.clustered_geometric_summary([[0.9], []])["pairs"] == 1
+
+
 def test_the_target_verdict_needs_the_whole_interval(report: ModuleType) -> None:
     assert report.target_verdict({"p05": 0.95, "p95": 1.0}) == "yes"
     assert report.target_verdict({"p05": 0.90, "p95": 0.949}) == "no"
