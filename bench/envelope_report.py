@@ -362,6 +362,18 @@ def undisturbed_of(pairs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return undisturbed_ratio([p["tok_s"] for p in pairs], [p["other_tok_s"] for p in pairs])
 
 
+def md_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """A Markdown table: the header, its rule and one line a row, each ending in a newline."""
+    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def interval(row: dict[str, Any]) -> str:
+    """A geometric_summary() row's 90% interval, as a table cell."""
+    return f"{row['p05']}-{row['p95']}"
+
+
 def undisturbed_cell(row: dict[str, Any]) -> str:
     """Two table cells: the undisturbed ratio and its interval (blank below three pairs)."""
     if "undisturbed" not in row:
@@ -804,20 +816,17 @@ def target_verdict(row: dict[str, Any], target: float = OFF_TARGET) -> str:
 
 
 def off_over_plain_pooled_table(rows: Sequence[dict[str, Any]]) -> str:
-    lines = ["| workload | c | jobs | pairs | geometric mean | 90% interval | target met |",
-             "|---" * 7 + "|"]  # fmt: skip
-    lines += [f"| {r['workload'] or 'the sweep'} | {r['c']} | {', '.join(map(str, r['jobs']))} "
-              f"| {r['pairs']} | {r['geomean']} | {r['p05']}-{r['p95']} | {target_verdict(r)} |"
-              for r in rows]  # fmt: skip
-    return "\n".join(lines) + "\n"
+    header = ("workload", "c", "jobs", "pairs", "geometric mean", "90% interval", "target met")
+    return md_table(header, ((r["workload"] or "the sweep", r["c"], ", ".join(map(str, r["jobs"])),
+                              r["pairs"], r["geomean"], interval(r), target_verdict(r))
+                             for r in rows))  # fmt: skip
 
 
 def off_over_plain_table(rows: Sequence[dict[str, Any]]) -> str:
-    lines = ["| run | c | requests | pairs | geometric mean | 90% interval | undisturbed "
-             "| 90% interval |", "|---" * 8 + "|"]  # fmt: skip
-    lines += [f"| {r['run']} | {r['c']} | {r['requests']} | {r['pairs']} | {r['geomean']} | "
-              f"{r['p05']}-{r['p95']} | {undisturbed_cell(r)} |" for r in rows]  # fmt: skip
-    return "\n".join(lines) + "\n"
+    header = ("run", "c", "requests", "pairs", "geometric mean", "90% interval", "undisturbed",
+              "90% interval")  # fmt: skip
+    return md_table(header, ((r["run"], r["c"], r["requests"], r["pairs"], r["geomean"],
+                              interval(r), undisturbed_cell(r)) for r in rows))  # fmt: skip
 
 
 def plot_off_over_plain(rows: Sequence[dict[str, Any]], path: Path) -> None:
@@ -1011,49 +1020,54 @@ def run_section(results: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]
         )
         + "\nSpeculation off against plain, side by side (one run's windows):\n\n"
     )
-    md += "| run | server | c | windows (off / plain) | off tok/s | plain tok/s | ratio |\n"
-    md += "|---|---|---|---|---|---|---|\n" + "".join(
-        f"| {r['run']} | {r['server']} | {r['c']} | {r['windows']} | {r['off_tok_s']:,.0f} | "
-        f"{r['plain_tok_s']:,.0f} | {r['ratio']} |\n" for r in side_by_side)  # fmt: skip
-    md += ("\nThe routed server against the static server in the same mode, window by window "
-           "(every routed window that ran one mode throughout, over the adjacent window of "
-           "always-on or plain; per run and pooled; geometric mean, bootstrap 90% interval; "
-           "undisturbed, per run and level: the 80th percentiles' ratio over those windows):\n\n"
-           "| mode | over | c | run | pairs | geometric mean | 90% interval | undisturbed "
-           "| 90% interval |\n|---|---|---|---|---|---|---|---|---|\n")  # fmt: skip
-    md += "".join(f"| {r['mode']} | {r['static']} | {r['c']} | {_short(r['run'])} | {r['pairs']} "
-                  f"| {r['geomean']} | {r['p05']}-{r['p95']} | {undisturbed_cell(r)} |\n"
-                  for r in same_mode_rows)  # fmt: skip
+    md += md_table(("run", "server", "c", "windows (off / plain)", "off tok/s", "plain tok/s",
+                    "ratio"),
+                   ((r["run"], r["server"], r["c"], r["windows"], f"{r['off_tok_s']:,.0f}",
+                     f"{r['plain_tok_s']:,.0f}", r["ratio"]) for r in side_by_side))  # fmt: skip
+    md += (
+        "\nThe routed server against the static server in the same mode, window by window "
+        "(every routed window that ran one mode throughout, over the adjacent window of "
+        "always-on or plain; per run and pooled; geometric mean, bootstrap 90% interval; "
+        "undisturbed, per run and level: the 80th percentiles' ratio over those windows):\n\n"
+    )
+    md += md_table(("mode", "over", "c", "run", "pairs", "geometric mean", "90% interval",
+                    "undisturbed", "90% interval"),
+                   ((r["mode"], r["static"], r["c"], _short(r["run"]), r["pairs"], r["geomean"],
+                     interval(r), undisturbed_cell(r)) for r in same_mode_rows))  # fmt: skip
     variants = variant_pairs({name: r["windows"] for name, r in results.items()})
     if variants:
-        md += ("\nThe off step's variants, window by window (same repeat; geometric mean, "
-               "bootstrap 90% interval), and undisturbed (the ratio of the two servers' 80th "
-               "percentiles over those windows; each side drawn again on its own for the "
-               "interval):\n\n| run | c | server | over | pairs | geometric mean "
-               "| 90% interval | undisturbed | 90% interval |\n"
-               "|---|---|---|---|---|---|---|---|---|\n")  # fmt: skip
-        md += "".join(f"| {_short(r['run'])} | {r['c']} | {r['server']} | {r['over']} | "
-                      f"{r['pairs']} | {r['geomean']} | {r['p05']}-{r['p95']} | "
-                      f"{undisturbed_cell(r)} |\n" for r in variants)  # fmt: skip
+        md += (
+            "\nThe off step's variants, window by window (same repeat; geometric mean, "
+            "bootstrap 90% interval), and undisturbed (the ratio of the two servers' 80th "
+            "percentiles over those windows; each side drawn again on its own for the "
+            "interval):\n\n"
+        )
+        md += md_table(("run", "c", "server", "over", "pairs", "geometric mean",
+                        "90% interval", "undisturbed", "90% interval"),
+                       ((_short(r["run"]), r["c"], r["server"], r["over"], r["pairs"],
+                         r["geomean"], interval(r), undisturbed_cell(r))
+                        for r in variants))  # fmt: skip
     by_process = replica_pairs({name: r["windows"] for name, r in results.items()})
     if by_process:
-        md += ("\nThe same, process by process, in runs with several processes per server "
-               "(`--replicas`; replica K over replica K):\n\n| run | c | server | over | "
-               "replica | pairs | geometric mean | 90% interval |\n"
-               "|---|---|---|---|---|---|---|---|\n")  # fmt: skip
-        md += "".join(f"| {_short(r['run'])} | {r['c']} | {r['server']} | {r['over']} | "
-                      f"{r['replica']} | {r['pairs']} | "
-                      f"{r['geomean']} | {r['p05']}-{r['p95']} |\n"
-                      for r in by_process)  # fmt: skip
+        md += (
+            "\nThe same, process by process, in runs with several processes per server "
+            "(`--replicas`; replica K over replica K):\n\n"
+        )
+        md += md_table(("run", "c", "server", "over", "replica", "pairs", "geometric mean",
+                        "90% interval"),
+                       ((_short(r["run"]), r["c"], r["server"], r["over"], r["replica"],
+                         r["pairs"], r["geomean"], interval(r)) for r in by_process))  # fmt: skip
     host = scheduler_per_step(results)
     if host:
-        md += ("\nA decode step's time and the scheduler's main thread in it (rank 0, /proc "
-               "schedstat; ms per decode step of the windows, prefills included):\n\n"
-               "| run | server | c | windows | wall | on a CPU | waiting for a CPU | blocked |\n"
-               "|---|---|---|---|---|---|---|---|\n")  # fmt: skip
-        md += "".join(f"| {_short(r['run'])} | {r['server']} | {r['c']} | {r['windows']} | "
-                      f"{r['wall_ms']} | {r['on_cpu_ms']} | {r['runqueue_ms']} | "
-                      f"{r['blocked_ms']} |\n" for r in host)  # fmt: skip
+        md += (
+            "\nA decode step's time and the scheduler's main thread in it (rank 0, /proc "
+            "schedstat; ms per decode step of the windows, prefills included):\n\n"
+        )
+        md += md_table(("run", "server", "c", "windows", "wall", "on a CPU",
+                        "waiting for a CPU", "blocked"),
+                       ((_short(r["run"]), r["server"], r["c"], r["windows"], r["wall_ms"],
+                         r["on_cpu_ms"], r["runqueue_ms"], r["blocked_ms"])
+                        for r in host))  # fmt: skip
     slept = sorted((name for name, r in results.items() if idle_servers_slept(r)), key=run_order)
     busy = "each spun a core in SGLang's busy idle loop while another server was measured"
     if slept and len(slept) == len(results):
