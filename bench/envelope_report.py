@@ -309,6 +309,26 @@ def replica_pairs(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]
                                        r["replica"]))  # fmt: skip
 
 
+def same_code_pairs(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """In runs with several processes per server: each later process of a server over its
+    first, same repeat and level. The same code against itself, so any distance from 1 is
+    what this host does to one process and not another: the floor under every ratio a job
+    takes between two servers."""
+    rows = []
+    for run, windows in sorted(runs.items(), key=lambda kv: run_order(kv[0])):
+        by_key = {(w["server"], w["c"], w["rep"], w["replica"]): w["tok_s"]
+                  for w in windows if "replica" in w}  # fmt: skip
+        ratios: dict[tuple[str, int, int], list[float]] = {}
+        for (server, c, rep, k), tok_s in by_key.items():
+            first = by_key.get((server, c, rep, 1))
+            if k > 1 and first:
+                ratios.setdefault((server, c, k), []).append(tok_s / first)
+        for (server, c, k), r in sorted(ratios.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+            rows.append({"run": run, "server": server, "c": c, "replica": k,
+                         **geometric_summary(r)})  # fmt: skip
+    return rows
+
+
 def variant_pairs(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Per run, concurrency and pair of OFF_VARIANTS: the window-by-window ratios (same repeat,
     adjacent in time), their geometric summary, and the undisturbed ratio over those windows."""
@@ -1057,6 +1077,16 @@ def run_section(results: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]
                         "90% interval"),
                        ((_short(r["run"]), r["c"], r["server"], r["over"], r["replica"],
                          r["pairs"], r["geomean"], interval(r)) for r in by_process))  # fmt: skip
+    same_code = same_code_pairs({name: r["windows"] for name, r in results.items()})
+    if same_code:
+        md += (
+            "\nThe same code against itself: each server's second process over its first, "
+            "window by window (same repeat and level):\n\n"
+        )
+        md += md_table(("run", "c", "server", "processes", "pairs", "geometric mean",
+                        "90% interval"),
+                       ((_short(r["run"]), r["c"], r["server"], f"{r['replica']} over 1",
+                         r["pairs"], r["geomean"], interval(r)) for r in same_code))  # fmt: skip
     host = scheduler_per_step(results)
     if host:
         md += (
@@ -1086,6 +1116,7 @@ def run_section(results: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]
                "off_vs_plain_side_by_side": side_by_side, "same_mode_pairs": pairs,
                "same_mode_summary": same_mode_rows,
                "off_variant_pairs": variants, "off_variant_pairs_by_process": by_process,
+               "same_code_pairs": same_code,
                "scheduler_per_step": host}  # fmt: skip
     return md, figures, stats
 

@@ -217,6 +217,22 @@ def test_replicas_pair_process_k_with_process_k(report: ModuleType) -> None:
     assert report.replica_pairs({"gpu-envelope-71-single.json": single}) == []
 
 
+def test_same_code_pairs_put_each_later_process_over_the_first(report: ModuleType) -> None:
+    """An A/A comparison: plain's second process over its first in the same repeat. Its
+    distance from 1 is the floor under any ratio the job takes between two servers."""
+    windows = []
+    for rep in range(3):
+        windows += [window("plain", 64, 1000.0, rep=rep, replica=1),
+                    window("plain", 64, 900.0, rep=rep, replica=2),
+                    window("patched-off", 64, 800.0, rep=rep, replica=1),
+                    window("patched-off", 64, 800.0, rep=rep, replica=2)]  # fmt: skip
+    windows.append(window("plain", 16, 700.0, rep=0, replica=2))  # no first process there
+    rows = report.same_code_pairs({"gpu-envelope-70-replicas.json": windows})
+    assert [(r["server"], r["c"], r["replica"], r["pairs"], r["geomean"]) for r in rows] == [
+        ("patched-off", 64, 2, 3, 1.0), ("plain", 64, 2, 3, 0.9)]  # fmt: skip
+    assert report.same_code_pairs({"gpu-envelope-71-single.json": [window("plain", 4, 1.0)]}) == []
+
+
 def test_every_run_with_off_and_plain_goes_into_the_history_in_job_order(
     report: ModuleType, tmp_path: Path
 ) -> None:
