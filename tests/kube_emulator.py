@@ -89,6 +89,9 @@ class SpecgateApiEmulator(kmock.KubernetesEmulator):
     crd_schemas: dict[tuple[str, str], dict[str, Any]] = attrs.field(factory=dict)
     _rv: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1000), init=False)
     _namespaces: dict[str, dict[str, Any]] = attrs.field(factory=dict, init=False)
+    apply_delay_seconds: float = 0.0
+    """Each server-side apply waits this long first: a slow API server, so that a test can
+    catch the operator with a reconcile under way."""
 
     def register_crd(self, crd: dict[str, Any]) -> None:
         """Serve a CRD's storage version and admit its objects against its schema."""
@@ -236,6 +239,8 @@ class SpecgateApiEmulator(kmock.KubernetesEmulator):
         body = self._body(request)
         content_type = request.headers.get("Content-Type", "")
         key = (request.resource, request.namespace, request.name)
+        if "apply-patch" in content_type and self.apply_delay_seconds:
+            await asyncio.sleep(self.apply_delay_seconds)
         async with self._lock:
             current = self._stored(key)
             if "apply-patch" in content_type:

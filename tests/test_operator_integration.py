@@ -164,6 +164,28 @@ async def test_a_json_patch_reaches_a_resource_that_has_no_status_yet(cluster: C
     assert resp.json()["metadata"]["finalizers"] == [FINALIZER] and "status" not in resp.json()
 
 
+async def test_a_deletion_during_a_resync_leaves_nothing_and_takes_seconds(
+    cluster: Cluster, operator: OperatorProcess
+) -> None:
+    """A slow API server keeps a resync (every second here) under way most of the time, so the
+    deletion lands in the middle of one. The resync must not make children again after
+    on_delete has deleted them (handlers.Lifecycle), and kopf, which keeps its finalizer until
+    the stopping timer has exited, must look again within seconds, not its default minute
+    (handlers.TIMER_EXIT_POLL_SECONDS)."""
+    await _create(cluster, minimal_resource())
+    await wait_for(lambda: _all_children(cluster), what="all children")
+    cluster.emulator.apply_delay_seconds = 0.3  # eleven children: over 3 s a reconcile
+    await asyncio.sleep(2.0)  # a resync under way
+    resp = await cluster.api.delete(f"{SDD_PATH}/demo")
+    assert resp.status_code == 200
+
+    async def all_gone() -> bool:
+        left = [await cluster.get(c, n) for c, n in CHILDREN]
+        return all(x is None for x in left) and await cluster.sdd() is None
+
+    await wait_for(all_gone, timeout=20.0, what="children and resource deleted")
+
+
 async def test_ready_follows_the_children(cluster: Cluster, operator: OperatorProcess) -> None:
     await _create(cluster, minimal_resource())
     await wait_for(lambda: _all_children(cluster), what="all children")

@@ -7,6 +7,7 @@ at startup and closed at cleanup.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
 import secrets
@@ -23,6 +24,8 @@ from specgate_operator import render, status
 log = logging.getLogger("specgate.operator")
 
 FINALIZER = "specgate.io/cleanup"
+TIMER_EXIT_POLL_SECONDS = 1.0
+"""How often kopf checks whether a stopping resync timer has exited (see configure)."""
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 
@@ -98,6 +101,28 @@ async def observe(
     )
 
 
+@dataclass
+class Lifecycle:
+    """One resource's reconciles and its deletion, kept apart (kopf's per-object memo holds it).
+
+    kopf runs the resync timer in a task of its own, beside the change and deletion handlers: a
+    timer's reconcile that began before the deletion could apply children after on_delete had
+    deleted them, and write a status that moves the resourceVersion kopf's finalizer removal is
+    conditioned on, leaving the resource terminating with its children back."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    deleting: bool = False
+    """Set by on_delete: no reconcile makes or updates anything after it."""
+
+
+def lifecycle(memo: Any) -> Lifecycle:
+    """The resource's Lifecycle, made on first use (kopf's memo is a dict, one per object)."""
+    found: Lifecycle | None = memo.get("lifecycle")
+    if found is None:
+        found = memo["lifecycle"] = Lifecycle()
+    return found
+
+
 def _owner(body: Any) -> dict[str, Any]:
     return {
         "apiVersion": body["apiVersion"],
@@ -107,7 +132,16 @@ def _owner(body: Any) -> dict[str, Any]:
 
 
 async def reconcile(body: Any, patch: Any, memo: Any, logger: Logger) -> None:
-    """Render, apply and write status; raise kopf errors so kopf retries what a retry can fix."""
+    """Render, apply and write status; raise kopf errors so kopf retries what a retry can fix.
+    Never during or after the resource's deletion (Lifecycle)."""
+    guard = lifecycle(memo)
+    async with guard.lock:
+        if guard.deleting or body["metadata"].get("deletionTimestamp"):
+            return
+        await _reconcile(body, patch, memo, logger)
+
+
+async def _reconcile(body: Any, patch: Any, memo: Any, logger: Logger) -> None:
     kube: KubeClient = memo.kube
     config: OperatorConfig = memo.config
     meta = body["metadata"]
@@ -187,9 +221,27 @@ async def delete_children(kube: KubeClient, name: str, namespace: str, uid: str)
     return deleted
 
 
+async def finalize(body: Any, memo: Any, logger: Logger) -> None:
+    """The deletion: once any reconcile under way has finished, and with none after it
+    (Lifecycle), delete every child the resource owns."""
+    meta = body["metadata"]
+    guard = lifecycle(memo)
+    async with guard.lock:
+        guard.deleting = True
+        count = await delete_children(
+            memo.kube, meta["name"], meta.get("namespace") or "default", meta["uid"]
+        )
+    logger.info("deleted %d children of %s", count, meta["name"])
+
+
 def holds_finalizer(meta: Any, **_: Any) -> bool:
     """Whether the resource carries the operator's finalizer (a kopf `when=` filter)."""
     return FINALIZER in (meta.get("finalizers") or [])
+
+
+def resyncable(meta: Any, **_: Any) -> bool:
+    """The resync timer's `when=` filter: the finalizer is on and no deletion has begun."""
+    return holds_finalizer(meta) and not meta.get("deletionTimestamp")
 
 
 def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
@@ -212,6 +264,10 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
             prefix="specgate.io", key="last-handled-configuration"
         )
+        # A resync timer caught mid-run by a deletion keeps kopf from removing its finalizer
+        # until the timer has exited, and kopf looks again only this often (default 60 s): a
+        # deleted resource would stay terminating for a minute after its cleanup had finished.
+        settings.background.cancellation_polling = TIMER_EXIT_POLL_SECONDS
         settings.posting.level = logging.WARNING
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 30
@@ -247,20 +303,17 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     async def on_change(body: Any, patch: Any, memo: Any, logger: Logger, **_: Any) -> None:
         await reconcile(body, patch, memo, logger)
 
-    # Only once kopf's finalizer is on the resource: children made before it could outlive a
-    # deletion that on_delete never sees, and the timer's status writes would keep moving the
-    # resourceVersion that kopf's finalizer patch is conditioned on.
-    @kopf.timer(*resource, interval=config.resync_seconds, idle=0, when=holds_finalizer,
+    # Only once kopf's finalizer is on the resource and until its deletion begins: children made
+    # before it could outlive a deletion that on_delete never sees, and the timer's status
+    # writes would keep moving the resourceVersion that kopf's finalizer patches are
+    # conditioned on. A run that began before the deletion waits in reconcile (Lifecycle).
+    @kopf.timer(*resource, interval=config.resync_seconds, idle=0, when=resyncable,
                 registry=registry)  # fmt: skip
     async def resync(body: Any, patch: Any, memo: Any, logger: Logger, **_: Any) -> None:
         await reconcile(body, patch, memo, logger)
 
     @kopf.on.delete(*resource, registry=registry)
     async def on_delete(body: Any, memo: Any, logger: Logger, **_: Any) -> None:
-        meta = body["metadata"]
-        count = await delete_children(
-            memo.kube, meta["name"], meta.get("namespace") or "default", meta["uid"]
-        )
-        logger.info("deleted %d children of %s", count, meta["name"])
+        await finalize(body, memo, logger)
 
     return registry
