@@ -2,8 +2,10 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import random
+import socket
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -28,6 +30,28 @@ def load_module(path: Path, name: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def free_port_base(count: int, offsets: Sequence[int] = ()) -> int:
+    """A base on loopback from which `count` consecutive ports, and the base plus each of
+    `offsets`, are free now: for tools that number their servers from a base (gpu_envelope.py
+    --port-base), so that two test runs on one machine do not take each other's ports."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20_000, 40_000)
+        ports = [*range(base, base + count), *(base + offset for offset in offsets)]
+        if all(_bindable(port) for port in ports):
+            return base
+    raise AssertionError(f"no {count} free consecutive loopback ports found")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ import pytest
 
 from specgate_sim import profile as profiles
 
-from .conftest import ROOT, load_module
+from .conftest import ROOT, free_port_base, load_module
 
 
 @pytest.fixture(scope="module")
@@ -376,11 +376,16 @@ def test_gpu_envelope_rehearsal(report: ModuleType, tmp_path: Path) -> None:
                  "CUDA_VISIBLE_DEVICES": "0,1"},
         )  # fmt: skip
 
-    first = run(tmp_path / "first", "--levels", "1,4", "--learn-seconds", "2", "--extra",
+    # Six servers and a router on the first run's ports, three and a router on the second's.
+    envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
+    first_base = free_port_base(6, offsets=[envelope.ROUTER_OFFSET])
+    second_base = free_port_base(3, offsets=[envelope.ROUTER_OFFSET])
+    first = run(tmp_path / "first", "--port-base", str(first_base), "--levels", "1,4",
+                "--learn-seconds", "2", "--extra",
                 "patched-off,patched-8", "--extra-levels", "4", "--switch-first",
                 "--profile-levels", "8", "--profile-servers", "plain",
                 "--flush-cache")  # fmt: skip
-    second = run(tmp_path / "second", "--port-base", "31300", "--levels", "2",
+    second = run(tmp_path / "second", "--port-base", str(second_base), "--levels", "2",
                  "--servers", "always-on,specgate-probes", "--extra", "upstream-always-on",
                  "--extra-levels", "2", "--tp", "2", "--direct-too",
                  "--probe-interval", "90", "--busy-idle", "--new-tokens", "16,32",
@@ -399,8 +404,7 @@ def test_gpu_envelope_rehearsal(report: ModuleType, tmp_path: Path) -> None:
     assert result["patch_sha256"] == report.patch_sha256()  # which patch it measured
     # Servers are sized for the largest client count run, profiled (the sim takes no profiles)
     # or learned: the learning pattern reaches 96.
-    learn_pattern = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope").LEARN_PATTERN
-    assert result["max_running"] == max(learn_pattern) == 96
+    assert result["max_running"] == max(envelope.LEARN_PATTERN) == 96
     # Upstream's adaptive baseline runs on unpatched SGLang where one is provided; nothing else.
     envs = {name: server["env"] for name, server in result["servers"].items()}
     assert envs["upstream-0step"] == {"PYTHONPATH": "/opt/sglang-unpatched"}
@@ -426,8 +430,9 @@ def test_gpu_envelope_rehearsal(report: ModuleType, tmp_path: Path) -> None:
         ("always-on", 2), ("specgate-probes", 2), ("specgate-probes-direct", 2),
         ("upstream-always-on", 2)}  # fmt: skip
     ports = {name: s["port"] for name, s in second_result["servers"].items()}
-    assert ports == {"always-on": 31300, "specgate-probes": 31301, "upstream-always-on": 31302,
-                     "specgate-probes-direct": 31301}  # fmt: skip
+    b = second_base
+    assert ports == {"always-on": b, "specgate-probes": b + 1, "upstream-always-on": b + 2,
+                     "specgate-probes-direct": b + 1}  # fmt: skip
     # --direct-too: the routed engine also at its own port, its threshold still the router's,
     # which started where --router-threshold put it.
     direct = [w for w in second_result["windows"] if w["server"] == "specgate-probes-direct"]
@@ -481,7 +486,7 @@ def test_gpu_envelope_runs_replicas_each_in_its_own_window(report: ModuleType,
         [sys.executable, str(ROOT / "bench" / "gpu_envelope.py"), "--engine", "sim", "--out",
          str(out), "--servers", "always-on", "--extra", "patched-on", "--levels", "4",
          "--extra-levels", "4", "--replicas", "2", "--repeat", "2", "--seconds", "0.5",
-         "--warmup", "0.2", "--port-base", "31700"],
+         "--warmup", "0.2", "--port-base", str(free_port_base(4))],
         capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
