@@ -295,8 +295,8 @@ def window_pairs(windows: Sequence[dict[str, Any]], num: str, den: str,
 
 def replica_pairs(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """variant_pairs() of the runs with several processes per server, one row per pair of
-    processes (replica K over replica K): how far apart two processes of the same code run,
-    which a job with one process per server cannot tell from the code's own cost."""
+    processes (replica K over replica K): whether one pair of processes gives another ratio
+    than the next (same_code_pairs() gives how far apart one server's own processes run)."""
     rows = []
     for run, windows in sorted(runs.items(), key=lambda kv: run_order(kv[0])):
         replicas = sorted({w["replica"] for w in windows if "replica" in w})
@@ -408,10 +408,17 @@ def geometric_summary(ratios: Sequence[float], draws: int = 4000) -> dict[str, A
 
     logs = [math.log(r) for r in ratios]
     rng = random.Random(0)
-    means = sorted(math.exp(statistics.fmean(rng.choice(logs) for _ in logs)) for _ in range(draws))
+    means = [math.exp(statistics.fmean(rng.choice(logs) for _ in logs)) for _ in range(draws)]
+    return _bootstrap_summary(logs, means)
+
+
+def _bootstrap_summary(logs: Sequence[float], means: Sequence[float]) -> dict[str, Any]:
+    """The geometric mean behind `logs` (the ratios' logarithms) and the 90% interval of its
+    bootstrap draws `means`."""
+    ordered = sorted(means)
     return {"pairs": len(logs), "geomean": round(math.exp(statistics.fmean(logs)), 3),
-            "p05": round(means[int(0.05 * draws)], 3),
-            "p95": round(means[int(0.95 * draws) - 1], 3)}  # fmt: skip
+            "p05": round(ordered[int(0.05 * len(ordered))], 3),
+            "p95": round(ordered[int(0.95 * len(ordered)) - 1], 3)}  # fmt: skip
 
 
 def clustered_geometric_summary(groups: Sequence[Sequence[float]], draws: int = 4000
@@ -430,11 +437,7 @@ def clustered_geometric_summary(groups: Sequence[Sequence[float]], draws: int = 
         drawn = [log for group in rng.choices(logs, k=len(logs))
                  for log in rng.choices(group, k=len(group))]  # fmt: skip
         means.append(math.exp(statistics.fmean(drawn)))
-    means.sort()
-    every = [log for group in logs for log in group]
-    return {"pairs": len(every), "geomean": round(math.exp(statistics.fmean(every)), 3),
-            "p05": round(means[int(0.05 * draws)], 3),
-            "p95": round(means[int(0.95 * draws) - 1], 3)}  # fmt: skip
+    return _bootstrap_summary([log for group in logs for log in group], means)
 
 
 def envelope_ratio(stats: Stats, routed: str = "specgate", key: str = "tok_s") -> dict[int, float]:
