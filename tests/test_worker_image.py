@@ -131,9 +131,14 @@ def test_controller_switches_states_by_batch(patched_site: Path) -> None:
 
 
 def _function(source: Path, qualname: str) -> ast.FunctionDef:
-    """A method in a patched file, found by its dotted name (Class.method)."""
+    """A method (Class.method) or a module-level function in a patched file."""
     cls_name, _, func_name = qualname.rpartition(".")
-    for node in ast.walk(ast.parse(source.read_text())):
+    tree = ast.parse(source.read_text())
+    if not cls_name:
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name == func_name:
+                return node
+    for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef) and node.name == cls_name:
             for item in node.body:
                 if isinstance(item, ast.FunctionDef) and item.name == func_name:
@@ -330,7 +335,8 @@ def test_lagged_draft_kv_only_where_it_holds(
 
 KV_ONLY_PREFILL_OK = dict(enabled=True, lagged_off=True, full_prefill_done=True, overlap=True,
                           plain_extend=True, logprob=False, grammar=False, multimodal=False,
-                          next_batch=40, threshold=8, max_lagged_batch=64)  # fmt: skip
+                          next_batch=40, max_running=64, threshold=8,
+                          max_lagged_batch=64)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -346,7 +352,8 @@ KV_ONLY_PREFILL_OK = dict(enabled=True, lagged_off=True, full_prefill_done=True,
         {"multimodal": True},
         {"next_batch": 8},  # the next step speculates
         {"threshold": None},  # always speculate
-        {"next_batch": 65},  # beyond the catch-up's graph
+        {"next_batch": 65, "max_running": 80},  # beyond the catch-up's graph
+        {"next_batch": 12, "max_running": 8},  # a server that never runs more than 8
     ],
 )
 def test_a_prefill_writes_the_draft_kv_alone_only_before_a_likely_off_step(
@@ -358,6 +365,65 @@ def test_a_prefill_writes_the_draft_kv_alone_only_before_a_likely_off_step(
     decide = _module(patched_site).draft_kv_only_prefill
     assert decide(**KV_ONLY_PREFILL_OK)
     assert not decide(**{**KV_ONLY_PREFILL_OK, **change})
+
+
+def test_the_next_batch_guess_is_capped_at_the_running_limit(patched_site: Path) -> None:
+    """On a full server a request finishes as another is prefilled: the last decode batch plus
+    the prefill overshoots the catch-up's largest graph (the server's running limit, as the
+    benchmarks size it), although the next decode batch cannot pass that limit. The guess is
+    capped there, so such a prefill still writes the draft KV alone."""
+    decide = _module(patched_site).draft_kv_only_prefill
+    full = {**KV_ONLY_PREFILL_OK, "next_batch": 64 + 2, "max_running": 64}
+    assert decide(**full)
+    assert not decide(**{**full, "max_running": 128})
+
+
+def test_prefills_are_counted_by_what_they_ran_of_the_draft(patched_site: Path) -> None:
+    """Each prefill counts as one that wrote the draft KV alone or one that ran the draft's
+    prefill, on the threshold controller; /v1/loads and /metrics show both."""
+    srt = patched_site / "sglang" / "srt"
+    worker = srt / "speculative" / "eagle_worker_v2.py"
+    entry = _function(worker, "EAGLEWorkerV2.forward_batch_generation")
+    (kv_only,) = [n for n in ast.walk(entry) if isinstance(n, ast.If)
+                  and ast.unparse(n.test).startswith("self._draft_kv_only_prefill(")]  # fmt: skip
+    body = [ast.unparse(n) for n in kv_only.body]
+    assert "self.threshold_controller.prefills_draft_kv_only += 1" in body
+    assert body[-1] == "return batch_output"
+    (full,) = _calls(entry, "_draft_extend_for_prefill")
+    full_counter = "self.threshold_controller.prefills_full_draft"
+    counted = [n for n in ast.walk(entry) if isinstance(n, ast.AugAssign)
+               and ast.unparse(n.target) == full_counter]  # fmt: skip
+    assert len(counted) == 1 and counted[0].lineno > full.lineno
+    snapshot = (srt / "managers" / "load_snapshot.py").read_text()
+    assert "prefills_draft_kv_only: Optional[int] = None" in snapshot
+    assert "prefills_full_draft: Optional[int] = None" in snapshot
+    metrics = (srt / "observability" / "metrics_collector.py").read_text()
+    assert 'name="sglang:spec_prefills_total"' in metrics
+
+
+def test_a_step_that_takes_one_slot_a_request_writes_them_as_plain_decoding_does(
+    patched_site: Path,
+) -> None:
+    """An off step with its reserve in place takes one KV slot a request. spec-v2's allocation
+    then stores the slots with one indexed write at each request's current length, as plain
+    decoding's alloc_for_decode does, not with the general Triton kernel, whose launch costs
+    more host time; any other step keeps the kernel."""
+    srt = patched_site / "sglang" / "srt"
+    prepare = _function(srt / "speculative" / "eagle_utils.py", "eagle_prepare_for_decode")
+    (alloc,) = _calls(prepare, "alloc_for_spec_decode")
+    passed = {kw.arg: ast.unparse(kw.value) for kw in alloc.keywords}
+    assert passed["one_slot_each"] == "one_slot_each"
+    flags = [ast.unparse(n) for n in ast.walk(prepare) if isinstance(n, ast.Assign)
+             and ast.unparse(n.targets[0]) == "one_slot_each"]  # fmt: skip
+    assert flags == ["one_slot_each = True",
+                     "one_slot_each = one_slot_each and nxt - cur == 1"]  # fmt: skip
+    allocation = _function(srt / "mem_cache" / "allocation.py", "alloc_for_spec_decode")
+    (branch,) = [n for n in ast.walk(allocation) if isinstance(n, ast.If)
+                 and ast.unparse(n.test) == "one_slot_each"]  # fmt: skip
+    assert [ast.unparse(n) for n in branch.body] == [
+        "req_to_token_pool.req_to_token[req_pool_indices, cur_kv_lens.long()] = "
+        "out_cache_loc.to(torch.int32)"]  # fmt: skip
+    assert _calls(branch.orelse[0], "assign_req_to_token_pool_func")
 
 
 def test_a_draft_kv_only_prefill_leaves_a_catch_up_and_no_proposal(patched_site: Path) -> None:

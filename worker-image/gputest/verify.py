@@ -342,6 +342,7 @@ def check_control(port: int) -> dict:
     out["metrics_lines"] = [line for line in text.splitlines()
                             if line.startswith(("sglang:spec_disable_batch_threshold",
                                                 "sglang:spec_decode_steps_total",
+                                                "sglang:spec_prefills_total",
                                                 "sglang:spec_accept_length"))]  # fmt: skip
     ok_metrics = any(line.startswith("sglang:spec_disable_batch_threshold")
                      and line.endswith(" 5.0") for line in out["metrics_lines"])  # fmt: skip
