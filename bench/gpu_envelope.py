@@ -213,13 +213,19 @@ def get_json(url: str, timeout: float = 10) -> Any:
         return json.loads(resp.read())
 
 
+SPEC_COUNTERS = ("decode_steps_on", "decode_steps_off", "prefills_draft_kv_only",
+                 "prefills_full_draft")  # fmt: skip
+"""The patched engine's counters in /v1/loads' speculative section (0 where absent): decode
+steps that speculated and that did not, prefills that wrote the prompts' draft KV alone and
+those that ran the draft's prefill."""
+
+
 def moments(port: int) -> list[float]:
-    """The engine's decode_moments plus its speculating/plain step counters."""
+    """The engine's decode_moments plus its SPEC_COUNTERS."""
     load = get_json(f"http://127.0.0.1:{port}/v1/loads?include=core,spec")["loads"][0]
     spec = load.get("speculative") or {}
     sums = list(load.get("decode_moments") or [0.0] * 6)
-    steps = [float(spec.get(k) or 0) for k in ("decode_steps_on", "decode_steps_off")]
-    return [*sums, *steps]
+    return [*sums, *(float(spec.get(k) or 0) for k in SPEC_COUNTERS)]
 
 
 SCHEDULER_COMM = "sglang::schedul"
@@ -767,6 +773,8 @@ def window(server: Server, clients: int, seconds: float, warmup: float, temperat
         "accept_length": round(d[5] / d[1], 3) if d[1] else None,
         "steps_on": d[6],
         "steps_off": d[7],
+        "prefills_kv_only": d[8],
+        "prefills_full_draft": d[9],
         "decode_steps": d[0],
         **({"cache_flushed": flushed} if flush else {}),
         **scheduler_deltas(host_before, host_after),
