@@ -1244,6 +1244,19 @@ def test_runs_before_checksums_count_only_while_the_patch_is_theirs(report: Modu
     assert not report.ran_patch("gpu-envelope-65-x.json", {"patch_sha256": "abc"}, old)
 
 
+def test_a_run_of_a_patch_with_the_same_source_counts_as_the_later_one(
+    report: ModuleType,
+) -> None:
+    """A recorded checksum maps to one later checksum only (the patch file that applies the same
+    source), not to any patch after it."""
+    ((recorded, same),) = report.SAME_SOURCE_PATCH_SHA256.items()
+    run = {"patch_sha256": recorded}
+    assert report.ran_patch("gpu-envelope-74-x.json", run, same)
+    assert report.ran_patch("gpu-envelope-74-x.json", run, recorded)
+    assert not report.ran_patch("gpu-envelope-74-x.json", run, "a later patch")
+    assert not report.ran_patch("gpu-envelope-74-x.json", {"patch_sha256": same}, recorded)
+
+
 def test_off_over_plain_pools_every_pair_of_the_patch_in_the_tree(report: ModuleType) -> None:
     def run(ratio_16: float, *, sha: str = "now", **extra: object) -> dict[str, object]:
         windows = []

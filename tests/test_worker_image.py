@@ -179,6 +179,18 @@ def test_patch_touches_the_expected_files() -> None:
     assert all(path.startswith("sglang/srt/") for path in touched)
 
 
+def test_the_patch_holds_source_only() -> None:
+    """Every file the patch names is Python source: a stanza for anything else (a byte-compiled
+    file left in the tree the diff was taken from) has `patch` create an empty file beside the
+    source, and it changes the checksum GPU runs are pooled by."""
+    text = (PATCH_DIR / "0001-speculative-disable-batch-threshold.patch").read_text()
+    named = [line.split(" b/")[-1] for line in text.splitlines() if line.startswith("diff --git")]
+    assert named and all(path.endswith(".py") for path in named), [
+        path for path in named if not path.endswith(".py")
+    ]
+    assert "Binary files" not in text and "GIT binary patch" not in text
+
+
 def test_dockerfile_pins_the_base_and_applies_the_patch() -> None:
     dockerfile = (ROOT / "worker-image" / "Dockerfile").read_text()
     assert "ARG SGLANG_IMAGE=lmsysorg/sglang:v0.5.17" in dockerfile
