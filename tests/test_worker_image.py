@@ -19,6 +19,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import pytest
 
 from specgate import contract
@@ -128,6 +129,98 @@ def test_controller_switches_states_by_batch(patched_site: Path) -> None:
     with pytest.raises(module.ThresholdError):
         ctrl.set_threshold(-3)
     assert ctrl.threshold is None
+
+
+OFF_STEP_TOKEN_CASES: list[tuple[Any, Any]] = [
+    (1, 1), (2, 2), (4, 4), (0, "error"), (5, "error"), (-1, "error"), (2.0, "error"),
+    ("2", "error"), (True, "error"), (None, "error"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("value", "expected"), OFF_STEP_TOKEN_CASES)
+def test_off_step_tokens_are_bounded_by_what_a_speculating_step_commits(
+    value: Any, expected: Any, patched_site: Path
+) -> None:
+    """3 draft steps and 4 draft tokens: a verify step commits up to 4 tokens a request, so
+    spec-v2 keeps a KV reserve for 4 (twice, for the overlap scheduler's lag); an off step of
+    more would write past it."""
+    module = _module(patched_site)
+    if expected == "error":
+        with pytest.raises(module.ThresholdError, match="speculative_off_step_tokens"):
+            module.parse_off_step_tokens(value, num_steps=3, num_draft_tokens=4)
+    else:
+        assert module.parse_off_step_tokens(value, num_steps=3, num_draft_tokens=4) == expected
+    assert module.off_step_tokens_limit(5, 4) == 5  # num_steps * topk 1 can be the larger
+
+
+def test_an_off_step_decodes_several_tokens_only_where_nothing_needs_each_one_first(
+    patched_site: Path,
+) -> None:
+    module = _module(patched_site)
+    free = {"lagged_off": True, "penalties": False, "custom_logit_processor": False,
+            "return_hidden_states": False}  # fmt: skip
+    assert module.off_step_tokens(4, **free) == 4
+    assert module.off_step_tokens(1, **free) == 1
+    blockers = (("lagged_off", False), ("penalties", True), ("custom_logit_processor", True),
+                ("return_hidden_states", True))  # fmt: skip
+    for blocker, value in blockers:
+        assert module.off_step_tokens(4, **{**free, blocker: value}) == 1, blocker
+
+
+def test_an_off_step_of_several_tokens_hands_the_scheduler_a_verify_shaped_result(
+    patched_site: Path,
+) -> None:
+    """The worker's k forwards: each after the first reads the token just sampled at the next
+    position and slot; the result has stride k, accept lengths k and the last token as the
+    next bonus token. The result processor commits k a request and counts no drafts for it,
+    and the generated-token count takes in all k."""
+    srt = patched_site / "sglang" / "srt"
+    worker = srt / "speculative" / "eagle_worker_v2.py"
+    plain = _function(worker, "EAGLEWorkerV2._forward_plain_decode")
+    (loop,) = [n for n in ast.walk(plain) if isinstance(n, ast.For)]
+    assert ast.unparse(loop.iter) == "range(tokens)"
+    stepped = {ast.unparse(n.targets[0]): ast.unparse(n.value) for n in ast.walk(loop)
+               if isinstance(n, ast.Assign)}  # fmt: skip
+    assert stepped["forward_batch.input_ids"] == "sampled[-1]"
+    assert stepped["forward_batch.positions"] == "forward_batch.positions + 1"
+    assert stepped["forward_batch.seq_lens"] == "forward_batch.seq_lens + 1"
+    assert stepped["forward_batch.out_cache_loc"] == "slots[:, i]"
+    after = {ast.unparse(n.targets[0]): ast.unparse(n.value) for n in plain.body
+             if isinstance(n, ast.Assign)}  # fmt: skip
+    assert after["result.speculative_num_draft_tokens"] == "tokens"
+    assert after["result.accept_lens"] == "self._int32_constant(tokens, bs)"
+    assert after["result.new_seq_lens"] == "forward_batch.seq_lens"
+    assert "next_token_ids[tokens - 1::tokens]" in after["result.next_draft_input"]
+    off = _function(worker, "EAGLEWorkerV2._forward_plain_decode_and_extend")
+    (decided,) = _calls(off, "off_step_tokens")
+    assert ast.unparse(decided.args[0]) == "self._off_step_tokens"
+    processor = srt / "managers" / "scheduler_components" / "batch_result_processor.py"
+    resolve = _function(processor, "SchedulerBatchResultProcessor._resolve_spec_v2_tokens")
+    (fast,) = [n for n in resolve.body if isinstance(n, ast.If)
+               and "result.speculating is False" in ast.unparse(n.test)
+               and "stride == 1" in ast.unparse(n.test)]  # fmt: skip
+    assert "req.kv_committed_len += stride" in ast.unparse(fast)
+    (uncounted,) = [n for n in resolve.body if isinstance(n, ast.If)
+                    and ast.unparse(n.test) == "result.speculating is False"]  # fmt: skip
+    assert "result.num_correct_drafts = 0" in ast.unparse(uncounted.body)
+    decode = _function(processor, "SchedulerBatchResultProcessor.process_batch_result_decode")
+    assert "(result.speculative_num_draft_tokens - 1) * len(batch.reqs)" in ast.unparse(decode)
+
+
+def test_off_step_tokens_are_checked_at_start_up_after_the_algorithm_defaults(
+    patched_site: Path,
+) -> None:
+    srt = patched_site / "sglang" / "srt"
+    hook = srt / "arg_groups" / "speculative_hook.py"
+    handle = _function(hook, "handle_speculative_decoding")
+    (check,) = _calls(handle, "_check_off_step_tokens")
+    (defaults,) = _calls(handle, "handle_server_args")
+    assert check.lineno > defaults.lineno
+    checker = ast.unparse(_function(hook, "_check_off_step_tokens"))
+    assert "speculative_disable_batch_threshold is None" in checker
+    assert "parse_off_step_tokens(" in checker
+    args = (srt / "server_args.py").read_text()
+    assert "    speculative_off_step_tokens: A[\n        int," in args
 
 
 def _function(source: Path, qualname: str) -> ast.FunctionDef:
@@ -416,26 +509,59 @@ def test_prefills_are_counted_by_what_they_ran_of_the_draft(patched_site: Path) 
 def test_a_step_that_takes_one_slot_a_request_writes_them_as_plain_decoding_does(
     patched_site: Path,
 ) -> None:
-    """An off step with its reserve in place takes one KV slot a request. spec-v2's allocation
-    then stores the slots with one indexed write at each request's current length, as plain
-    decoding's alloc_for_decode does, not with the general Triton kernel, whose launch costs
-    more host time; any other step keeps the kernel."""
+    """An off step with its reserve in place takes the same number of KV slots for every
+    request (one, or K with --speculative-off-step-tokens K). spec-v2's allocation then stores
+    the slots with one indexed write at each request's current length, as plain decoding's
+    alloc_for_decode does, not with the general Triton kernel, whose launch costs more host
+    time; a step whose requests take different numbers keeps the kernel."""
     srt = patched_site / "sglang" / "srt"
     prepare = _function(srt / "speculative" / "eagle_utils.py", "eagle_prepare_for_decode")
     (alloc,) = _calls(prepare, "alloc_for_spec_decode")
     passed = {kw.arg: ast.unparse(kw.value) for kw in alloc.keywords}
-    assert passed["one_slot_each"] == "one_slot_each"
+    assert passed["slots_each"] == "slots_each or 0"
     flags = [ast.unparse(n) for n in ast.walk(prepare) if isinstance(n, ast.Assign)
-             and ast.unparse(n.targets[0]) == "one_slot_each"]  # fmt: skip
-    assert flags == ["one_slot_each = True",
-                     "one_slot_each = one_slot_each and nxt - cur == 1"]  # fmt: skip
+             and ast.unparse(n.targets[0]) == "slots_each"]  # fmt: skip
+    assert flags == ["slots_each = None", "slots_each = nxt - cur", "slots_each = 0"]
     allocation = _function(srt / "mem_cache" / "allocation.py", "alloc_for_spec_decode")
-    (branch,) = [n for n in ast.walk(allocation) if isinstance(n, ast.If)
-                 and ast.unparse(n.test) == "one_slot_each"]  # fmt: skip
-    assert [ast.unparse(n) for n in branch.body] == [
+    (one,) = [n for n in ast.walk(allocation) if isinstance(n, ast.If)
+              and ast.unparse(n.test) == "slots_each == 1"]  # fmt: skip
+    assert [ast.unparse(n) for n in one.body] == [
         "req_to_token_pool.req_to_token[req_pool_indices, cur_kv_lens.long()] = "
         "out_cache_loc.to(torch.int32)"]  # fmt: skip
-    assert _calls(branch.orelse[0], "assign_req_to_token_pool_func")
+    (several,) = one.orelse
+    assert isinstance(several, ast.If) and ast.unparse(several.test) == "slots_each > 1"
+    assert ast.unparse(several.body[-1]).endswith(
+        "= out_cache_loc.to(torch.int32).view(-1, slots_each)")  # fmt: skip
+    assert _calls(several.orelse[0], "assign_req_to_token_pool_func")
+
+
+def _uniform_store(req_to_token: Any, rows: list[int], cur: list[int], out: list[int],
+                   k: int) -> None:  # fmt: skip
+    """The patch's k-slots-each store, in NumPy, whose advanced indexing torch's follows."""
+    rows_a, cur_a, out_a = np.array(rows), np.array(cur), np.array(out)
+    req_to_token[rows_a[:, None], cur_a[:, None] + np.arange(k)] = out_a.reshape(-1, k)
+
+
+def _assign_kernel(req_to_token: list[list[int]], rows: list[int], cur: list[int],
+                   nxt: list[int], out: list[int]) -> None:  # fmt: skip
+    """assign_req_to_token_pool's semantics: request i's slots are out_cache_loc from the sum
+    of the earlier requests' (nxt - cur), written at cur .. nxt - 1 of its row."""
+    offset = 0
+    for row, start, end in zip(rows, cur, nxt, strict=True):
+        for pos in range(start, end):
+            req_to_token[row][pos] = out[offset]
+            offset += 1
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_the_uniform_store_writes_what_the_triton_kernel_writes(k: int) -> None:
+    rows, cur = [3, 0, 2], [5, 1, 7]
+    out = [100 + i for i in range(len(rows) * k)]
+    expected = [[-1] * 16 for _ in range(4)]
+    _assign_kernel(expected, rows, cur, [c + k for c in cur], out)
+    got = np.full((4, 16), -1)
+    _uniform_store(got, rows, cur, out, k)
+    assert got.tolist() == expected
 
 
 def test_a_draft_kv_only_prefill_leaves_a_catch_up_and_no_proposal(patched_site: Path) -> None:
@@ -473,10 +599,12 @@ def test_a_lagged_off_step_hands_back_host_accept_lengths(patched_site: Path) ->
                  and ast.unparse(n.test) == "lagged_off"]  # fmt: skip
     (handed,) = [n for n in lagged.body if isinstance(n, ast.Assign)
                  and ast.unparse(n.targets[0]) == "batch_output.accept_lens"]  # fmt: skip
-    assert ast.unparse(handed.value).startswith("self._host_ones(")
+    assert ast.unparse(handed.value).replace("\n", "").replace(" ", "") == (
+        "self._host_constant(tokens,target_batch.batch_size)")  # fmt: skip
     assert isinstance(lagged.body[-1], ast.Return)
-    ones = ast.unparse(_function(worker, "EAGLEWorkerV2._host_ones"))
-    assert "torch.ones((n,), dtype=torch.int32)" in ones and "device" not in ones
+    constant = ast.unparse(_function(worker, "EAGLEWorkerV2._host_constant"))
+    assert "torch.full((n,), value, dtype=torch.int32)" in constant
+    assert "device" not in constant
     d2h = ast.parse((srt / "managers" / "utils.py").read_text())
     (async_d2h,) = [n for n in d2h.body
                     if isinstance(n, ast.FunctionDef) and n.name == "_async_d2h"]  # fmt: skip
@@ -485,7 +613,8 @@ def test_a_lagged_off_step_hands_back_host_accept_lengths(patched_site: Path) ->
 
 
 @pytest.mark.parametrize(
-    "blockers", ["lean_extend_blockers", "lagged_kv_blockers", "draft_kv_only_prefill"]
+    "blockers",
+    ["lean_extend_blockers", "lagged_kv_blockers", "draft_kv_only_prefill", "off_step_tokens"],
 )
 def test_the_worker_passes_every_blocker_check(blockers: str, patched_site: Path) -> None:
     """The worker decides each off-step path with a pure function of keyword flags; a flag it

@@ -35,7 +35,7 @@ from typing import Any
 
 from recovery import moments, speculating_accept_length
 from synthetic import configs, context_flip
-from verify import EAGLE, call, log, server_flags, start, wait_healthy
+from verify import EAGLE, call, log, off_step_flags, server_flags, start, wait_healthy
 
 HERE = Path(__file__).resolve().parent
 SHAPE = {"hidden": 2048, "layers": 8, "heads": 16, "kv_heads": 8, "intermediate": 4096}
@@ -45,7 +45,8 @@ ones only from 6 layers up: with 4 the draft's fc got two (the first GPU run, 20
 CLIENTS = 8
 WINDOW = 0.3
 RUNS = {"control": 0.0, "early": 0.3, "synced": 2.0}
-"""Each run's off stretch, as a multiple of the flip point."""
+"""Each run's off stretch, as a multiple of the flip point, in tokens: with
+--off-step-tokens K an off step decodes K (so the stretch is that many tokens over K steps)."""
 
 
 def judge(results: dict[str, dict[str, Any]]) -> bool:
@@ -112,6 +113,9 @@ def main() -> int:
     parser.add_argument("--prefill-graph-tokens", type=int, default=0,
                         help="replay SGLang's breakable prefill CUDA graphs up to this many "
                         "tokens, as SGLang does by default (0: eager prefills)")  # fmt: skip
+    parser.add_argument("--off-step-tokens", type=int, default=1,
+                        help="tokens a request decodes per speculation-off step "
+                        "(--speculative-off-step-tokens)")  # fmt: skip
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -122,7 +126,8 @@ def main() -> int:
     results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "shape": SHAPE,
                                "gain": args.gain, "prefix": args.prefix, "flip_point": flip,
                                "clients": CLIENTS, "window_s": WINDOW, "runs": {},
-                               "prefill_graph_tokens": args.prefill_graph_tokens}  # fmt: skip
+                               "prefill_graph_tokens": args.prefill_graph_tokens,
+                               "off_step_tokens": args.off_step_tokens}  # fmt: skip
     models = Path("/tmp/specgate-models-draftkv")
     began = time.time()
     subprocess.run([sys.executable, str(HERE / "synthetic.py"), str(models),
@@ -134,14 +139,15 @@ def main() -> int:
                            max_graph_batch=16, dummy_weights=False,
                            prefill_graph_tokens=args.prefill_graph_tokens),
              *EAGLE, "--speculative-draft-model-path", str(models / "draft"),
-             "--speculative-disable-batch-threshold", "0"]  # fmt: skip
+             "--speculative-disable-batch-threshold", "0",
+             *off_step_flags(args.off_step_tokens)]  # fmt: skip
     proc = start("draftkv", flags, args.port, out, {})
     try:
         results["startup_s"] = round(wait_healthy(args.port, proc), 1)
         max_new = int(3 * flip) + 200
         for index, (name, share) in enumerate(RUNS.items()):
-            results["runs"][name] = one_run(args.port, index, round(share * flip), args.prefix,
-                                            max_new)  # fmt: skip
+            off_steps = round(share * flip / args.off_step_tokens)
+            results["runs"][name] = one_run(args.port, index, off_steps, args.prefix, max_new)
             log(f"{name}: {results['runs'][name]}")
             (out / "draftkv.json").write_text(json.dumps(results, indent=1))
     except Exception as exc:

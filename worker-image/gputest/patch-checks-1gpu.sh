@@ -6,7 +6,8 @@
 #   2. draftkv.py: the draft KV cache in sync after a stretch of off steps (accept length).
 # Both with SGLang's prefill CUDA graphs, as the operator's pods run. Results: OUT/verify.json,
 # OUT/draftkv.json, their logs, the kernel cache, logs.tar.xz (servers' logs).
-#   bash worker-image/gputest/patch-checks-1gpu.sh [site312.tar.xz] [out-dir]
+# Arguments after the first two go to both checks (e.g. --off-step-tokens 2).
+#   bash worker-image/gputest/patch-checks-1gpu.sh [site312.tar.xz] [out-dir] [check args...]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ARCHIVE=${1:-.gpu/site312.tar.xz}
@@ -16,7 +17,7 @@ RUN=${PATCH_CHECKS_RUN:-worker-image/gputest/run-on-gpu.sh}  # tests put a stand
 . worker-image/gputest/job-lib.sh
 job_setup "$RUN" "$ARCHIVE" "$OUT" || exit 1
 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} engine_checks "$RUN" "$ARCHIVE" "$OUT" \
-  --prefill-graph-tokens 4096
+  --prefill-graph-tokens 4096 "${@:3}"
 tail -n 1 "$OUT/verify.log" "$OUT/draftkv.log"
 # The compiled kernels, for the next run (copy to .gpu/kcache.tar.xz; about 1.3 MB).
 tar -C /tmp -cJf "$OUT/kcache.tar.xz" kcache 2>/dev/null || true

@@ -126,6 +126,12 @@ def server_flags(
     return flags
 
 
+def off_step_flags(tokens: int) -> list[str]:
+    """The patched server's flag for `tokens` a request per speculation-off step (none for 1,
+    the default, so that the flag's absence is what the earlier runs tested)."""
+    return [] if tokens == 1 else ["--speculative-off-step-tokens", str(tokens)]
+
+
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -421,6 +427,13 @@ def main() -> int:
         help="both servers replay SGLang's breakable prefill CUDA graphs up to this many "
         "tokens, as SGLang does by default (0: eager prefills)",
     )
+    parser.add_argument(
+        "--off-step-tokens",
+        type=int,
+        default=1,
+        help="tokens a request decodes per speculation-off step on the patched server "
+        "(--speculative-off-step-tokens)",
+    )
     args = parser.parse_args()
     spec_port, plain_port = args.port, args.port + 100
     out = Path(args.out)
@@ -440,10 +453,12 @@ def main() -> int:
         "tp": args.tp,
         "upstream_extend": args.upstream_extend,
         "prefill_graph_tokens": args.prefill_graph_tokens,
+        "off_step_tokens": args.off_step_tokens,
     }
     try:
         spec_args = [*common, *EAGLE, "--speculative-draft-model-path", str(models / "draft"),
-                     "--speculative-disable-batch-threshold", "2"]  # fmt: skip
+                     "--speculative-disable-batch-threshold", "2",
+                     *off_step_flags(args.off_step_tokens)]  # fmt: skip
         env = UPSTREAM_EXTEND_ENV if args.upstream_extend else None
         spec = start("patched-eagle3", spec_args, spec_port, out, env)
         procs.append(spec)
