@@ -61,6 +61,9 @@ NAMES = {
     "patched-off-full-prefill": "patched, pinned off, the draft's whole prefill",
     # From the sixteenth session: the prompts' draft KV write kernel by kernel, not from graphs.
     "patched-off-eager-prompt-kv": "patched, pinned off, prompts' draft KV write without graphs",
+    # From the twenty-second session: several plain decode forwards per off step.
+    "patched-off-2": "patched, pinned off, 2 tokens a request per off step",
+    "patched-off-4": "patched, pinned off, 4 tokens a request per off step",
 }
 FITTED = ("overhead_s", "weights_s", "kv_s_per_request", "compute_s_per_token",
           "draft_overhead_s", "draft_s_per_request", "batch_exponent")  # fmt: skip
@@ -266,6 +269,8 @@ OFF_VARIANTS = (("patched-off", "plain"), ("patched-off-lean", "plain"),
                 ("patched-off", "patched-off-full-prefill"),
                 ("patched-off-eager-prompt-kv", "plain"),
                 ("patched-off", "patched-off-eager-prompt-kv"),
+                ("patched-off-2", "plain"), ("patched-off-4", "plain"),
+                ("patched-off-2", "patched-off"), ("patched-off-4", "patched-off"),
                 ("patched-on", "always-on"))  # fmt: skip
 """Pinned-off servers against plain and against each other: the patch's off step
 (patched-off: the lean draft extend every step in jobs 1-11, the lagged draft KV write inside
@@ -273,8 +278,9 @@ the target's decode graph since), the lean draft extend every step (patched-off-
 upstream's generic one (patched-off-upstream-extend), and the draft's whole prefill where the
 patch writes the draft's KV alone since the eighth session (patched-off-full-prefill), and that
 write launched kernel by kernel, as before the sixteenth session's CUDA graphs
-(patched-off-eager-prompt-kv); and the patched server speculating on every step with its
-threshold controller live (patched-on) against always-on: what the machinery costs a
+(patched-off-eager-prompt-kv); off steps of 2 and 4 tokens a request (patched-off-2,
+patched-off-4, --speculative-off-step-tokens); and the patched server speculating on every step
+with its threshold controller live (patched-on) against always-on: what the machinery costs a
 speculating step."""
 
 
@@ -819,23 +825,30 @@ def ran_patch(name: str, result: dict[str, Any], sha: str) -> bool:
     return sha == UNRECORDED_PATCH_SHA256 and job_number(name) in UNRECORDED_PATCH_JOBS
 
 
-def off_over_plain_pooled(results: dict[str, dict[str, Any]], sha: str) -> list[dict[str, Any]]:
-    """patched-off over plain at OFF_HISTORY_LEVELS, the window pairs of every tensor-parallel-1
-    run of the patch `sha` pooled per workload() and level: one job on this host can sit 5-10%
-    from the next, so the worker-image target is judged on the pool, and runs whose workload or
-    host differed (other requests, pinned servers, py-spy recording) pool apart. The interval
-    resamples jobs, then pairs within them (clustered_geometric_summary)."""
+POOLED_OFF_SERVERS = ("patched-off", "patched-off-2", "patched-off-4")
+"""The pinned-off servers pooled against plain: one token a request per off step (the
+engine's default) and 2 or 4 (--speculative-off-step-tokens)."""
+
+
+def off_over_plain_pooled(results: dict[str, dict[str, Any]], sha: str,
+                          server: str = "patched-off") -> list[dict[str, Any]]:  # fmt: skip
+    """`server` (a pinned-off kind) over plain at OFF_HISTORY_LEVELS, the window pairs of every
+    tensor-parallel-1 run of the patch `sha` pooled per workload() and level: one job on this
+    host can sit 5-10% from the next, so the worker-image target is judged on the pool, and
+    runs whose workload or host differed (other requests, pinned servers, py-spy recording)
+    pool apart. The interval resamples jobs, then pairs within them
+    (clustered_geometric_summary)."""
     pooled: dict[tuple[str, int], list[list[float]]] = {}
     jobs: dict[tuple[str, int], list[int]] = {}
     for name, result in sorted(results.items(), key=lambda kv: run_order(kv[0])):
         if (result.get("tp") or 1) != 1 or not ran_patch(name, result, sha):
             continue
-        for c, paired in window_pairs(result["windows"], "patched-off", "plain").items():
+        for c, paired in window_pairs(result["windows"], server, "plain").items():
             if c in OFF_HISTORY_LEVELS:
                 key = (workload(result), c)
                 pooled.setdefault(key, []).append([a / b for a, b in paired])
                 jobs.setdefault(key, []).append(job_number(name))
-    return [{"workload": setup, "c": c, "jobs": jobs[(setup, c)],
+    return [{"server": server, "workload": setup, "c": c, "jobs": jobs[(setup, c)],
              **clustered_geometric_summary(groups)}
             for (setup, c), groups in sorted(pooled.items())]  # fmt: skip
 
@@ -849,10 +862,11 @@ def target_verdict(row: dict[str, Any], target: float = OFF_TARGET) -> str:
 
 
 def off_over_plain_pooled_table(rows: Sequence[dict[str, Any]]) -> str:
-    header = ("workload", "c", "jobs", "pairs", "geometric mean", "90% interval", "target met")
-    return md_table(header, ((r["workload"] or "the sweep", r["c"], ", ".join(map(str, r["jobs"])),
-                              r["pairs"], r["geomean"], interval(r), target_verdict(r))
-                             for r in rows))  # fmt: skip
+    header = ("off server", "workload", "c", "jobs", "pairs", "geometric mean", "90% interval",
+              "target met")  # fmt: skip
+    return md_table(header, ((r["server"], r["workload"] or "the sweep", r["c"],
+                              ", ".join(map(str, r["jobs"])), r["pairs"], r["geomean"],
+                              interval(r), target_verdict(r)) for r in rows))  # fmt: skip
 
 
 def off_over_plain_table(rows: Sequence[dict[str, Any]]) -> str:
@@ -1256,8 +1270,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         summary["off_over_plain"] = history
         plot_off_over_plain(history, args.out / "off_over_plain.png")
     sha = patch_sha256()
-    if pooled := off_over_plain_pooled(results, sha):
+    if pooled := [row for server in POOLED_OFF_SERVERS
+                  for row in off_over_plain_pooled(results, sha, server)]:  # fmt: skip
         md += ("\n## Speculation off over plain, the patch as it stands, pooled\n\n"
+               "The engine's default off step (patched-off, one token a request) and off steps "
+               "of 2 and 4 tokens a request (--speculative-off-step-tokens). "
                f"Every window pair of the runs that measured the patch in the tree (checksum "
                f"`{sha[:12]}`), pooled by workload (its differences from the sweep's; runs "
                f"that differ pool apart) and level: the geometric mean of every pair, and a "

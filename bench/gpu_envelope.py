@@ -17,7 +17,9 @@ inside the target's decode graph), pinned off with a lean draft extend every ste
 (patched-off-lean), or with upstream's generic draft extend (patched-off-upstream-extend), or
 with the draft's whole prefill where the patch writes only its KV (patched-off-full-prefill), or
 with that KV-only write launched kernel by kernel, not from CUDA graphs
-(patched-off-eager-prompt-kv), or at threshold 8 with no router (patched-8), or with a threshold
+(patched-off-eager-prompt-kv), or decoding 2 or 4 tokens a request per off step
+(patched-off-2, patched-off-4: --speculative-off-step-tokens), or at threshold 8 with no router
+(patched-8), or with a threshold
 above any batch, so that it speculates on every step with the threshold's machinery live
 (patched-on: against always-on, what that machinery costs a speculating step), and EAGLE-3
 always on from unpatched SGLang (upstream-always-on), measured at --extra-levels only.
@@ -113,6 +115,8 @@ EXTRAS = (
     "patched-off-lean",
     "patched-off-full-prefill",
     "patched-off-eager-prompt-kv",
+    "patched-off-2",
+    "patched-off-4",
     "patched-8",
     "patched-on",
     "upstream-always-on",
@@ -196,6 +200,10 @@ def engine_args(name: str, common: list[str], eagle: list[str], adaptive: Path,
                                      "--speculative-disable-batch-threshold", "0"],
         "patched-off-eager-prompt-kv": [*common, *eagle,
                                         "--speculative-disable-batch-threshold", "0"],
+        "patched-off-2": [*common, *eagle, "--speculative-disable-batch-threshold", "0",
+                          "--speculative-off-step-tokens", "2"],
+        "patched-off-4": [*common, *eagle, "--speculative-disable-batch-threshold", "0",
+                          "--speculative-off-step-tokens", "4"],
     }[name]  # fmt: skip
 
 
@@ -203,6 +211,7 @@ SIM_THRESHOLD = {"plain": "0", "always-on": "none", "upstream-0step": "8",
                  "patched-off": "0", "patched-8": "8", "patched-on": str(SPECULATING_THRESHOLD),
                  "patched-off-upstream-extend": "0", "patched-off-lean": "0",
                  "patched-off-full-prefill": "0", "patched-off-eager-prompt-kv": "0",
+                 "patched-off-2": "0", "patched-off-4": "0",
                  "upstream-always-on": "none"}  # fmt: skip
 """The simulated pods' thresholds (the routed ones start at --router-threshold)."""
 

@@ -1287,8 +1287,10 @@ def test_off_over_plain_pools_every_pair_of_the_patch_in_the_tree(report: Module
     # Pinned schedulers are another host setup: a pool of their own, never the sweep's.
     pinned = [r for r in rows if "scheduler alone" in r["workload"]]
     assert [(r["c"], r["jobs"]) for r in pinned] == [(16, [94]), (64, [94])]
-    assert len(rows) == 6
+    assert len(rows) == 6 and {r["server"] for r in rows} == {"patched-off"}
     assert report.off_over_plain_pooled(results, "unmeasured") == []
+    # Another off server pools its own pairs: none here.
+    assert report.off_over_plain_pooled(results, "now", "patched-off-4") == []
 
 
 def test_the_pooled_interval_resamples_jobs_before_pairs(report: ModuleType) -> None:
