@@ -202,6 +202,11 @@ class SpeculativeSpec(_Model):
                     "self.numDraftTokens <= self.eagleTopk * self.numSteps + 1",
                     "numDraftTokens cannot exceed eagleTopk * numSteps + 1 (the draft tree size)",
                 ),
+                _cel(
+                    "self.offStepTokens <= self.numDraftTokens",
+                    "offStepTokens cannot exceed numDraftTokens (an off step's tokens take the"
+                    " KV slots a speculating step keeps for its drafts): lower offStepTokens",
+                ),
             ]
         }
     )
@@ -216,6 +221,14 @@ class SpeculativeSpec(_Model):
     """Branching factor of the draft tree (`--speculative-eagle-topk`)."""
     num_draft_tokens: int = Field(default=4, ge=2, le=257)
     """Tokens verified per request per step (`--speculative-num-draft-tokens`)."""
+    off_step_tokens: int = Field(default=1, ge=1, le=257)
+    """Tokens each request decodes in one step with speculation off
+    (`--speculative-off-step-tokens`): that many plain decode forwards run back to back, so the
+    engine's per-step scheduling work is paid once per this many tokens, and tokens reach
+    clients that many at a time while speculation is off. On one H200, 4 gave 1.13x a plain
+    server's throughput at 16 concurrent requests and 1.29x at 64 (BENCHMARKS.md); verified
+    at tensor parallel 1 only so far. At most numDraftTokens; ignored with control.mode
+    alwaysOn."""
     control: SpeculationControl = Field(default_factory=SpeculationControl)
     """Runtime control of speculation."""
 

@@ -57,6 +57,7 @@ def full(schema: dict[str, Any]) -> api.SpecDecodeDeployment:
             "numSteps": 5,
             "eagleTopk": 1,
             "numDraftTokens": 6,
+            "offStepTokens": 4,
             "control": {
                 "mode": "dynamic",
                 "threshold": 12,
@@ -126,6 +127,7 @@ def test_every_spec_field_reaches_the_manifests(full: api.SpecDecodeDeployment) 
     assert _flag(args, "--speculative-eagle-topk") == "1"
     assert _flag(args, "--speculative-num-draft-tokens") == "6"
     assert _flag(args, "--speculative-disable-batch-threshold") == "12"
+    assert _flag(args, "--speculative-off-step-tokens") == "4"
     assert _flag(args, "--tp-size") == "4"
     assert _flag(args, "--port") == "31000"
     assert _flag(args, "--mem-fraction-static") == "0.8"
@@ -200,6 +202,7 @@ def test_defaults_reach_the_manifests(schema: dict[str, Any]) -> None:
     assert _flag(c["args"], "--tp-size") == "8"
     assert _flag(c["args"], "--served-model-name") == "demo"
     assert _flag(c["args"], "--speculative-disable-batch-threshold") == "8"
+    assert "--speculative-off-step-tokens" not in c["args"]  # the engine's own default, 1
     assert _flag(c["args"], "--model-path") == "meta-llama/Llama-3.1-8B-Instruct"  # image source
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "8"
     pod = kinds[("Deployment", "demo-engine")]["spec"]["template"]["spec"]
@@ -214,12 +217,12 @@ def test_defaults_reach_the_manifests(schema: dict[str, Any]) -> None:
 def test_control_mode_sets_the_initial_threshold(
     mode: str, flag: str | None, schema: dict[str, Any]
 ) -> None:
-    sdd = _sdd(
-        minimal_resource(speculative={"draftModel": {"path": "d"}, "control": {"mode": mode}}),
-        schema,
-    )
+    speculative = {"draftModel": {"path": "d"}, "offStepTokens": 2, "control": {"mode": mode}}
+    sdd = _sdd(minimal_resource(speculative=speculative), schema)
     args = _engine_container(render.render(sdd), "demo")["args"]
     assert _flag(args, "--speculative-disable-batch-threshold") == flag
+    # Off steps exist only with a threshold; the engine refuses the flag without one.
+    assert _flag(args, "--speculative-off-step-tokens") == (None if flag is None else "2")
 
 
 def test_host_path_source_mounts_the_directory(schema: dict[str, Any]) -> None:

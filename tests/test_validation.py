@@ -76,6 +76,18 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "numDraftTokens must equal numSteps + 1",
     ),
     (
+        "off-step-tokens-zero",
+        {"speculative": {"draftModel": {"path": "d"}, "offStepTokens": 0}},
+        "spec.speculative.offStepTokens",
+        "minimum",
+    ),
+    (
+        "cel-off-step-tokens-above-draft-tokens",
+        {"speculative": {"draftModel": {"path": "d"}, "offStepTokens": 5}},
+        "spec.speculative",
+        "offStepTokens cannot exceed numDraftTokens",
+    ),
+    (
         "cel-tree-too-small",
         {
             "speculative": {

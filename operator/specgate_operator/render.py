@@ -122,6 +122,9 @@ def engine_args(sdd: api.SpecDecodeDeployment) -> list[str]:
     threshold = initial_threshold(spec_dec.control)
     if threshold is not None:
         args += ["--speculative-disable-batch-threshold", str(threshold)]
+        if spec_dec.off_step_tokens != 1:
+            # Only a server with the threshold has off steps; without it the flag is refused.
+            args += ["--speculative-off-step-tokens", str(spec_dec.off_step_tokens)]
     if engine.mem_fraction_static is not None:
         args += ["--mem-fraction-static", f"{engine.mem_fraction_static:g}"]
     if engine.max_running_requests is not None:
