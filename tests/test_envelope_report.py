@@ -1244,6 +1244,20 @@ def test_runs_before_checksums_count_only_while_the_patch_is_theirs(report: Modu
     assert not report.ran_patch("gpu-envelope-65-x.json", {"patch_sha256": "abc"}, old)
 
 
+def test_a_run_of_a_patch_that_counted_differently_counts_as_the_later_one(
+    report: ModuleType,
+) -> None:
+    """Jobs 77-81's patch computed every step as the next one does and only undercounted the
+    engine's own token counters; the mapping is one way and to that one patch only."""
+    ((recorded, later),) = report.COUNTERS_ONLY_PATCH_SHA256.items()
+    assert recorded != later
+    run = {"patch_sha256": recorded}
+    assert report.ran_patch("gpu-envelope-78-x.json", run, later)
+    assert not report.ran_patch("gpu-envelope-78-x.json", run, "a later patch")
+    assert not report.ran_patch("gpu-envelope-78-x.json", {"patch_sha256": later}, recorded)
+    assert recorded not in report.SAME_SOURCE_PATCH_SHA256
+
+
 def test_a_run_of_a_patch_with_the_same_source_counts_as_the_later_one(
     report: ModuleType,
 ) -> None:

@@ -203,8 +203,29 @@ def test_an_off_step_of_several_tokens_hands_the_scheduler_a_verify_shaped_resul
     (uncounted,) = [n for n in resolve.body if isinstance(n, ast.If)
                     and ast.unparse(n.test) == "result.speculating is False"]  # fmt: skip
     assert "result.num_correct_drafts = 0" in ast.unparse(uncounted.body)
+    assert "result.num_off_step_extra_tokens = (stride - 1) * len(batch.reqs)" in ast.unparse(fast)
+
+
+def test_an_off_step_of_several_tokens_counts_every_token_it_generated(
+    patched_site: Path,
+) -> None:
+    """The router learns each mode's speed from the engine's generated-token count
+    (/v1/loads decode_moments): an off step of K tokens that counted one a request would look
+    K times slower than it is. Upstream counts one a request plus the accepted drafts; an off
+    step's other K - 1 tokens a request are counted beside them, in each of the three counts
+    (decode moments, the realtime token metric, the logged throughput), and not as drafts."""
+    srt = patched_site / "sglang" / "srt"
+    processor = srt / "managers" / "scheduler_components" / "batch_result_processor.py"
     decode = _function(processor, "SchedulerBatchResultProcessor.process_batch_result_decode")
-    assert "(result.speculative_num_draft_tokens - 1) * len(batch.reqs)" in ast.unparse(decode)
+    assert "len(batch.reqs) + result.num_off_step_extra_tokens" in ast.unparse(decode)
+    (stats,) = _calls(decode, "report_decode_stats")
+    counted = {kw.arg: ast.unparse(kw.value) for kw in stats.keywords}
+    assert counted["num_correct_drafts"] == (
+        "result.num_correct_drafts + result.num_off_step_extra_tokens")  # fmt: skip
+    counters = _function(srt / "managers" / "scheduler.py", "Scheduler._record_step_counters")
+    (moment,) = _calls(counters, "_accumulate_decode_moment")
+    assert ast.unparse(moment.args[3]) == (
+        "batch_size + result.num_correct_drafts + result.num_off_step_extra_tokens")  # fmt: skip
 
 
 def test_off_step_tokens_are_checked_at_start_up_after_the_algorithm_defaults(
