@@ -1244,12 +1244,12 @@ def test_runs_before_checksums_count_only_while_the_patch_is_theirs(report: Modu
     assert not report.ran_patch("gpu-envelope-65-x.json", {"patch_sha256": "abc"}, old)
 
 
-def test_a_run_of_a_patch_that_counted_differently_counts_as_the_later_one(
+def test_a_run_of_a_patch_with_the_same_steps_counts_as_the_later_one(
     report: ModuleType,
 ) -> None:
-    """Jobs 77-81's patch computed every step as the next one does and only undercounted the
-    engine's own token counters; the mapping is one way and to that one patch only."""
-    ((recorded, later),) = report.COUNTERS_ONLY_PATCH_SHA256.items()
+    """Jobs 77-81's patch computed every step they ran as the next one does; the mapping is one
+    way and to that one patch only."""
+    ((recorded, later),) = report.SAME_STEPS_PATCH_SHA256.items()
     assert recorded != later
     run = {"patch_sha256": recorded}
     assert report.ran_patch("gpu-envelope-78-x.json", run, later)

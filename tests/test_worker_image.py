@@ -184,7 +184,7 @@ def test_an_off_step_of_several_tokens_hands_the_scheduler_a_verify_shaped_resul
     assert stepped["forward_batch.input_ids"] == "sampled[-1]"
     assert stepped["forward_batch.positions"] == "forward_batch.positions + 1"
     assert stepped["forward_batch.seq_lens"] == "forward_batch.seq_lens + 1"
-    assert stepped["forward_batch.out_cache_loc"] == "slots[:, i]"
+    assert stepped["forward_batch.out_cache_loc"] == "slots[i]"
     after = {ast.unparse(n.targets[0]): ast.unparse(n.value) for n in plain.body
              if isinstance(n, ast.Assign)}  # fmt: skip
     assert after["result.speculative_num_draft_tokens"] == "tokens"
@@ -583,6 +583,13 @@ def test_the_uniform_store_writes_what_the_triton_kernel_writes(k: int) -> None:
     got = np.full((4, 16), -1)
     _uniform_store(got, rows, cur, out, k)
     assert got.tolist() == expected
+    # The off step's gather (_forward_plain_decode): forward i reads row i, request j's slot
+    # at its length plus i, in one contiguous row per forward.
+    rows_a, cur_a = np.array(rows), np.array(cur)
+    slots = got[rows_a[None, :], cur_a[None, :] + np.arange(k)[:, None]]
+    assert slots.shape == (k, len(rows)) and slots.flags["C_CONTIGUOUS"]
+    assert [slots[i].tolist() for i in range(k)] == [
+        [out[j * k + i] for j in range(len(rows))] for i in range(k)]  # fmt: skip
 
 
 def test_a_draft_kv_only_prefill_leaves_a_catch_up_and_no_proposal(patched_site: Path) -> None:
