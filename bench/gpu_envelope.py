@@ -201,9 +201,9 @@ def engine_args(name: str, common: list[str], eagle: list[str], adaptive: Path,
         "patched-off-eager-prompt-kv": [*common, *eagle,
                                         "--speculative-disable-batch-threshold", "0"],
         "patched-off-2": [*common, *eagle, "--speculative-disable-batch-threshold", "0",
-                          "--speculative-off-step-tokens", "2"],
+                          *verify.off_step_flags(2)],
         "patched-off-4": [*common, *eagle, "--speculative-disable-batch-threshold", "0",
-                          "--speculative-off-step-tokens", "4"],
+                          *verify.off_step_flags(4)],
     }[name]  # fmt: skip
 
 

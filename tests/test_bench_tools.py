@@ -194,3 +194,18 @@ def test_a_step_splits_into_the_parts_of_the_scheduler_loop(tmp_path: Path) -> N
     assert rest["busy_us"] == 300.0
     assert rest["us"]["FutureMap.resolve_seq_lens_cpu (o.py:1)"] == 300.0
     assert "TpModelWorker.forward_batch_generation (t.py:1)" not in rest["us"]
+
+
+def test_every_envelope_server_has_engine_flags_and_the_off_step_extras_their_tokens() -> None:
+    """A server kind without engine flags would stop a GPU job at its start; the several-token
+    off servers are pinned off (threshold 0) with their tokens a step, as the engine reads
+    them, and nothing else differs from patched-off."""
+    envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
+    common, eagle = ["--common"], ["--eagle"]
+    flags = {name: envelope.engine_args(name, common, eagle, Path("adaptive.json"))
+             for name in (*envelope.SERVERS, *envelope.EXTRAS)}  # fmt: skip
+    assert set(envelope.SIM_THRESHOLD) <= set(flags)
+    off = flags["patched-off"]
+    for name, tokens in (("patched-off-2", "2"), ("patched-off-4", "4")):
+        assert flags[name] == [*off, "--speculative-off-step-tokens", tokens]
+        assert envelope.SIM_THRESHOLD[name] == "0"

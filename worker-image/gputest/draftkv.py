@@ -45,8 +45,8 @@ ones only from 6 layers up: with 4 the draft's fc got two (the first GPU run, 20
 CLIENTS = 8
 WINDOW = 0.3
 RUNS = {"control": 0.0, "early": 0.3, "synced": 2.0}
-"""Each run's off stretch, as a multiple of the flip point, in tokens: with
---off-step-tokens K an off step decodes K (so the stretch is that many tokens over K steps)."""
+"""Each run's off stretch in tokens, as a multiple of the flip point (over a K-th as many off
+steps with --off-step-tokens K)."""
 
 
 def judge(results: dict[str, dict[str, Any]]) -> bool:
