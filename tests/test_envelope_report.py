@@ -1305,6 +1305,18 @@ def test_off_over_plain_pools_every_pair_of_the_patch_in_the_tree(report: Module
     assert report.off_over_plain_pooled(results, "unmeasured") == []
     # Another off server pools its own pairs: none here.
     assert report.off_over_plain_pooled(results, "now", "patched-off-4") == []
+    assert "| patched-off | 256-512 new tokens a request | 64 | 95 |" in (
+        report.off_over_plain_pooled_table(rows))  # fmt: skip
+
+
+def test_the_pooled_off_servers_are_plotted_side_by_side(
+    report: ModuleType, tmp_path: Path
+) -> None:
+    rows = [{"server": server, "workload": "", "c": c, "geomean": mean, "p05": mean - 0.03,
+             "p95": mean + 0.03} for server, mean in (("patched-off", 0.9), ("patched-off-4", 1.3))
+            for c in (16, 64)]  # fmt: skip
+    report.plot_off_over_plain_pooled(rows, tmp_path / "pooled.png")
+    assert (tmp_path / "pooled.png").stat().st_size > 10_000
 
 
 def test_the_pooled_interval_resamples_jobs_before_pairs(report: ModuleType) -> None:
