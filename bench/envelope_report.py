@@ -103,6 +103,8 @@ def workload(result: dict[str, Any]) -> str:
         differences.append(f"prefill CUDA graphs up to {graph_tokens} tokens")
     if result.get("flush_cache"):
         differences.append("prefix caches emptied before each window")
+    if (tokens := result.get("off_step_tokens") or 1) != 1:
+        differences.append(f"off steps of {tokens} tokens a request (routed, patched-8)")
     if sizes := sorted({len(s["cpus"]) for s in result.get("servers", {}).values()
                         if s.get("cpus")}):  # fmt: skip
         each = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"

@@ -177,10 +177,14 @@ def replica_label(name: str, replica: int) -> str:
 
 
 def engine_args(name: str, common: list[str], eagle: list[str], adaptive: Path,
-                routed_threshold: int = 8) -> list[str]:  # fmt: skip
+                routed_threshold: int = 8, off_step_tokens: int = 1) -> list[str]:  # fmt: skip
     """A server's engine flags; routed ones start at `routed_threshold`, which their router
-    adopts from them (it continues from what a pod runs with)."""
-    routed = [*common, *eagle, "--speculative-disable-batch-threshold", str(routed_threshold)]
+    adopts from them (it continues from what a pod runs with). The routed servers and
+    patched-8, whose steps go off where their threshold says, decode `off_step_tokens` a
+    request per off step (--off-step-tokens); the pinned servers keep their own."""
+    several = verify.off_step_flags(off_step_tokens)
+    routed = [*common, *eagle, "--speculative-disable-batch-threshold", str(routed_threshold),
+              *several]  # fmt: skip
     return {
         "plain": common,
         "always-on": [*common, *eagle],
@@ -190,7 +194,7 @@ def engine_args(name: str, common: list[str], eagle: list[str], adaptive: Path,
         "specgate": routed,
         "specgate-probes": routed,
         "patched-off": [*common, *eagle, "--speculative-disable-batch-threshold", "0"],
-        "patched-8": [*common, *eagle, "--speculative-disable-batch-threshold", "8"],
+        "patched-8": [*common, *eagle, "--speculative-disable-batch-threshold", "8", *several],
         "patched-on": [*common, *eagle, "--speculative-disable-batch-threshold",
                        str(SPECULATING_THRESHOLD)],
         "patched-off-upstream-extend": [*common, *eagle,
@@ -1117,6 +1121,10 @@ def main() -> int:
                         help="the threshold the routed engine starts with and its router adopts "
                         "(above the largest batch, with no learning phase and no probe within "
                         "the run, the routed engine speculates throughout)")  # fmt: skip
+    parser.add_argument("--off-step-tokens", type=int, default=1,
+                        help="tokens a request decodes per speculation-off step on the routed "
+                        "servers and patched-8 (the engine's --speculative-off-step-tokens; "
+                        "their own report section otherwise)")  # fmt: skip
     parser.add_argument("--client-keepalive", action="store_true",
                         help="each client keeps one HTTP connection open, as SDK clients do "
                         "(without it, a connection per request: about 140 new connections a "
@@ -1231,6 +1239,10 @@ def main() -> int:
                      f"{routed[0] if routed else 'a routed server'}")  # fmt: skip
     if args.prefill_graph_tokens < 0:
         parser.error("--prefill-graph-tokens: 0 (eager prefills) or a positive token count")
+    draft_tokens = int(verify.EAGLE[verify.EAGLE.index("--speculative-num-draft-tokens") + 1])
+    if not 1 <= args.off_step_tokens <= draft_tokens:
+        parser.error(f"--off-step-tokens {args.off_step_tokens}: 1 to {draft_tokens} (the "
+                     "engine's --speculative-num-draft-tokens)")  # fmt: skip
     names = [*main_servers, *extras]
     processes = [(name, k) for k in range(1, args.replicas + 1) for name in names]
     pinned: list[list[int]] | None = None
@@ -1306,7 +1318,7 @@ def main() -> int:
             name,
             args.port_base + i,
             placements[i % len(placements)],
-            engine_args(name, common, eagle, adaptive, args.router_threshold),
+            engine_args(name, common, eagle, adaptive, args.router_threshold, args.off_step_tokens),
             envs[name],
             router_port=args.port_base + ROUTER_OFFSET if name in ROUTED else None,
             cpus=pinned[1 + i] if pinned else None,
@@ -1322,6 +1334,7 @@ def main() -> int:
         "new_tokens": list(new_tokens), "prefill_graph_tokens": args.prefill_graph_tokens,
         "benchmark_cpus": pinned[0] if pinned else None, "flush_cache": args.flush_cache,
         "router_threshold": args.router_threshold, "client_keepalive": args.client_keepalive,
+        "off_step_tokens": args.off_step_tokens,
         "predicted_accept_length": round(acceptance(args.c, args.temperature, 3)[1], 3),
         "levels": levels, "repeat": args.repeat, "seconds": args.seconds,
         "warmup": args.warmup, "extra": extras, "extra_levels": extra_levels,

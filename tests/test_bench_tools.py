@@ -209,3 +209,12 @@ def test_every_envelope_server_has_engine_flags_and_the_off_step_extras_their_to
     for name, tokens in (("patched-off-2", "2"), ("patched-off-4", "4")):
         assert flags[name] == [*off, "--speculative-off-step-tokens", tokens]
         assert envelope.SIM_THRESHOLD[name] == "0"
+    # --off-step-tokens: the servers whose steps go off where a threshold says take it; the
+    # pinned ones keep their own.
+    four = {name: envelope.engine_args(name, common, eagle, Path("adaptive.json"),
+                                       off_step_tokens=4)
+            for name in (*envelope.SERVERS, *envelope.EXTRAS)}  # fmt: skip
+    several = ["--speculative-off-step-tokens", "4"]
+    changed = {name for name in four if four[name] != flags[name]}
+    assert changed == {"specgate", "specgate-probes", "patched-8"}
+    assert all(four[name] == [*flags[name], *several] for name in changed)

@@ -521,6 +521,8 @@ def test_gpu_envelope_runs_replicas_each_in_its_own_window(report: ModuleType,
         (["--new-tokens", "128"], "--new-tokens '128': give MIN,MAX"),
         (["--new-tokens", "192,64"], "need 1 <= MIN <= MAX"),
         (["--prefill-graph-tokens", "-1"], "--prefill-graph-tokens: 0 (eager prefills)"),
+        (["--off-step-tokens", "5"], "--off-step-tokens 5: 1 to 4 (the engine's"),
+        (["--off-step-tokens", "0"], "--off-step-tokens 0: 1 to 4"),
         (["--router-threshold", "146"], "--router-threshold 146: 0 to 128 for specgate"),
         (["--servers", "specgate-probes", "--router-threshold", "-1"],
          "--router-threshold -1: 0 to 256 for specgate-probes"),
@@ -1091,6 +1093,19 @@ def test_a_job_on_another_target_shape_gets_its_own_section(report: ModuleType) 
     assert report.workload({"shape": eight, "flush_cache": True}) == (
         "target Llama 8B-class (hidden 4096, 32 layers, GQA 32/8), "
         "prefix caches emptied before each window"
+    )
+
+
+def test_a_job_whose_routed_engines_decode_several_tokens_an_off_step_pools_apart(
+    report: ModuleType,
+) -> None:
+    """gpu_envelope.py --off-step-tokens K: the routed servers' off steps are another engine
+    configuration, so such a job never fills the sweep's tables; K = 1 (the default, and what
+    jobs before the option recorded by leaving it out) is the sweep's."""
+    assert report.workload({"off_step_tokens": 1}) == report.workload({}) == ""
+    assert report.workload({"off_step_tokens": 4, "flush_cache": True}) == (
+        "prefix caches emptied before each window, "
+        "off steps of 4 tokens a request (routed, patched-8)"
     )
 
 
