@@ -183,8 +183,14 @@ def engine_args(name: str, common: list[str], eagle: list[str], adaptive: Path,
     patched-8, whose steps go off where their threshold says, decode `off_step_tokens` a
     request per off step (--off-step-tokens); the pinned servers keep their own."""
     several = verify.off_step_flags(off_step_tokens)
-    routed = [*common, *eagle, "--speculative-disable-batch-threshold", str(routed_threshold),
-              *several]  # fmt: skip
+
+    def patched(threshold: object, *more: str) -> list[str]:
+        return [*common, *eagle, "--speculative-disable-batch-threshold", str(threshold), *more]
+
+    routed = patched(routed_threshold, *several)
+    # The pinned-off kinds differ from patched-off in their environment (gpu_envelope's envs)
+    # or their tokens an off step, not in these flags.
+    pinned_off = patched(0)
     return {
         "plain": common,
         "always-on": [*common, *eagle],
@@ -193,21 +199,15 @@ def engine_args(name: str, common: list[str], eagle: list[str], adaptive: Path,
                            "--speculative-adaptive-config", str(adaptive)],
         "specgate": routed,
         "specgate-probes": routed,
-        "patched-off": [*common, *eagle, "--speculative-disable-batch-threshold", "0"],
-        "patched-8": [*common, *eagle, "--speculative-disable-batch-threshold", "8", *several],
-        "patched-on": [*common, *eagle, "--speculative-disable-batch-threshold",
-                       str(SPECULATING_THRESHOLD)],
-        "patched-off-upstream-extend": [*common, *eagle,
-                                        "--speculative-disable-batch-threshold", "0"],
-        "patched-off-lean": [*common, *eagle, "--speculative-disable-batch-threshold", "0"],
-        "patched-off-full-prefill": [*common, *eagle,
-                                     "--speculative-disable-batch-threshold", "0"],
-        "patched-off-eager-prompt-kv": [*common, *eagle,
-                                        "--speculative-disable-batch-threshold", "0"],
-        "patched-off-2": [*common, *eagle, "--speculative-disable-batch-threshold", "0",
-                          *verify.off_step_flags(2)],
-        "patched-off-4": [*common, *eagle, "--speculative-disable-batch-threshold", "0",
-                          *verify.off_step_flags(4)],
+        "patched-off": pinned_off,
+        "patched-8": patched(8, *several),
+        "patched-on": patched(SPECULATING_THRESHOLD),
+        "patched-off-upstream-extend": pinned_off,
+        "patched-off-lean": pinned_off,
+        "patched-off-full-prefill": pinned_off,
+        "patched-off-eager-prompt-kv": pinned_off,
+        "patched-off-2": patched(0, *verify.off_step_flags(2)),
+        "patched-off-4": patched(0, *verify.off_step_flags(4)),
     }[name]  # fmt: skip
 
 
