@@ -31,10 +31,11 @@ PROFILE = profiles.load("rtx-pro-6000-x8")
 PARAMS = ControlSettings(hysteresis=0, cooldown_seconds=0)
 
 
-def analytic_samples(threshold: int, repeats: int = 3) -> list[control.Sample]:
-    """What a pod at `threshold` would show: speculating just below it, plain just above."""
+def analytic_samples(threshold: int, repeats: int = 3, start: float = 0.0) -> list[control.Sample]:
+    """What a pod at `threshold` would show: speculating just below it, plain just above, in
+    samples taken one second apart after `start`."""
     low, _, high = control.window(threshold)
-    out, t = [], 0.0
+    out, t = [], start
     for b in range(math.ceil(low), threshold + 1):
         for _ in range(repeats):
             t += 1
@@ -57,7 +58,8 @@ def scraped(measured: list[tuple[float, float, float]], scrapes: int) -> list[co
 def test_controller_converges_to_the_true_crossover(start: int) -> None:
     decision = control.Decision(start, "initial", -math.inf)
     for step in range(10):
-        samples = analytic_samples(decision.threshold or 1)
+        # Measured at the pod's current threshold, after its last change.
+        samples = analytic_samples(decision.threshold or 1, start=1000.0 * step)
         decision = control.decide(samples=samples, previous=decision, now=1000.0 * (step + 1),
                                   fresh=True, params=PARAMS)  # fmt: skip
     assert decision.threshold == PROFILE.crossover_batch()
@@ -159,22 +161,28 @@ def test_hysteresis_holds_a_near_estimate() -> None:
 def test_cooldown_delays_a_change() -> None:
     params = ControlSettings(hysteresis=0, cooldown_seconds=30)
     previous = control.Decision(16, "x", 100.0)
-    held = control.decide(samples=analytic_samples(16), previous=previous, now=110.0,
-                          fresh=True, params=params)  # fmt: skip
+    samples = analytic_samples(16, start=100.0)
+    held = control.decide(samples=samples, previous=previous, now=110.0, fresh=True,
+                          params=params)  # fmt: skip
     assert held.threshold == 16 and "cooling down" in held.reason
-    moved = control.decide(samples=analytic_samples(16), previous=previous, now=131.0,
-                           fresh=True, params=params)  # fmt: skip
+    moved = control.decide(samples=samples, previous=previous, now=131.0, fresh=True,
+                           params=params)  # fmt: skip
     assert moved.threshold == 8 and moved.changed_at == 131.0
 
 
 def run_estimates(by_threshold: dict[int, int], start: control.Decision, steps: int,
-                  params: ControlSettings) -> list[int | None]:  # fmt: skip
+                  params: ControlSettings, *,
+                  measured: bool = True) -> list[int | None]:  # fmt: skip
     """The thresholds a pod takes, a cooldown apart, when each threshold's window estimates
-    what `by_threshold` says (the fit itself is tested above)."""
+    what `by_threshold` says (the fit itself is tested above), from samples taken in the
+    cooldown before each decision (`measured`) or all before the first."""
     decision, taken = start, []
     for step in range(steps):
-        estimates = {t: (e, f"estimate {e}") for t, e in by_threshold.items()}
         now = params.cooldown_seconds * (step + 1)
+        at = now - 0.5 if measured else -1.0
+        times = (at,) * params.min_samples
+        estimates = {t: control.Estimate(e, f"estimate {e}", times)
+                     for t, e in by_threshold.items()}  # fmt: skip
         decision = control.decide(samples=[], previous=decision, now=now, fresh=True,
                                   params=params, estimates=estimates)  # fmt: skip
         taken.append(decision.threshold)
@@ -198,6 +206,37 @@ def test_a_move_back_still_reaches_a_far_estimate() -> None:
     params = ControlSettings(hysteresis=1, cooldown_seconds=5)
     came_up = control.Decision(12, "x", -math.inf, moved=+1)
     assert run_estimates({12: 4, 9: 4, 4: 4}, came_up, 3, params) == [9, 4, 4]
+
+
+def test_a_pod_does_not_move_again_on_the_samples_it_moved_on() -> None:
+    """The H200 with four-token off steps (BENCHMARKS.md job 82): held at batch 32-64, under
+    thresholds 15 and 19 alike, a pod read 23 from 15 and 11 from 19 off the same samples
+    near them, all taken before either change, and swapped 15 <-> 19 every cooldown (5 s
+    there, 30 s by default) until the job ended. A move now needs samples measured near the
+    threshold since the last change; without them the pod holds."""
+    params = ControlSettings(hysteresis=1, cooldown_seconds=5)
+    came_down = control.Decision(15, "x", 0.0, moved=-1)
+    stale = run_estimates({15: 23, 19: 11}, came_down, 20, params, measured=False)
+    assert stale == [15] * 20
+    fresh = run_estimates({15: 23, 19: 11}, came_down, 2, params)
+    assert fresh == [19, 15]  # measured each time: the halfway rule's swap, which new data may end
+
+
+def test_a_load_holding_away_from_the_threshold_gives_no_new_evidence() -> None:
+    """With the real fit: the samples near threshold 16 predate its last change, and since
+    then the pod has run plain at batch 32 (outside the window around 16). The estimate
+    (8: the profile's crossover is 6) waits for samples near 16; once they come, it moves."""
+    params = ControlSettings(hysteresis=0, cooldown_seconds=5)
+    before = analytic_samples(16, start=0.0)
+    away = [control.Sample(100.0 + i, 32.0, PROFILE.steady_throughput(32, False), 0.0)
+            for i in range(20)]  # fmt: skip
+    previous = control.Decision(16, "x", 100.0, moved=+1)
+    held = control.decide(samples=before + away, previous=previous, now=130.0, fresh=True,
+                          params=params)  # fmt: skip
+    assert held.threshold == 16 and "holding: 0 samples near 16" in held.reason, held.reason
+    near = before + away + analytic_samples(16, start=120.0)
+    moved = control.decide(samples=near, previous=previous, now=200.0, fresh=True, params=params)
+    assert moved.threshold is not None and moved.threshold < 16, moved.reason
 
 
 def test_bounds_from_the_resource_are_respected() -> None:
@@ -603,7 +642,7 @@ def test_pods_sharing_estimates_decide_as_if_alone() -> None:
                                                 (11, 480, False)])]  # fmt: skip
     start = control.initial_decision(params)
     alone = control.decide(samples=samples, previous=start, now=10, fresh=True, params=params)
-    shared: dict[int, tuple[int | None, str]] = {}
+    shared: dict[int, control.Estimate] = {}
     first = control.decide(samples=samples, previous=start, now=10, fresh=True, params=params,
                            estimates=shared)  # fmt: skip
     second = control.decide(samples=[], previous=start, now=10, fresh=True, params=params,

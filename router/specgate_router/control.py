@@ -21,8 +21,10 @@ measured at that batch within the wait decides without one. Probes compare a pod
 (siblings at the same batch may serve another traffic mix), and pods of the latency pool do not
 probe: their threshold is what the pool is sized by.
 
-A new value is pushed only when it moves more than `hysteresis` from the current one and the
-pod's last change is `cooldownSeconds` old; stale metrics never produce a decision. A move
+A new value is pushed only when it moves more than `hysteresis` from the current one, the
+pod's last change is `cooldownSeconds` old, and samples near the current threshold were taken
+since that change (`min_samples`): a move needs evidence the last move has not already spent.
+Stale metrics never produce a decision. A move
 back the way the last one came goes halfway: the crossover lies between the two thresholds,
 and two windows that each read it on the other's side would otherwise swap them for ever. In
 dynamic mode the threshold stays >= 1: at 0 a pod would never speculate and the controller
@@ -34,6 +36,7 @@ feed them time instead of sleeping.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections.abc import Sequence
@@ -196,6 +199,30 @@ def fit(
     return Line(my - beta * mx, beta, len(pts), distinct, *span)
 
 
+class Estimate(NamedTuple):
+    """What the samples near one threshold say: where it should go (None: they cannot say), why,
+    and when the samples in its window were taken (sorted), so that a pod moves only on
+    samples measured since its last change."""
+
+    threshold: int | None
+    why: str
+    taken: tuple[float, ...] = ()
+
+    def taken_since(self, since: float) -> int:
+        return len(self.taken) - bisect.bisect_right(self.taken, since)
+
+
+def estimate(
+    samples: Sequence[Sample], *, current: int, now: float, params: ControlSettings
+) -> Estimate:
+    """`estimate_threshold` with the times of the samples in `current`'s own window (not the
+    widened one: a load holding far from the threshold keeps giving samples there, and they
+    are the same evidence every cooldown)."""
+    value, why = estimate_threshold(samples, current=current, now=now, params=params)
+    low, _, high = window(current)
+    return Estimate(value, why, tuple(sorted(s.at for s in samples if low <= s.batch <= high)))
+
+
 def estimate_threshold(
     samples: Sequence[Sample], *, current: int, now: float, params: ControlSettings
 ) -> tuple[int | None, str]:
@@ -287,7 +314,7 @@ def decide(
     now: float,
     fresh: bool,
     params: ControlSettings,
-    estimates: dict[int, tuple[int | None, str]] | None = None,
+    estimates: dict[int, Estimate] | None = None,
     own: Sequence[Sample] = (),
     may_probe: bool = True,
 ) -> Decision:
@@ -306,12 +333,12 @@ def decide(
     current = previous.threshold if previous.threshold is not None else params.max_threshold
     cached = estimates.get(current) if estimates is not None else None
     if cached is None:
-        cached = estimate_threshold(samples, current=current, now=now, params=params)
+        cached = estimate(samples, current=current, now=now, params=params)
         if estimates is not None:
             estimates[current] = cached
-    estimate, why = cached
-    if estimate is not None:
-        target = clamp(estimate, current, params)
+    value, why = cached.threshold, cached.why
+    if value is not None:
+        target = clamp(value, current, params)
         direction = (target > current) - (target < current)
         if direction and direction == -previous.moved:
             # Back the way the last move came: the crossover lies between the last two
@@ -320,12 +347,21 @@ def decide(
             # from 12: without this the pod switched 10 <-> 12 every cooldown.
             target = current + int((target - current) / 2)
             why = f"{why}; reversing the last move: halfway, {target}"
-        if abs(target - current) > params.hysteresis:
-            if now - previous.changed_at < params.cooldown_seconds:
-                wait = params.cooldown_seconds - (now - previous.changed_at)
-                return replace(previous, reason=f"{why}; cooling down {wait:.0f}s")
+        new = cached.taken_since(previous.changed_at)
+        if abs(target - current) <= params.hysteresis:
+            why = f"{why}; within hysteresis of {current}"
+        elif now - previous.changed_at < params.cooldown_seconds:
+            wait = params.cooldown_seconds - (now - previous.changed_at)
+            return replace(previous, reason=f"{why}; cooling down {wait:.0f}s")
+        elif new < params.min_samples:
+            # The samples near the threshold all predate its last change: the fit reads the
+            # same data as the move that brought it here. On the H200 (BENCHMARKS.md job 82) a
+            # pod held at batch 32-64 read 23 from threshold 15 and 11 from 19 off the same
+            # stale samples, and swapped 15 <-> 19 every cooldown; a load that holds away
+            # from the threshold is the probes' to measure.
+            why = f"{why}; holding: {new} samples near {current} since its last change"
+        else:
             return Decision(target, why, now, probe_wait=previous.probe_wait, moved=direction)
-        why = f"{why}; within hysteresis of {current}"
     explored = _explore(own, previous, now, params, may_probe=may_probe)
     return explored if explored is not None else replace(previous, reason=why)
 
@@ -344,7 +380,7 @@ def decide_pods(
 ) -> list[Decision]:
     """`decide` for every pod of a deployment: fits shared between pods at the same threshold,
     and one probe at a time, so a fleet that holds steady does not dip all at once."""
-    estimates: dict[int, tuple[int | None, str]] = {}
+    estimates: dict[int, Estimate] = {}
     probing = any(pod.previous.probe is not None for pod in pods)
     decisions = []
     for pod in pods:
