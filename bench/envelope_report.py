@@ -212,23 +212,28 @@ def learned(result: dict[str, Any]) -> bool:
 
 
 def compose(runs: dict[str, Stats], learning: Iterable[str] = ()) -> tuple[Stats, dict[int, str]]:
-    """One run per concurrency: the last run (in name order, which is the order they ran) that
-    measured plain, always-on and a routed server there, and above START_THRESHOLD only runs
-    in `learning` (their router learned before the sweep). The host's speed moved by up to 1.5x
-    between GPU jobs, so figures of one row must come from one job to stay side by side. A
-    server that run did not measure comes from the last run that did, its row marked with that
-    run ("run"), and no ratio is taken across runs (`envelope_ratio`)."""
+    """One run per concurrency: of the runs that measured plain, always-on and a routed server
+    there (above START_THRESHOLD only runs in `learning`: their router learned before the
+    sweep), the one whose three servers all have the most windows there, the last of equals
+    (in name order, which is the order they ran). The host's speed moved by up to 1.5x between
+    GPU jobs, so figures of one row must come from one job to stay side by side. A server that
+    run did not measure comes from the last run that did, its row marked with that run
+    ("run"), and no ratio is taken across runs (`envelope_ratio`)."""
     learning = set(learning)
     stats: Stats = {}
     source: dict[int, str] = {}
+    most: dict[int, int] = {}
     for name, run in sorted(runs.items(), key=lambda kv: run_order(kv[0])):
         for c in sorted({c for by_c in run.values() for c in by_c}):
             if c > START_THRESHOLD and name not in learning:
                 continue
-            if all(c in run.get(s, {}) for s in ("plain", "always-on")) and any(
-                c in run.get(s, {}) for s in ROUTED
-            ):
-                source[c] = name
+            routed = [run[s][c] for s in ROUTED if c in run.get(s, {})]
+            if not routed or not all(c in run.get(s, {}) for s in ("plain", "always-on")):
+                continue
+            windows = min(run["plain"][c].get("windows", 1), run["always-on"][c].get("windows", 1),
+                          max(r.get("windows", 1) for r in routed))  # fmt: skip
+            if windows >= most.get(c, 0):
+                source[c], most[c] = name, windows
     for c, name in source.items():
         for other, run in sorted(runs.items(), key=lambda kv: run_order(kv[0])):
             for server, by_c in run.items():

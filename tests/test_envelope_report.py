@@ -90,6 +90,28 @@ def test_rows_above_the_start_threshold_come_from_jobs_whose_router_learned(
     assert report.compose(runs, runs)[1] == {4: "gpu-envelope-2.json", 16: "gpu-envelope-2.json"}
 
 
+def test_a_row_comes_from_the_job_with_the_most_windows_there(report: ModuleType) -> None:
+    """Job 85 measured c = 32 in three windows a server after job 84 had in eight: the row is
+    job 84's. Of jobs with as many windows, the later one; a server's missing windows count."""
+
+    def job(rates: dict[str, list[float]]) -> dict[str, Any]:
+        windows = [window(s, 32, rate, steps_on=50, steps_off=0) for s, rs in rates.items()
+                   for rate in rs]  # fmt: skip
+        return report.summarise(windows)
+
+    eight = {"plain": [1000] * 8, "always-on": [1500] * 8, "specgate-probes": [1400] * 8}
+    three = {s: rates[:3] for s, rates in eight.items()}
+    runs = {"gpu-envelope-84.json": job(eight), "gpu-envelope-85.json": job(three)}
+    learning = list(runs)
+    assert report.compose(runs, learning)[1] == {32: "gpu-envelope-84.json"}
+    runs["gpu-envelope-86.json"] = job(eight)
+    learning.append("gpu-envelope-86.json")
+    assert report.compose(runs, learning)[1] == {32: "gpu-envelope-86.json"}
+    thin_router = {**eight, "specgate-probes": [1400] * 2}
+    runs["gpu-envelope-87.json"] = job(thin_router)
+    assert report.compose(runs, [*runs])[1] == {32: "gpu-envelope-86.json"}
+
+
 def test_same_mode_pairs_compare_a_routed_window_with_the_static_server_in_its_mode(
     report: ModuleType,
 ) -> None:
