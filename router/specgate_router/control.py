@@ -200,27 +200,26 @@ def fit(
 
 
 class Estimate(NamedTuple):
-    """What the samples near one threshold say: where it should go (None: they cannot say), why,
-    and when the samples in its window were taken (sorted), so that a pod moves only on
-    samples measured since its last change."""
+    """What the samples near one threshold say: where it should go (None: they cannot say) and
+    why; once a move asks for them (`with_taken`), when the samples in the threshold's window
+    were taken (sorted), so that a pod moves only on samples measured since its last change."""
 
     threshold: int | None
     why: str
-    taken: tuple[float, ...] = ()
+    taken: tuple[float, ...] | None = None
+
+    def with_taken(self, samples: Sequence[Sample], current: int) -> Estimate:
+        """The times of the samples in `current`'s own window (not a widened one: a load
+        holding far from the threshold keeps giving samples there, the same evidence every
+        cooldown). Only a move needs them, so the scan runs then, once per threshold."""
+        if self.taken is not None:
+            return self
+        low, _, high = window(current)
+        return self._replace(taken=tuple(sorted(s.at for s in samples if low <= s.batch <= high)))
 
     def taken_since(self, since: float) -> int:
-        return len(self.taken) - bisect.bisect_right(self.taken, since)
-
-
-def estimate(
-    samples: Sequence[Sample], *, current: int, now: float, params: ControlSettings
-) -> Estimate:
-    """`estimate_threshold` with the times of the samples in `current`'s own window (not the
-    widened one: a load holding far from the threshold keeps giving samples there, and they
-    are the same evidence every cooldown)."""
-    value, why = estimate_threshold(samples, current=current, now=now, params=params)
-    low, _, high = window(current)
-    return Estimate(value, why, tuple(sorted(s.at for s in samples if low <= s.batch <= high)))
+        taken = self.taken or ()
+        return len(taken) - bisect.bisect_right(taken, since)
 
 
 def estimate_threshold(
@@ -333,7 +332,7 @@ def decide(
     current = previous.threshold if previous.threshold is not None else params.max_threshold
     cached = estimates.get(current) if estimates is not None else None
     if cached is None:
-        cached = estimate(samples, current=current, now=now, params=params)
+        cached = Estimate(*estimate_threshold(samples, current=current, now=now, params=params))
         if estimates is not None:
             estimates[current] = cached
     value, why = cached.threshold, cached.why
@@ -347,21 +346,24 @@ def decide(
             # from 12: without this the pod switched 10 <-> 12 every cooldown.
             target = current + int((target - current) / 2)
             why = f"{why}; reversing the last move: halfway, {target}"
-        new = cached.taken_since(previous.changed_at)
         if abs(target - current) <= params.hysteresis:
             why = f"{why}; within hysteresis of {current}"
         elif now - previous.changed_at < params.cooldown_seconds:
             wait = params.cooldown_seconds - (now - previous.changed_at)
             return replace(previous, reason=f"{why}; cooling down {wait:.0f}s")
-        elif new < params.min_samples:
+        else:
+            cached = cached.with_taken(samples, current)
+            if estimates is not None:
+                estimates[current] = cached
+            new = cached.taken_since(previous.changed_at)
+            if new >= params.min_samples:
+                return Decision(target, why, now, probe_wait=previous.probe_wait, moved=direction)
             # The samples near the threshold all predate its last change: the fit reads the
             # same data as the move that brought it here. On the H200 (BENCHMARKS.md job 82) a
             # pod held at batch 32-64 read 23 from threshold 15 and 11 from 19 off the same
             # stale samples, and swapped 15 <-> 19 every cooldown; a load that holds away
             # from the threshold is the probes' to measure.
             why = f"{why}; holding: {new} samples near {current} since its last change"
-        else:
-            return Decision(target, why, now, probe_wait=previous.probe_wait, moved=direction)
     explored = _explore(own, previous, now, params, may_probe=may_probe)
     return explored if explored is not None else replace(previous, reason=why)
 
