@@ -174,6 +174,9 @@ FITTED_RUNS = ("gpu-envelope-1-low-c.json", "gpu-envelope-2-high-c.json")
 DEPLOYED = "prefill CUDA graphs up to 2048 tokens, prefix caches emptied before each window"
 """workload() of the sweep as the operator's pods run it (jobs 32-33), which has a simulator
 profile of its own."""
+DEPLOYED_OFF_STEP_4 = f"{DEPLOYED}, off steps of 4 tokens a request (routed, patched-8)"
+"""workload() of the deployed sweep with the routed engine's off steps four tokens a request
+(jobs 82-85)."""
 DEPLOYED_PROFILE_PATH = PROFILE_PATH.with_name("h200-3b-synthetic-deployed.json")
 DEPLOYED_FITTED_RUNS = (
     "gpu-envelope-32-sweep-deployed-low-c.json",
@@ -774,6 +777,60 @@ def plot(
     fig.savefig(path, dpi=110)
 
 
+ENVELOPE_TARGET = 0.97
+"""X_d' / max(X_a, X_b) at every concurrency: the envelope's target (BENCHMARKS.md)."""
+
+
+def deployed_ratio_series(
+    summary: dict[str, Any],
+) -> list[tuple[str, dict[int, float], dict[int, float]]]:
+    """Per off-step length the deployed sweep ran at (TP 1, temperature 0.9), a label naming
+    the jobs its rows come from, and its medians' and 80th percentiles' envelope ratios."""
+    series = []
+    for tokens, differs in ((1, DEPLOYED), (4, DEPLOYED_OFF_STEP_4)):
+        found = summary.get(f"tp1_t{ENVELOPE_TEMPERATURE:g}_{slug(differs)}") or {}
+        if rows := found.get("row_source"):
+            jobs = ", ".join(map(str, sorted({job_number(run) for run in rows.values()})))
+            series.append((f"offStepTokens {tokens} (jobs {jobs})", found["ratio_router_probing"],
+                           found["ratio_router_probing_undisturbed"]))  # fmt: skip
+    return series
+
+
+def plot_envelope_ratios(series: Sequence[tuple[str, dict[int, float], dict[int, float]]],
+                         path: Path) -> None:  # fmt: skip
+    """The routed server over the better static server against concurrency, one colour per
+    (label, medians' ratio, 80th percentiles' ratio), the second dashed, with the target."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for (label, medians, undisturbed), colour in zip(series, ("C0", "C3", "C2"), strict=False):
+        cs = sorted(medians)
+        ax.plot(cs, [medians[c] for c in cs], "o-", color=colour, label=f"{label}: medians")
+        us = sorted(undisturbed)
+        ax.plot(us, [undisturbed[c] for c in us], "x--", color=colour, alpha=0.7,
+                label=f"{label}: 80th percentiles")  # fmt: skip
+    ax.axhline(ENVELOPE_TARGET, color="k", linewidth=1, linestyle=":",
+               label=f"target {ENVELOPE_TARGET}")  # fmt: skip
+    ax.axhline(1.0, color="grey", linewidth=0.5)
+    ax.set_xscale("log", base=2)
+    grid = [1, 2, 4, 8, 16, 32, 64, 128]
+    ax.set_xticks(grid, [str(c) for c in grid])
+    ax.set_xlabel("concurrency (closed-loop clients)")
+    ax.set_ylabel("routed server / max(plain, always-on)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title(
+        "H200, TP 1, as deployed: the router's envelope by tokens a request per off "
+        "step\n(each level from one GPU job, every window side by side)",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 OFF_HISTORY_LEVELS = (16, 64)
 """The worker-image target's two levels: the off step at >= OFF_TARGET of plain at both."""
 OFF_TARGET = 0.95
@@ -1322,6 +1379,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         summary[key] = group_summary
         if group_stats:
             plot(group_stats, None, args.out / png, tp=tp, accept=accept)
+    if len(by_tokens := deployed_ratio_series(summary)) == 2:
+        plot_envelope_ratios(by_tokens, args.out / "gpu_envelope_deployed_ratio.png")
     history = off_over_plain_history(results, variants)
     if history:
         md += ("\n## Speculation off over plain, every run at tensor parallel 1\n\n"

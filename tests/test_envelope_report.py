@@ -112,6 +112,29 @@ def test_a_row_comes_from_the_job_with_the_most_windows_there(report: ModuleType
     assert report.compose(runs, [*runs])[1] == {32: "gpu-envelope-86.json"}
 
 
+def test_the_deployed_ratio_plot_takes_both_off_step_lengths(
+    report: ModuleType, tmp_path: Path
+) -> None:
+    """One series per off-step length the deployed sweep ran at, labelled with the jobs its
+    rows come from; none for a group the report did not compose."""
+    key = f"tp1_t{report.ENVELOPE_TEMPERATURE:g}_"
+    one = {"row_source": {1: "gpu-envelope-38-a.json", 16: "gpu-envelope-57-b.json"},
+           "ratio_router_probing": {1: 1.0, 16: 0.87},
+           "ratio_router_probing_undisturbed": {1: 1.03, 16: 0.97}}  # fmt: skip
+    four = {**one, "row_source": {16: "gpu-envelope-84-c.json", 128: "gpu-envelope-82-d.json"}}
+    summary = {key + report.slug(report.DEPLOYED): one,
+               key + report.slug(report.DEPLOYED_OFF_STEP_4): four}  # fmt: skip
+    series = report.deployed_ratio_series(summary)
+    assert [label for label, _, _ in series] == [
+        "offStepTokens 1 (jobs 38, 57)", "offStepTokens 4 (jobs 82, 84)"
+    ]  # fmt: skip
+    assert series[0][1] == {1: 1.0, 16: 0.87} and series[0][2] == {1: 1.03, 16: 0.97}
+    del summary[key + report.slug(report.DEPLOYED_OFF_STEP_4)]
+    assert len(report.deployed_ratio_series(summary)) == 1
+    report.plot_envelope_ratios(series, tmp_path / "ratio.png")
+    assert (tmp_path / "ratio.png").stat().st_size > 10_000
+
+
 def test_same_mode_pairs_compare_a_routed_window_with_the_static_server_in_its_mode(
     report: ModuleType,
 ) -> None:
