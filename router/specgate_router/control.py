@@ -24,11 +24,11 @@ probe: their threshold is what the pool is sized by.
 A new value is pushed only when it moves more than `hysteresis` from the current one, the
 pod's last change is `cooldownSeconds` old, and samples near the current threshold were taken
 since that change (`min_samples`): a move needs evidence the last move has not already spent.
-Stale metrics never produce a decision. A move
-back the way the last one came goes halfway: the crossover lies between the two thresholds,
-and two windows that each read it on the other's side would otherwise swap them for ever. In
-dynamic mode the threshold stays >= 1: at 0 a pod would never speculate and the controller
-could never measure speculation again (use mode `off` for that).
+Stale metrics never produce a decision. A move back the way the last one came goes halfway:
+the crossover lies between the two thresholds, and two windows that each read it on the
+other's side would otherwise swap them for ever. In dynamic mode the threshold stays >= 1: at
+0 a pod would never speculate and the controller could never measure speculation again (use
+mode `off` for that).
 
 The same functions drive the router's control loop and the simulations in `bench/`, and tests
 feed them time instead of sleeping.
