@@ -112,6 +112,41 @@ def test_a_row_comes_from_the_job_with_the_most_windows_there(report: ModuleType
     assert report.compose(runs, [*runs])[1] == {32: "gpu-envelope-86.json"}
 
 
+def test_envelope_pairs_take_the_better_server_by_medians_and_pool_sound_runs(
+    report: ModuleType,
+) -> None:
+    """Window by window, the routed server over the static server with the higher median in
+    its run (here plain at 64 in one run, though always-on ran faster in one of its windows),
+    per run and level; pooled over runs from the fixed routed path on, less NOT_POOLED; and
+    above the start threshold only from runs whose router learned."""
+
+    def job(plain: list[float], on: list[float], routed: list[float]) -> dict[str, Any]:
+        windows = [window(server, 64, rate, rep=rep)
+                   for server, rates in (("plain", plain), ("always-on", on),
+                                         ("specgate-probes", routed))
+                   for rep, rate in enumerate(rates)]  # fmt: skip
+        return {"windows": windows}
+
+    results = {
+        "gpu-envelope-39-a.json": job([1000, 1000, 1000], [900, 1100, 900], [950, 1000, 1050]),
+        "gpu-envelope-42-misses-engines-capped-at-16.json": job([1000] * 2, [800] * 2, [500] * 2),
+        "gpu-envelope-84-b.json": job([1000, 1000], [800, 800], [1100, 1100]),
+        "gpu-envelope-85-c.json": job([1000, 1000], [800, 800], [100, 100]),  # no learning
+    }
+    runs = {name: report.summarise(r["windows"]) for name, r in results.items()}
+    learning = [name for name in results if "85" not in name]
+    rows = report.envelope_pairs(results, runs, learning)
+    per_run = {row["run"]: row for row in rows if "runs" not in row}
+    assert set(per_run) == set(learning)  # job 85's router never learned: not its c = 64
+    first = per_run["gpu-envelope-39-a.json"]
+    assert first["over"] == "plain" and first["pairs"] == 3
+    assert first["geomean"] == round((0.95 * 1.0 * 1.05) ** (1 / 3), 3)
+    (pooled,) = [row for row in rows if "runs" in row]
+    assert pooled["runs"] == ["gpu-envelope-39-a.json", "gpu-envelope-84-b.json"]
+    assert pooled["pairs"] == 5
+    assert pooled["geomean"] == round((0.95 * 1.0 * 1.05 * 1.1 * 1.1) ** (1 / 5), 3)
+
+
 def test_the_deployed_ratio_plot_takes_both_off_step_lengths(
     report: ModuleType, tmp_path: Path
 ) -> None:
