@@ -88,6 +88,16 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
+def off_steps(tokens: int) -> str:
+    """workload()'s words for a run whose routed servers decode `tokens` a request per off step."""
+    return f"off steps of {tokens} tokens a request (routed, patched-8)"
+
+
+def section_key(tp: int, temperature: float, differs: str) -> str:
+    """The summary's key for the runs of one "Another workload" section."""
+    return f"tp{tp}_t{temperature:g}_{slug(differs)}"
+
+
 def workload(result: dict[str, Any]) -> str:
     """How a run's workload or host differs from the sweep's ('' where it does not). Other
     request lengths or prefill CUDA graphs change how much of a step is prefill, pinned
@@ -104,7 +114,7 @@ def workload(result: dict[str, Any]) -> str:
     if result.get("flush_cache"):
         differences.append("prefix caches emptied before each window")
     if (tokens := result.get("off_step_tokens") or 1) != 1:
-        differences.append(f"off steps of {tokens} tokens a request (routed, patched-8)")
+        differences.append(off_steps(tokens))
     if sizes := sorted({len(s["cpus"]) for s in result.get("servers", {}).values()
                         if s.get("cpus")}):  # fmt: skip
         each = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
@@ -174,7 +184,7 @@ FITTED_RUNS = ("gpu-envelope-1-low-c.json", "gpu-envelope-2-high-c.json")
 DEPLOYED = "prefill CUDA graphs up to 2048 tokens, prefix caches emptied before each window"
 """workload() of the sweep as the operator's pods run it (jobs 32-33), which has a simulator
 profile of its own."""
-DEPLOYED_OFF_STEP_4 = f"{DEPLOYED}, off steps of 4 tokens a request (routed, patched-8)"
+DEPLOYED_OFF_STEP_4 = f"{DEPLOYED}, {off_steps(4)}"
 """workload() of the deployed sweep with the routed engine's off steps four tokens a request
 (jobs 82-85)."""
 DEPLOYED_PROFILE_PATH = PROFILE_PATH.with_name("h200-3b-synthetic-deployed.json")
@@ -831,7 +841,7 @@ def deployed_ratio_series(
     the jobs its rows come from, and its medians' and 80th percentiles' envelope ratios."""
     series = []
     for tokens, differs in ((1, DEPLOYED), (4, DEPLOYED_OFF_STEP_4)):
-        found = summary.get(f"tp1_t{ENVELOPE_TEMPERATURE:g}_{slug(differs)}") or {}
+        found = summary.get(section_key(1, ENVELOPE_TEMPERATURE, differs)) or {}
         if rows := found.get("row_source"):
             jobs = ", ".join(map(str, sorted({job_number(run) for run in rows.values()})))
             series.append((f"offStepTokens {tokens} (jobs {jobs})", found["ratio_router_probing"],
@@ -1418,7 +1428,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if differs:
             md += (f"\n## Another workload ({differs}), temperature {temperature:g}, tensor "
                    f"parallel {tp}\n\n" + group_md)  # fmt: skip
-            summary[f"tp{tp}_t{temperature:g}_{slug(differs)}"] = group_summary
+            summary[section_key(tp, temperature, differs)] = group_summary
             if (differs, tp, temperature) == (DEPLOYED, 1, ENVELOPE_TEMPERATURE):
                 # The deployed sweep has a simulator profile of its own; other workloads none.
                 md += deployed_calibration(group, group_stats, args, group_summary, accept)

@@ -152,19 +152,23 @@ def test_the_deployed_ratio_plot_takes_both_off_step_lengths(
 ) -> None:
     """One series per off-step length the deployed sweep ran at, labelled with the jobs its
     rows come from; none for a group the report did not compose."""
-    key = f"tp1_t{report.ENVELOPE_TEMPERATURE:g}_"
+
+    def key(differs: str) -> str:
+        return str(report.section_key(1, report.ENVELOPE_TEMPERATURE, differs))
+
     one = {"row_source": {1: "gpu-envelope-38-a.json", 16: "gpu-envelope-57-b.json"},
            "ratio_router_probing": {1: 1.0, 16: 0.87},
            "ratio_router_probing_undisturbed": {1: 1.03, 16: 0.97}}  # fmt: skip
     four = {**one, "row_source": {16: "gpu-envelope-84-c.json", 128: "gpu-envelope-82-d.json"}}
-    summary = {key + report.slug(report.DEPLOYED): one,
-               key + report.slug(report.DEPLOYED_OFF_STEP_4): four}  # fmt: skip
+    job_82 = {"prefill_graph_tokens": 2048, "flush_cache": True, "off_step_tokens": 4}
+    assert report.workload(job_82) == report.DEPLOYED_OFF_STEP_4  # the section jobs 82-85 make
+    summary = {key(report.DEPLOYED): one, key(report.DEPLOYED_OFF_STEP_4): four}
     series = report.deployed_ratio_series(summary)
     assert [label for label, _, _ in series] == [
         "offStepTokens 1 (jobs 38, 57)", "offStepTokens 4 (jobs 82, 84)"
     ]  # fmt: skip
     assert series[0][1] == {1: 1.0, 16: 0.87} and series[0][2] == {1: 1.03, 16: 0.97}
-    del summary[key + report.slug(report.DEPLOYED_OFF_STEP_4)]
+    del summary[key(report.DEPLOYED_OFF_STEP_4)]
     assert len(report.deployed_ratio_series(summary)) == 1
     report.plot_envelope_ratios(series, tmp_path / "ratio.png")
     assert (tmp_path / "ratio.png").stat().st_size > 10_000
