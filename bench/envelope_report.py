@@ -17,7 +17,10 @@ models: plain, always-on, and the patched server pinned off.
 The sweep as the operator's pods run it (prefill CUDA graphs, jobs 32-33) has a profile of its
 own (h200-3b-synthetic-deployed.json), fitted and checked the same way in its section, with its
 plot (gpu_envelope_deployed.png); --held-out refits it to four levels and reports its error at
-the other four (minutes of fitting).
+the other four (minutes of fitting). The same sweep with the routed engine's off steps four
+tokens a request (jobs 82-88) is checked against that profile's plain and always-on, and
+plotted with upstream's adaptive curve from jobs 32 and 38 (gpu_envelope_deployed_off_step_4.png);
+the envelope's ratio by off-step length goes in gpu_envelope_deployed_ratio.png.
 
     .venv/bin/python bench/envelope_report.py [--write-profile] [--held-out]
 """
@@ -1378,6 +1381,31 @@ def deployed_calibration(group: dict[str, dict[str, Any]], table: Stats, args: a
     return md
 
 
+def off_step_4_check(table: Stats, summary: dict[str, Any]) -> str:
+    """The deployed profile against the static servers of the deployed sweep with four-token off
+    steps: off steps change only the routed server, so these are held-out jobs of the servers
+    the profile was fitted to (markdown; the error goes into `summary`)."""
+    profile = load_profile(DEPLOYED_PROFILE_PATH)
+    error = sim_error(profile, table)
+    summary["simulator"] = error
+    if not error["points"]:
+        return ""
+    return (f"\nThe simulator ({profile.name}, fitted to jobs "
+            f"{', '.join(str(job_number(run)) for run in DEPLOYED_FITTED_RUNS)}) against this "
+            f"table's plain and always-on, which off steps do not touch: MAPE "
+            f"{error['mape']:.1%} over {len(error['points'])} medians; speculation wins "
+            f"(measured) at c = {error['measured_speculation_wins_at']}, simulated crossover "
+            f"batch {error['simulated_crossover_batch']}.\n")  # fmt: skip
+
+
+def with_rows_of(stats: Stats, donor: Stats, server: str) -> Stats:
+    """`stats` with `server`'s rows taken from `donor` where `stats` has none: a curve for the
+    plot from another section whose server the difference between them does not touch."""
+    if server in stats or server not in donor:
+        return stats
+    return {**stats, server: donor[server]}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("inputs", nargs="*", type=Path)
@@ -1419,6 +1447,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary.update(simulator=error, simulator_vs_table=error_composed)
     if stats:
         plot(stats, profile, args.out / "gpu_envelope.png")
+    deployed_stats: dict[str, tuple[Stats, float]] = {}  # per off-step workload: table, accept
     for (tp, temperature, differs), group in sorted(
         groups.items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][0])
     ):
@@ -1429,9 +1458,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             md += (f"\n## Another workload ({differs}), temperature {temperature:g}, tensor "
                    f"parallel {tp}\n\n" + group_md)  # fmt: skip
             summary[section_key(tp, temperature, differs)] = group_summary
+            if (tp, temperature) == (1, ENVELOPE_TEMPERATURE) and group_stats:
+                deployed_stats[differs] = (group_stats, accept)
             if (differs, tp, temperature) == (DEPLOYED, 1, ENVELOPE_TEMPERATURE):
                 # The deployed sweep has a simulator profile of its own; other workloads none.
                 md += deployed_calibration(group, group_stats, args, group_summary, accept)
+            elif (differs, tp, temperature) == (DEPLOYED_OFF_STEP_4, 1, ENVELOPE_TEMPERATURE):
+                md += off_step_4_check(group_stats, group_summary)
             continue
         if temperature == ENVELOPE_TEMPERATURE:
             md += f"\n## Tensor parallel {tp}: every server spans {tp} GPUs\n\n" + group_md
@@ -1449,6 +1482,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             plot(group_stats, None, args.out / png, tp=tp, accept=accept)
     if len(by_tokens := deployed_ratio_series(summary)) == 2:
         plot_envelope_ratios(by_tokens, args.out / "gpu_envelope_deployed_ratio.png")
+    if DEPLOYED_OFF_STEP_4 in deployed_stats:
+        # The four curves as the operator would run them with four-token off steps; upstream's
+        # adaptive server (unpatched: no off step of ours) from the one-token sweep's jobs.
+        four, accept = deployed_stats[DEPLOYED_OFF_STEP_4]
+        one = deployed_stats.get(DEPLOYED, ({}, accept))[0]
+        plot(with_rows_of(four, one, "upstream-0step"), load_profile(DEPLOYED_PROFILE_PATH),
+             args.out / "gpu_envelope_deployed_off_step_4.png", accept=accept,
+             setup="as deployed, the routed engine's off steps 4 tokens a request")  # fmt: skip
     history = off_over_plain_history(results, variants)
     if history:
         md += ("\n## Speculation off over plain, every run at tensor parallel 1\n\n"

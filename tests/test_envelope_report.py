@@ -742,6 +742,52 @@ def test_the_deployed_sweep_is_checked_against_its_own_profile(
     assert (out / "gpu_envelope_deployed.png").stat().st_size > 20_000
 
 
+def test_the_four_token_sweep_is_checked_against_the_deployed_profiles_static_servers(
+    report: ModuleType, tmp_path: Path
+) -> None:
+    """Off steps change only the routed server: the deployed sweep with four-token off steps
+    gets the deployed profile's error over its plain and always-on (not refitted), and a plot
+    whose upstream curve comes from the one-token sweep where it lacks one."""
+    deployed = report.load_profile(report.DEPLOYED_PROFILE_PATH)
+    levels = (1, 4)  # at or below the routed start threshold: no learning phase needed
+
+    def job(scale: float, off_step_tokens: int, servers: tuple[str, ...]) -> dict[str, object]:
+        windows = [window(server, c, report.simulate(deployed, server, c) * scale,
+                          accept=1.0 if server == "plain" else 3.3)
+                   for server in servers for c in levels]  # fmt: skip
+        # The routed server (a table row needs one) and upstream's, which the simulator does
+        # not model.
+        windows += [window("specgate-probes", c, 600.0 * c, accept=3.3) for c in levels]
+        if off_step_tokens == 1:
+            windows += [window("upstream-0step", c, 500.0 * c, accept=3.3) for c in levels]
+        return {"tp": 1, "temperature": 0.9, "predicted_accept_length": 3.3,
+                "prefill_graph_tokens": 2048, "flush_cache": True,
+                "off_step_tokens": off_step_tokens, "windows": windows}  # fmt: skip
+
+    inputs = {
+        "gpu-envelope-38-a.json": job(1.0, 1, ("plain", "always-on")),
+        # A host 20% slower than the profile's: every static median reads 25% high.
+        "gpu-envelope-86-b.json": job(0.8, 4, ("plain", "always-on")),
+    }
+    for name, result in inputs.items():
+        (tmp_path / name).write_text(json.dumps(result))
+    out = tmp_path / "out"
+    assert report.main([*(str(tmp_path / n) for n in inputs), "--out", str(out)]) == 0
+    md = (out / "gpu_envelope.md").read_text()
+    four = md.split(f"## Another workload ({report.DEPLOYED_OFF_STEP_4})")[1]
+    assert "which off steps do not touch: MAPE 25.0% over 4 medians" in four.split("\n## ")[0]
+    summary = json.loads((out / "gpu_envelope.json").read_text())
+    key = report.section_key(1, 0.9, report.DEPLOYED_OFF_STEP_4)
+    assert {p["error"] for p in summary[key]["simulator"]["points"]} == {0.25}
+    assert (out / "gpu_envelope_deployed_off_step_4.png").stat().st_size > 20_000
+    stats = {"plain": {1: {"tok_s": 1.0}}}
+    donor = {"plain": {1: {"tok_s": 2.0}}, "upstream-0step": {1: {"tok_s": 3.0}}}
+    merged = report.with_rows_of(stats, donor, "upstream-0step")
+    assert merged == {"plain": {1: {"tok_s": 1.0}}, "upstream-0step": {1: {"tok_s": 3.0}}}
+    assert report.with_rows_of(stats, donor, "plain") is stats  # its own rows stay
+    assert report.with_rows_of(stats, {}, "upstream-0step") is stats
+
+
 def test_a_run_whose_idle_servers_slept_is_told_apart(report: ModuleType) -> None:
     """A run counts as asleep only if every server it launched had --sleep-on-idle (the
     routed engine measured direct is no server of its own)."""
