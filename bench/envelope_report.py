@@ -189,7 +189,7 @@ DEPLOYED = "prefill CUDA graphs up to 2048 tokens, prefix caches emptied before 
 profile of its own."""
 DEPLOYED_OFF_STEP_4 = f"{DEPLOYED}, {off_steps(4)}"
 """workload() of the deployed sweep with the routed engine's off steps four tokens a request
-(jobs 82-85)."""
+(jobs 82-88)."""
 DEPLOYED_PROFILE_PATH = PROFILE_PATH.with_name("h200-3b-synthetic-deployed.json")
 DEPLOYED_FITTED_RUNS = (
     "gpu-envelope-32-sweep-deployed-low-c.json",

@@ -161,7 +161,7 @@ def test_the_deployed_ratio_plot_takes_both_off_step_lengths(
            "ratio_router_probing_undisturbed": {1: 1.03, 16: 0.97}}  # fmt: skip
     four = {**one, "row_source": {16: "gpu-envelope-84-c.json", 128: "gpu-envelope-82-d.json"}}
     job_82 = {"prefill_graph_tokens": 2048, "flush_cache": True, "off_step_tokens": 4}
-    assert report.workload(job_82) == report.DEPLOYED_OFF_STEP_4  # the section jobs 82-85 make
+    assert report.workload(job_82) == report.DEPLOYED_OFF_STEP_4  # the section jobs 82-88 make
     summary = {key(report.DEPLOYED): one, key(report.DEPLOYED_OFF_STEP_4): four}
     series = report.deployed_ratio_series(summary)
     assert [label for label, _, _ in series] == [
