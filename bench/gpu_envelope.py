@@ -1353,6 +1353,7 @@ def main() -> int:
         path.write_text(json.dumps(results, indent=1))
 
     router = None
+    specgate: Server | None = None
     # Owned here: started before the servers, stopped with them in the finally below.
     telemetry = None if sim else GpuTelemetry({g for s in servers for g in s.gpu.split(",")})
     try:
@@ -1497,6 +1498,15 @@ def main() -> int:
         results["error"] = f"{type(exc).__name__}: {exc}"
         verify.log(results["error"])
     finally:
+        if router is not None and specgate is not None:
+            # What the controller decided from, for bench/replay_control.py (the router is
+            # still up: it stops below).
+            try:
+                results["router_samples"] = get_json(
+                    f"http://127.0.0.1:{specgate.router_port}/specgate/samples", timeout=10
+                )
+            except OSError as exc:
+                verify.log(f"router samples not read: {exc}")
         for proc in [router, *(s.proc for s in servers)]:
             if proc is not None:
                 proc.terminate()

@@ -499,6 +499,9 @@ def test_gpu_envelope_rehearsal(report: ModuleType, tmp_path: Path) -> None:
     assert all(w["threshold"] == 8 and w["errors"] == 0 for w in specgate)
     assert all(w["tok_s"] > 0 for w in result["windows"])
     assert result["router_log"] and "error" not in result
+    # What the router's controller decided from, kept for bench/replay_control.py.
+    exported = result["router_samples"]
+    assert exported["control"]["threshold"] == 8 and exported["pods"][0]["samples"]
     # --flush-cache: every window began with its idle engine's prefix cache emptied.
     assert result["flush_cache"] is True
     assert all(w["cache_flushed"] is True for w in result["windows"])

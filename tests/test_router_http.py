@@ -15,6 +15,8 @@ import yaml
 
 from specgate.engine_client import EngineClient
 from specgate.engine_http import EngineHttp
+from specgate_router import replay
+from specgate_router.settings import ControlSettings
 from specgate_sim import profile as profiles
 from specgate_sim.cluster import SimCluster
 from specgate_sim.pod import PodSettings
@@ -374,6 +376,42 @@ async def test_observability_endpoints(http: httpx.AsyncClient) -> None:
         assert 'specgate_router_output_tokens_total{traffic_class="latency"} 13.0' in metrics
         view = (await http.get(r.url + "/specgate/pods")).json()
         assert view["leader"] is True and len(view["pods"]) == 2
+
+
+async def test_the_controllers_samples_are_exported_for_replay(http: httpx.AsyncClient) -> None:
+    """GET /specgate/samples: each pod's learning samples (rows of replay.SAMPLE_FIELDS, on
+    the router's clock) and the control settings, enough to replay the controller offline."""
+    async with sims(1, time_scale=10.0, threshold=8) as pods:
+        settings = router_settings(pods.urls)
+        async with run_router(settings) as r:
+            stop = asyncio.Event()
+
+            async def client() -> None:
+                while not stop.is_set():
+                    await http.post(r.url + CHAT, json=chat(max_tokens=100))
+
+            clients = [asyncio.create_task(client()) for _ in range(4)]
+            try:
+                for _ in range(100):
+                    await asyncio.sleep(0.1)
+                    exported = (await http.get(r.url + "/specgate/samples")).json()
+                    if len(exported["pods"][0]["samples"]) >= 5:
+                        break
+            finally:
+                stop.set()
+                await asyncio.gather(*clients, return_exceptions=True)
+            view = (await http.get(r.url + "/specgate/pods")).json()["pods"][0]
+    assert exported["fields"] == ["at", "batch", "tokensPerSecond", "speculatingFraction"]
+    params = ControlSettings.model_validate(exported["control"])
+    assert params.scrape_interval_seconds == 0.1 and params.mode == "dynamic"
+    (pod,) = exported["pods"]
+    assert pod["name"] == view["name"] and pod["threshold"] == view["threshold"]
+    _, samples = replay.pod_samples(exported)
+    assert len(samples) >= 5 and all(s.at <= exported["now"] for s in samples)
+    # Four clients under threshold 8: speculating, at a batch of at most four.
+    assert all(s.speculating_fraction >= 0.9 and 0 < s.batch <= 4 for s in samples)
+    assert all(s.tokens_per_second > 0 for s in samples)
+    assert replay.replay(samples, params=params)[0].threshold == 8
 
 
 async def test_metrics_endpoint_lists_every_pod_gauge(http: httpx.AsyncClient) -> None:

@@ -151,6 +151,12 @@ def create_app(
         return {"leader": state.is_leader, "latencyPool": sorted(state.latency_pool),
                 "pods": state.views()}  # fmt: skip
 
+    @app.get("/specgate/samples")
+    async def samples() -> dict[str, Any]:
+        """Every pod's learning samples and the control settings: `specgate_router.replay`
+        (and bench/replay_control.py) replays the controller over them offline."""
+        return current().sample_export()
+
     app.add_middleware(RequestIdMiddleware)
     return app
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from specgate.engine_client import EngineClient, EngineError
 from specgate.engine_http import EngineHttp
-from specgate_router import control
+from specgate_router import control, replay
 from specgate_router import settings as settings_mod
 from specgate_router.metrics import RouterMetrics
 from specgate_router.pods import PodState, Scrape
@@ -301,6 +301,18 @@ class RouterState:
             for pod in self.pods.values():
                 pod.client = self.engine(pod.url)
         log.info("configuration reloaded")
+
+    def sample_export(self) -> dict[str, Any]:
+        """What the controller decides from, for `replay` offline: every pod's learning samples
+        (rows of replay.SAMPLE_FIELDS, times on this router's clock) and the settings."""
+        return {
+            "now": round(self.clock(), 3),
+            "fields": list(replay.SAMPLE_FIELDS),
+            "control": self.settings.control.model_dump(by_alias=True),
+            "pods": [{"name": pod.name, "threshold": pod.threshold,
+                      "samples": replay.sample_rows(pod.samples)}
+                     for pod in sorted(self.pods.values(), key=lambda p: p.name)],
+        }  # fmt: skip
 
     def views(self) -> list[dict[str, Any]]:
         now = self.clock()

@@ -1,0 +1,162 @@
+"""The controller replayed over recorded samples (specgate_router.replay) and its command line
+(bench/replay_control.py). The router's export of the samples is tested over HTTP in
+test_router_http.py, and a GPU envelope job keeping it in test_envelope_report.py."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from specgate import contract
+from specgate_router import control, replay
+from specgate_router.settings import ControlSettings
+from specgate_sim import profile as profiles
+
+from .conftest import ROOT, load_module
+
+PROFILE = profiles.load("rtx-pro-6000-x8")  # speculation pays up to batch 6
+PARAMS = ControlSettings(threshold=2, max_threshold=64, hysteresis=0, cooldown_seconds=1,
+                         scrape_interval_seconds=0.5, stale_after_seconds=2, min_samples=3,
+                         probe_interval_seconds=6, probe_seconds=1)  # fmt: skip
+LOAD = [(0, 1), (3, 2), (6, 4), (10, 3), (14, 8), (18, 12), (22, 6), (26, 5), (30, 16)]
+"""(from second, batch): loads that hold long enough to probe, then fits up and down, then one
+held far above the threshold (a probe that goes back)."""
+
+
+def batch_at(t: float) -> int:
+    return next(b for start, b in reversed(LOAD) if t >= start)
+
+
+def live_run(seconds: float = 50.0) -> tuple[list[control.Sample], list[replay.Change]]:
+    """The router's loop in miniature: each scrape interval one sample of a pod running its
+    current threshold's mode at the load's batch (host noise of a few percent, no sample while
+    the batch moves), then a control step over every sample so far."""
+    noise = random.Random(7)
+    samples: list[control.Sample] = []
+    decision = control.initial_decision(PARAMS, 0.0)
+    changes = [replay.Change(0.0, decision.threshold, decision.reason)]
+    for step in range(int(seconds / PARAMS.scrape_interval_seconds) + 1):
+        now = step * PARAMS.scrape_interval_seconds
+        batch = batch_at(now)
+        if step == 0 or batch == batch_at(now - PARAMS.scrape_interval_seconds):
+            on = contract.speculates(batch, decision.threshold)
+            tok_s = PROFILE.steady_throughput(batch, on) * noise.uniform(0.97, 1.03)
+            samples.append(control.Sample(now, batch, tok_s, 1.0 if on else 0.0))
+        decision = control.decide(samples=samples, previous=decision, now=now, fresh=True,
+                                  params=PARAMS, own=samples)  # fmt: skip
+        if decision.threshold != changes[-1].threshold:
+            changes.append(replay.Change(now, decision.threshold, decision.reason))
+    return samples, changes
+
+
+def test_a_replay_takes_the_live_controllers_every_decision() -> None:
+    """Over the samples a live loop recorded, with its settings, the replay moves the
+    threshold at the same steps to the same values for the same reasons: fits and probes."""
+    samples, live = live_run()
+    reasons = " ".join(c.reason for c in live)
+    for kind in ("probing speculation", "back to", "pays at least", "stops paying", "halfway"):
+        assert kind in reasons, live
+    assert replay.replay(samples, params=PARAMS, until=50.0) == live
+
+
+def test_a_replay_under_other_settings_decides_otherwise() -> None:
+    samples, live = live_run()
+    strict = PARAMS.model_copy(update={"min_samples": 1000, "probe_interval_seconds": 0})
+    assert replay.replay(samples, params=strict) == live[:1]  # never enough to move
+    assert replay.replay([], params=PARAMS) == []
+
+
+def test_a_pod_whose_samples_stop_goes_stale_and_keeps_its_threshold() -> None:
+    """Samples at batch 1-5 under threshold 2 until 8.5 s say speculation pays up to 5, but
+    the last change (5 s) cools down until 15 s: by then the replayed pod is stale and keeps
+    2. Were its metrics still fresh it would move."""
+    batches = [1, 2, 3, 4, 5] * 3
+    samples = [control.Sample(5 + 0.25 * i, b, PROFILE.steady_throughput(b, b <= 2),
+                              1.0 if b <= 2 else 0.0) for i, b in enumerate(batches)]  # fmt: skip
+    params = PARAMS.model_copy(update={"cooldown_seconds": 10, "probe_interval_seconds": 0})
+    start = control.Decision(2, "moved here", changed_at=5.0)
+    assert replay.replay(samples, params=params, start=start, until=30.0) == [
+        replay.Change(5.0, 2, "moved here")]  # fmt: skip
+    fresh = params.model_copy(update={"stale_after_seconds": 100})
+    moved = replay.replay(samples, params=fresh, start=start, until=30.0)
+    assert [(c.at, c.threshold) for c in moved] == [(5.0, 2), (15.0, 5)]
+
+
+def test_sample_rows_round_trip_and_bad_rows_are_named() -> None:
+    samples = live_run(10.0)[0]
+    rows = replay.sample_rows(samples)
+    back = replay.samples_from_rows(rows)
+    assert [(s.at, s.batch) for s in back] == [(s.at, s.batch) for s in samples]
+    assert all(math.isclose(a.tokens_per_second, b.tokens_per_second, abs_tol=0.05)
+               for a, b in zip(back, samples, strict=True))  # fmt: skip
+    with pytest.raises(ValueError, match=r"sample row 1: \[1, 2\] is not \[at, batch"):
+        replay.samples_from_rows([[0, 1, 2, 1], [1, 2]])
+
+
+def export(*names: str) -> dict[str, object]:
+    samples = replay.sample_rows(live_run()[0])
+    return {"now": 50.0, "fields": list(replay.SAMPLE_FIELDS),
+            "control": PARAMS.model_dump(by_alias=True),
+            "pods": [{"name": n, "threshold": 2, "samples": samples} for n in names]}  # fmt: skip
+
+
+def test_an_export_names_the_pod_to_replay() -> None:
+    assert replay.pod_samples(export("a"))[0] == "a"
+    assert replay.pod_samples(export("a", "b"), "b")[0] == "b"
+    with pytest.raises(ValueError, match="2 pods in the export \\(a, b\\): pick one"):
+        replay.pod_samples(export("a", "b"))
+    with pytest.raises(ValueError, match="no pod 'c' in the export; it has a, b"):
+        replay.pod_samples(export("a", "b"), "c")
+    with pytest.raises(ValueError, match="no pods in the samples export"):
+        replay.pod_samples({"pods": []})
+
+
+@pytest.fixture(scope="module")
+def cli() -> ModuleType:
+    return load_module(ROOT / "bench" / "replay_control.py", "replay_control")
+
+
+def test_the_command_line_replays_a_job_under_its_settings_and_others(
+    cli: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = {"router_samples": export("127.0.0.1:30302"),
+           "router_changes": [{"t": 191.0, "change": "threshold of x: 2 -> 6 (...)"}]}  # fmt: skip
+    path = tmp_path / "gpu-envelope-99-x.json"
+    path.write_text(json.dumps(job))
+    png = tmp_path / "replay.png"
+    assert cli.main([str(path), "--set", "minSamples=1000", "--set", "probeIntervalSeconds=0",
+                     "--plot", str(png)]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    recorded, strict = out.split("replay, minSamples=1000, probeIntervalSeconds=0: ")
+    assert "replay, the recorded settings (threshold 2 (0-64), hysteresis 0" in recorded
+    moves = len(live_run()[1]) - 1
+    assert f"{moves} changes" in recorded and "probing" in recorded
+    assert strict.startswith("0 changes")
+    assert "threshold of x: 2 -> 6" in out  # the live router's own changes, beside
+    assert png.stat().st_size > 20_000
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--set", "minSamples"], "expected name=value, e.g. minSamples=6"),
+        (["--set", "minSample=6"], "no control setting 'minSample'; there are"),
+        (["--set", "minSamples=1"], "minSamples: Input should be greater than or equal to 2"),
+        (["--pod", "nope"], "no pod 'nope' in the export"),
+    ],
+)
+def test_the_command_line_names_what_is_wrong(
+    cli: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    args: list[str], message: str,
+) -> None:  # fmt: skip
+    path = tmp_path / "samples.json"
+    path.write_text(json.dumps(export("a")))
+    with pytest.raises(SystemExit) as exited:
+        cli.main([str(path), *args])
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
