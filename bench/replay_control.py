@@ -3,8 +3,9 @@ ran with and under others: the thresholds it would have taken, and why.
 
 Input: the router's `GET /specgate/samples` answer saved to a file, or a GPU envelope job's
 JSON (bench/gpu_envelope.py keeps that answer as `router_samples`, beside the threshold
-changes the live router logged; jobs up to 89 ran before it did). Prints each replay's changes, and with --plot draws
-the samples (batch over time, by mode) under the replayed thresholds.
+changes the live router logged; jobs up to 89 ran before it did). Prints each replay's
+changes, and with --plot draws the samples (batch over time, by mode) under the replayed
+thresholds.
 
     .venv/bin/python bench/replay_control.py bench/results/gpu-envelope-NN-name.json \\
         [--pod HOST:PORT] [--set minSamples=6 --set hysteresis=2 ...] [--plot out.png]
