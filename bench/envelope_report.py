@@ -295,7 +295,8 @@ OFF_VARIANTS = (("patched-off", "plain"), ("patched-off-lean", "plain"),
                 ("patched-off", "patched-off-eager-prompt-kv"),
                 ("patched-off-2", "plain"), ("patched-off-4", "plain"),
                 ("patched-off-2", "patched-off"), ("patched-off-4", "patched-off"),
-                ("patched-on", "always-on"))  # fmt: skip
+                ("patched-on", "always-on"),
+                ("upstream-0step", "always-on"), ("always-on", "upstream-always-on"))  # fmt: skip
 """Pinned-off servers against plain and against each other: the patch's off step
 (patched-off: the lean draft extend every step in jobs 1-11, the lagged draft KV write inside
 the target's decode graph since), the lean draft extend every step (patched-off-lean),
@@ -305,7 +306,10 @@ write launched kernel by kernel, as before the sixteenth session's CUDA graphs
 (patched-off-eager-prompt-kv); off steps of 2 and 4 tokens a request (patched-off-2,
 patched-off-4, --speculative-off-step-tokens); and the patched server speculating on every step
 with its threshold controller live (patched-on) against always-on: what the machinery costs a
-speculating step."""
+speculating step. And two pairs of speculating servers across the patch: upstream's adaptive
+server (unpatched; at c <= 8 it speculates with always-on's three steps) over always-on, and
+always-on (the patched SGLang, no threshold) over EAGLE-3 from unpatched SGLang
+(upstream-always-on): whether the patch costs a speculating step."""
 
 
 def window_pairs(windows: Sequence[dict[str, Any]], num: str, den: str,

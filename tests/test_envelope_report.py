@@ -278,6 +278,19 @@ def test_off_variants_are_paired_window_by_window(report: ModuleType) -> None:
     assert rows[("patched-off", "plain")]["pairs"] == 2
 
 
+def test_speculating_servers_are_paired_across_the_patch(report: ModuleType) -> None:
+    """Always-on (the patched SGLang) over unpatched EAGLE-3, and upstream's adaptive server
+    over always-on: whether the patch costs a speculating step (BENCHMARKS.md job 89)."""
+    windows = [window(server, 8, rate, rep=rep)
+               for rep, rates in enumerate(((900, 1000, 1100), (880, 1100, 990)))
+               for server, rate in zip(("always-on", "upstream-always-on", "upstream-0step"),
+                                       rates, strict=True)]  # fmt: skip
+    rows = {(r["server"], r["over"]): r for r in report.variant_pairs({"job": windows})}
+    assert rows[("always-on", "upstream-always-on")]["geomean"] == round((0.9 * 0.8) ** 0.5, 3)
+    assert rows[("upstream-0step", "always-on")]["geomean"] == round(
+        (1100 / 900 * 990 / 880) ** 0.5, 3)  # fmt: skip
+
+
 def test_replicas_pair_process_k_with_process_k(report: ModuleType) -> None:
     """With two processes per server (--replicas 2), a pair is replica K over replica K in one
     repeat: never one process of off over the other process of plain. The per-process rows
