@@ -835,6 +835,7 @@ def plot(
                  fontsize=9)  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 ENVELOPE_TARGET = 0.97
@@ -889,6 +890,7 @@ def plot_envelope_ratios(series: Sequence[tuple[str, dict[int, float], dict[int,
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 OFF_HISTORY_LEVELS = (16, 64)
@@ -1061,6 +1063,7 @@ def plot_off_over_plain(rows: Sequence[dict[str, Any]], path: Path) -> None:
                  "lean draft extend every off step", fontsize=9)  # fmt: skip
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def plot_off_over_plain_pooled(rows: Sequence[dict[str, Any]], path: Path) -> None:
@@ -1097,6 +1100,7 @@ def plot_off_over_plain_pooled(rows: Sequence[dict[str, Any]], path: Path) -> No
                  fontsize=8)  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def gpu_clock_rows(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:

@@ -104,6 +104,7 @@ def plot(samples: Sequence[control.Sample], runs: Sequence[tuple[str, list[Chang
                  fontsize=10)  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

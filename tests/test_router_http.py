@@ -401,6 +401,11 @@ async def test_the_controllers_samples_are_exported_for_replay(http: httpx.Async
                 stop.set()
                 await asyncio.gather(*clients, return_exceptions=True)
             view = (await http.get(r.url + "/specgate/pods")).json()["pods"][0]
+            one = await http.get(r.url + "/specgate/samples", params={"pod": view["name"]})
+            missing = await http.get(r.url + "/specgate/samples", params={"pod": "nope:1"})
+    assert [p["name"] for p in one.json()["pods"]] == [view["name"]]
+    assert missing.status_code == 404
+    assert missing.json()["error"]["message"] == f"no pod 'nope:1'; the router knows {view['name']}"
     assert exported["fields"] == ["at", "batch", "tokensPerSecond", "speculatingFraction"]
     params = ControlSettings.model_validate(exported["control"])
     assert params.scrape_interval_seconds == 0.1 and params.mode == "dynamic"

@@ -152,10 +152,11 @@ def create_app(
                 "pods": state.views()}  # fmt: skip
 
     @app.get("/specgate/samples")
-    async def samples() -> dict[str, Any]:
-        """Every pod's learning samples and the control settings: `specgate_router.replay`
-        (and bench/replay_control.py) replays the controller over them offline."""
-        return current().sample_export()
+    async def samples(pod: str | None = None) -> dict[str, Any]:
+        """Every pod's learning samples (or `pod`'s) and the control settings:
+        `specgate_router.replay` (and bench/replay_control.py) replays the controller over
+        them offline."""
+        return current().sample_export(pod)
 
     app.add_middleware(RequestIdMiddleware)
     return app

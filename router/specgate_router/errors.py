@@ -4,6 +4,7 @@ RouterError                 500 server_error
 ├── BadRequest              400 invalid_request_error   (malformed body, bad field/header)
 │   └── PayloadTooLarge     413 invalid_request_error
 ├── ModelNotFound           404 invalid_request_error, code model_not_found
+├── PodNotFound             404 invalid_request_error, code pod_not_found
 ├── NoCapacity              503 server_error + Retry-After (no pod can take the request)
 ├── UpstreamFailed          502 upstream_error (every attempt failed before the first byte)
 └── UpstreamRejectedKey     502 upstream_error (engines refuse the router's API key)
@@ -51,6 +52,12 @@ class ModelNotFound(RouterError):
     status = 404
     error_type = "invalid_request_error"
     code = "model_not_found"
+
+
+class PodNotFound(RouterError):
+    status = 404
+    error_type = "invalid_request_error"
+    code = "pod_not_found"
 
 
 class NoCapacity(RouterError):

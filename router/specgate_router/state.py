@@ -23,6 +23,7 @@ from specgate.engine_client import EngineClient, EngineError
 from specgate.engine_http import EngineHttp
 from specgate_router import control, replay
 from specgate_router import settings as settings_mod
+from specgate_router.errors import PodNotFound
 from specgate_router.metrics import RouterMetrics
 from specgate_router.pods import PodState, Scrape
 from specgate_router.settings import RouterSettings, TrafficClass
@@ -302,16 +303,22 @@ class RouterState:
                 pod.client = self.engine(pod.url)
         log.info("configuration reloaded")
 
-    def sample_export(self) -> dict[str, Any]:
+    def sample_export(self, pod: str | None = None) -> dict[str, Any]:
         """What the controller decides from, for `replay` offline: every pod's learning samples
-        (rows of replay.SAMPLE_FIELDS, times on this router's clock) and the settings."""
+        (rows of replay.SAMPLE_FIELDS, times on this router's clock), or `pod`'s alone (a fleet
+        of 64 keeps 77k), and the settings."""
+        pods = sorted(self.pods.values(), key=lambda p: p.name)
+        if pod is not None:
+            pods = [p for p in pods if p.name == pod]
+            if not pods:
+                known = ", ".join(sorted(self.pods)) or "none"
+                raise PodNotFound(f"no pod {pod!r}; the router knows {known}", param="pod")
         return {
             "now": round(self.clock(), 3),
             "fields": list(replay.SAMPLE_FIELDS),
             "control": self.settings.control.model_dump(by_alias=True),
-            "pods": [{"name": pod.name, "threshold": pod.threshold,
-                      "samples": replay.sample_rows(pod.samples)}
-                     for pod in sorted(self.pods.values(), key=lambda p: p.name)],
+            "pods": [{"name": p.name, "threshold": p.threshold,
+                      "samples": replay.sample_rows(p.samples)} for p in pods],
         }  # fmt: skip
 
     def views(self) -> list[dict[str, Any]]:
