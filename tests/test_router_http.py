@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -55,6 +56,28 @@ def router_settings(urls: list[str], **extra: object) -> dict[str, object]:
 async def http() -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(timeout=30) as client:
         yield client
+
+
+@contextlib.asynccontextmanager
+async def closed_loop(
+    http: httpx.AsyncClient, url: str, clients: int, body: dict[str, object]
+) -> AsyncIterator[list[int]]:
+    """`clients` clients, each posting `body` to `url` again as soon as its answer is in, until
+    the block ends (their requests in flight then finish first); yields the answers' status
+    codes as they come. A client's exception surfaces when the block ends."""
+    stop = asyncio.Event()
+    statuses: list[int] = []
+
+    async def client() -> None:
+        while not stop.is_set():
+            statuses.append((await http.post(url, json=body)).status_code)
+
+    tasks = [asyncio.create_task(client()) for _ in range(clients)]
+    try:
+        yield statuses
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
 
 
 def sims(count: int = 2, time_scale: float = 10.0, threshold: int | None = 8) -> SimCluster:
@@ -314,15 +337,10 @@ async def test_config_reload_drops_no_request(tmp_path: Path, http: httpx.AsyncC
     async with sims(2) as pods:
         config = tmp_path / "router.yaml"
         config.write_text(yaml.safe_dump(router_settings(pods.urls, defaultClass="latency")))
-        async with run_router(router_settings(pods.urls), config_path=str(config)) as r:
-            stop = asyncio.Event()
-            statuses: list[int] = []
-
-            async def traffic() -> None:
-                while not stop.is_set():
-                    statuses.append((await http.post(r.url + CHAT, json=chat(8))).status_code)
-
-            workers = [asyncio.create_task(traffic()) for _ in range(4)]
+        async with (
+            run_router(router_settings(pods.urls), config_path=str(config)) as r,
+            closed_loop(http, r.url + CHAT, 4, chat(8)) as statuses,
+        ):
             await asyncio.sleep(0.5)
             config.write_text(yaml.safe_dump(router_settings(pods.urls, defaultClass="throughput")))
             for _ in range(60):
@@ -332,8 +350,6 @@ async def test_config_reload_drops_no_request(tmp_path: Path, http: httpx.AsyncC
             await asyncio.sleep(0.5)
             config.write_text("not: [valid")  # a broken file is ignored, the old one kept
             await asyncio.sleep(1.5)
-            stop.set()
-            await asyncio.gather(*workers)
         assert r.state.settings.default_class == "throughput"
         assert statuses and set(statuses) == {200}
 
@@ -384,22 +400,12 @@ async def test_the_controllers_samples_are_exported_for_replay(http: httpx.Async
     async with sims(1, time_scale=10.0, threshold=8) as pods:
         settings = router_settings(pods.urls)
         async with run_router(settings) as r:
-            stop = asyncio.Event()
-
-            async def client() -> None:
-                while not stop.is_set():
-                    await http.post(r.url + CHAT, json=chat(max_tokens=100))
-
-            clients = [asyncio.create_task(client()) for _ in range(4)]
-            try:
+            async with closed_loop(http, r.url + CHAT, 4, chat(max_tokens=100)):
                 for _ in range(100):
                     await asyncio.sleep(0.1)
                     exported = (await http.get(r.url + "/specgate/samples")).json()
                     if len(exported["pods"][0]["samples"]) >= 5:
                         break
-            finally:
-                stop.set()
-                await asyncio.gather(*clients, return_exceptions=True)
             view = (await http.get(r.url + "/specgate/pods")).json()["pods"][0]
             one = await http.get(r.url + "/specgate/samples", params={"pod": view["name"]})
             missing = await http.get(r.url + "/specgate/samples", params={"pod": "nope:1"})
@@ -437,28 +443,20 @@ async def test_a_pod_held_away_from_its_threshold_is_probed(http: httpx.AsyncCli
         settings["control"] = {**settings["control"], "threshold": 2,  # type: ignore[dict-item]
                                "maxThreshold": 64, "cooldownSeconds": 0.5, "minSamples": 3,
                                "probeIntervalSeconds": 1, "probeSeconds": 0.5}  # fmt: skip
-        async with run_router(settings) as r:
-            stop = asyncio.Event()
-
-            async def client() -> None:
-                while not stop.is_set():
-                    await http.post(r.url + CHAT, json=chat(max_tokens=200))
-
-            clients = [asyncio.create_task(client()) for _ in range(8)]
+        async with (
+            run_router(settings) as r,
+            closed_loop(http, r.url + CHAT, 8, chat(max_tokens=200)),
+        ):
             ended: list[str] = []
             view: dict[str, object] = {}
-            try:
-                for _ in range(200):
-                    await asyncio.sleep(0.1)
-                    metrics = (await http.get(r.url + "/metrics")).text
-                    ended = [o for o in ("kept", "back")
-                             if f'mode="speculation",outcome="{o}"}} 1.0' in metrics]  # fmt: skip
-                    if ended:
-                        view = (await http.get(r.url + "/specgate/pods")).json()["pods"][0]
-                        break
-            finally:
-                stop.set()
-                await asyncio.gather(*clients, return_exceptions=True)
+            for _ in range(200):
+                await asyncio.sleep(0.1)
+                metrics = (await http.get(r.url + "/metrics")).text
+                ended = [o for o in ("kept", "back")
+                         if f'mode="speculation",outcome="{o}"}} 1.0' in metrics]  # fmt: skip
+                if ended:
+                    view = (await http.get(r.url + "/specgate/pods")).json()["pods"][0]
+                    break
     assert 'mode="speculation",outcome="started"} 1.0' in metrics, metrics[-3000:]
     assert len(ended) == 1, metrics[-3000:]
     # Kept: the pod speculates at batch 8 (threshold at least 8 and its band); back: 2 again.
