@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
@@ -85,6 +86,25 @@ def test_a_pod_whose_samples_stop_goes_stale_and_keeps_its_threshold() -> None:
     fresh = params.model_copy(update={"stale_after_seconds": 100})
     moved = replay.replay(samples, params=fresh, start=start, until=30.0)
     assert [(c.at, c.threshold) for c in moved] == [(5.0, 2), (15.0, 5)]
+
+
+def test_a_replay_skips_stale_stretches_without_changing_a_decision() -> None:
+    """Two busy spells ten minutes apart: the replay jumps over the idle stretch (a day of
+    it would otherwise be 170k control steps) and decides as a replay stepping through it."""
+    spell = live_run(20.0)[0]
+    samples = spell + [replace(s, at=s.at + 600) for s in spell]
+    expected, decision = [], control.initial_decision(PARAMS, 0.0)
+    for step in range(int(620 / PARAMS.scrape_interval_seconds) + 1):
+        now = step * PARAMS.scrape_interval_seconds
+        visible = [s for s in samples if s.at <= now]
+        fresh = now - visible[-1].at <= PARAMS.stale_after_seconds
+        decision = control.decide(samples=visible, previous=decision, now=now, fresh=fresh,
+                                  params=PARAMS, own=visible)  # fmt: skip
+        if not expected or decision.threshold != expected[-1].threshold:
+            expected.append(replay.Change(now, decision.threshold, decision.reason))
+    got = replay.replay(samples, params=PARAMS)
+    assert [(c.at, c.threshold) for c in got[1:]] == [(c.at, c.threshold) for c in expected[1:]]
+    assert any(c.at > 600 for c in got)  # the second spell moved it too
 
 
 def test_sample_rows_round_trip_and_bad_rows_are_named() -> None:

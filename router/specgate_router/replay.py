@@ -19,6 +19,7 @@ pool): the GPU envelope's routed server.
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -72,13 +73,20 @@ def replay(
         return []
     times = [s.at for s in ordered]
     first, end = times[0], times[-1] if until is None else until
+    interval = params.scrape_interval_seconds
     decision = start if start is not None else control.initial_decision(params, first)
     changes = [Change(first, decision.threshold, decision.reason)]
+    visible: list[control.Sample] = []  # grows as the steps pass the samples' times
     step = 0
     # Steps counted, not summed: a float clock summed 0.5 at a time drifts off the samples.
-    while (now := first + step * params.scrape_interval_seconds) <= end:
+    while (now := first + step * interval) <= end:
         seen = bisect.bisect_right(times, now)
-        visible = ordered[:seen]
+        visible.extend(ordered[len(visible) : seen])
+        if now - times[seen - 1] > params.stale_after_seconds and seen < len(times):
+            # Stale until the next sample: no decision (control.decide changes nothing while
+            # stale), so go straight there; a pod idle for a day is not 170k steps.
+            step = max(step + 1, math.ceil((times[seen] - first) / interval))
+            continue
         fresh = now - times[seen - 1] <= params.stale_after_seconds
         decision = control.decide(samples=visible, previous=decision, now=now, fresh=fresh,
                                   params=params, own=visible)  # fmt: skip
