@@ -82,12 +82,12 @@ def replay(
     while (now := first + step * interval) <= end:
         seen = bisect.bisect_right(times, now)
         visible.extend(ordered[len(visible) : seen])
-        if now - times[seen - 1] > params.stale_after_seconds and seen < len(times):
+        fresh = now - times[seen - 1] <= params.stale_after_seconds
+        if not fresh and seen < len(times):
             # Stale until the next sample: no decision (control.decide changes nothing while
             # stale), so go straight there; a pod idle for a day is not 170k steps.
             step = max(step + 1, math.ceil((times[seen] - first) / interval))
             continue
-        fresh = now - times[seen - 1] <= params.stale_after_seconds
         decision = control.decide(samples=visible, previous=decision, now=now, fresh=fresh,
                                   params=params, own=visible)  # fmt: skip
         if decision.threshold != changes[-1].threshold:
