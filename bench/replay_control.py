@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from specgate_router import control
+from specgate_router import control, settings
 from specgate_router.replay import Change, pod_samples, replay
 from specgate_router.settings import ControlSettings
 
@@ -54,8 +54,7 @@ def with_overrides(base: ControlSettings, items: Sequence[str]) -> ControlSettin
     try:
         return ControlSettings.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise ValueError(f"--set {' '.join(items)}: {problems}") from exc
+        raise settings.explain(exc, f"--set {' '.join(items)}") from exc
 
 
 def describe(params: ControlSettings) -> str:

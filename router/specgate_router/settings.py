@@ -155,7 +155,8 @@ class SettingsError(ValueError):
     """A config file or flag the router cannot use; the message names the field."""
 
 
-def _explain(exc: ValidationError, source: str) -> SettingsError:
+def explain(exc: ValidationError, source: str) -> SettingsError:
+    """`exc` as one SettingsError that names `source` and each field (by its config name)."""
     parts = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "<root>"
@@ -191,4 +192,4 @@ def load(
     try:
         return RouterSettings.model_validate(data)
     except ValidationError as exc:
-        raise _explain(exc, source) from exc
+        raise explain(exc, source) from exc
