@@ -842,6 +842,13 @@ ENVELOPE_TARGET = 0.97
 """X_d' / max(X_a, X_b) at every concurrency: the envelope's target (BENCHMARKS.md)."""
 
 
+def deployed_section(summary: dict[str, Any], differs: str) -> dict[str, Any]:
+    """The summary of the deployed sweep's section with workload `differs` (TP 1, the sweep's
+    temperature); {} where the report made none."""
+    found: dict[str, Any] = summary.get(section_key(1, ENVELOPE_TEMPERATURE, differs)) or {}
+    return found
+
+
 def deployed_ratio_series(
     summary: dict[str, Any],
 ) -> list[tuple[str, dict[int, float], dict[int, float]]]:
@@ -849,7 +856,7 @@ def deployed_ratio_series(
     the jobs its rows come from, and its medians' and 80th percentiles' envelope ratios."""
     series = []
     for tokens, differs in ((1, DEPLOYED), (4, DEPLOYED_OFF_STEP_4)):
-        found = summary.get(section_key(1, ENVELOPE_TEMPERATURE, differs)) or {}
+        found = deployed_section(summary, differs)
         if rows := found.get("row_source"):
             jobs = ", ".join(map(str, sorted({job_number(run) for run in rows.values()})))
             series.append((f"offStepTokens {tokens} (jobs {jobs})", found["ratio_router_probing"],
@@ -1455,7 +1462,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary.update(simulator=error, simulator_vs_table=error_composed)
     if stats:
         plot(stats, profile, args.out / "gpu_envelope.png")
-    deployed_stats: dict[str, tuple[Stats, float]] = {}  # per off-step workload: table, accept
     for (tp, temperature, differs), group in sorted(
         groups.items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][0])
     ):
@@ -1466,8 +1472,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             md += (f"\n## Another workload ({differs}), temperature {temperature:g}, tensor "
                    f"parallel {tp}\n\n" + group_md)  # fmt: skip
             summary[section_key(tp, temperature, differs)] = group_summary
-            if (tp, temperature) == (1, ENVELOPE_TEMPERATURE) and group_stats:
-                deployed_stats[differs] = (group_stats, accept)
             if (differs, tp, temperature) == (DEPLOYED, 1, ENVELOPE_TEMPERATURE):
                 # The deployed sweep has a simulator profile of its own; other workloads none.
                 md += deployed_calibration(group, group_stats, args, group_summary, accept)
@@ -1490,13 +1494,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             plot(group_stats, None, args.out / png, tp=tp, accept=accept)
     if len(by_tokens := deployed_ratio_series(summary)) == 2:
         plot_envelope_ratios(by_tokens, args.out / "gpu_envelope_deployed_ratio.png")
-    if DEPLOYED_OFF_STEP_4 in deployed_stats:
+    if four := deployed_section(summary, DEPLOYED_OFF_STEP_4).get("stats"):
         # The four curves as the operator would run them with four-token off steps; upstream's
         # adaptive server (unpatched: no off step of ours) from the one-token sweep's jobs.
-        four, accept = deployed_stats[DEPLOYED_OFF_STEP_4]
-        one = deployed_stats.get(DEPLOYED, ({}, accept))[0]
-        plot(with_rows_of(four, one, "upstream-0step"), load_profile(DEPLOYED_PROFILE_PATH),
-             args.out / "gpu_envelope_deployed_off_step_4.png", accept=accept,
+        one = deployed_section(summary, DEPLOYED).get("stats", {})
+        plot(with_rows_of(four, one, "upstream-0step"),
+             load_profile(DEPLOYED_PROFILE_PATH),
+             args.out / "gpu_envelope_deployed_off_step_4.png",
+             accept=always_on_accept_length(four),
              setup="as deployed, the routed engine's off steps 4 tokens a request")  # fmt: skip
     history = off_over_plain_history(results, variants)
     if history:
