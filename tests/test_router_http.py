@@ -167,9 +167,12 @@ async def test_latency_and_throughput_traffic_go_to_their_pools(http: httpx.Asyn
     """Closed-loop clients of both classes (16, twice what two pods at threshold 4 hold, so the
     margin survives a slow machine) make the router split them into pools; once requests
     placed before the split have finished, each class runs on its own pool. Threshold pinned
-    at 4: the latency pod speculates its 2 clients' requests."""
+    at 4: the latency pod speculates its 2 clients' requests. The class mix is smoothed over a
+    second: over 0.3 s a moment when most requests had just finished (20 tokens each, so they
+    finish together) left the smoothed load under what two pods hold, and the pools read at
+    3 s were "mixed" in about one run in five."""
     async with sims(2, time_scale=2.0, threshold=4) as pods:
-        settings = router_settings(pods.urls, pools={"classMixWindowSeconds": 0.3})
+        settings = router_settings(pods.urls, pools={"classMixWindowSeconds": 1.0})
         settings["control"] = {**settings["control"], "threshold": 4,  # type: ignore[dict-item]
                                "minThreshold": 4, "maxThreshold": 4}  # fmt: skip
         async with run_router(settings) as r:
