@@ -815,6 +815,30 @@ def test_a_pods_first_probe_waits_one_interval_and_the_load_must_hold_a_cooldown
     assert control.steady_batch(own, now=31, params=params) == (48, False)
 
 
+def test_a_pod_that_went_idle_holds_no_batch_and_is_not_probed() -> None:
+    """BENCHMARKS.md job 91: a pod held batch 63 plain for a few seconds, then idled (its
+    scrapes fresh but giving no samples). Counted from the idle, the samples spanned a cooldown,
+    and the pod probed speculation at 63 with no load there: nothing measured, and the wait
+    before the next probe doubled."""
+    params = ControlSettings(threshold=8, max_threshold=128, **PROBING)  # cooldown 5 s
+    held = steady(63, False, start=0, end=3)  # 3 s of it: not yet a cooldown
+    start = control.Decision(8, "initial", -math.inf)
+    running = control.decide(samples=held, own=held, now=3, fresh=True, params=params,
+                             previous=start)  # fmt: skip
+    assert running.probe is None
+    for idle_until in (4.5, 6.0):  # the samples now "span" 4.5 and 6 s: no sample for 1.5, 3
+        assert control.steady_batch(held, now=idle_until, params=params) is None
+        idle = control.decide(samples=held, own=held, now=idle_until, fresh=True, params=params,
+                              previous=start)  # fmt: skip
+        assert idle.probe is None and idle.threshold == 8, idle
+    # Held on through those seconds instead, the same batch is steady and is probed.
+    longer = steady(63, False, start=0, end=6)
+    assert control.steady_batch(longer, now=6, params=params) == (63, False)
+    probed = control.decide(samples=longer, own=longer, now=6, fresh=True, params=params,
+                            previous=start)  # fmt: skip
+    assert probed.probe is not None and probed.threshold == math.ceil(63 + 63 * control.PROBE_BAND)
+
+
 def test_probe_outcome_names_what_the_router_counts() -> None:
     params = ControlSettings(threshold=8, max_threshold=128, **PROBING)
     own = steady(48, False, start=0, end=10)

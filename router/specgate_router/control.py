@@ -421,6 +421,12 @@ def steady_batch(
     recent = list(itertools.takewhile(lambda s: now - s.at <= seconds, reversed(own)))[::-1]
     if len(recent) < params.min_samples or now - recent[0].at < 0.75 * seconds:
         return None  # too few samples, or they do not span the window: not held long enough
+    if now - recent[-1].at > 2 * params.scrape_interval_seconds:
+        # No sample at its last two scrapes: the pod went idle or its load is changing, so
+        # the batch it held is not the one it holds. On the H200 (BENCHMARKS.md job 91) a pod
+        # idle for 6 s after holding batch 63 probed speculation there, measured nothing, and
+        # doubled its wait before the probe its next load (batch 32) needed.
+        return None
     modes = {s.speculating_fraction >= STEADY_MODE_FRACTION for s in recent}
     batches = sorted(s.batch for s in recent)
     middle = batches[len(batches) // 2]
