@@ -782,13 +782,15 @@ def test_pods_of_the_latency_pool_do_not_probe() -> None:
     assert mixed.probe is not None and mixed.threshold == 4
 
 
-def test_a_probe_whose_load_moves_goes_back_and_backs_off() -> None:
+def test_a_probe_whose_load_moves_a_little_goes_back_and_backs_off() -> None:
+    """Batch 48 to 38: outside the probe's band, within what the mode on trial can move an
+    open-loop batch by itself. The probe waits out its time and counts as inconclusive."""
     params = ControlSettings(threshold=8, max_threshold=128, **PROBING)
     own = steady(48, False, start=0, end=10)
     started = control.decide(samples=own, own=own, now=10, fresh=True, params=params,
                              previous=control.Decision(8, "initial", -math.inf))  # fmt: skip
     assert started.probe is not None and started.threshold == 56
-    during = own + steady(20, True, start=10, end=30)  # the clients left: batch 20 now
+    during = own + steady(38, True, start=10, end=30)
     held = control.decide(samples=during, own=during, now=15, fresh=True, params=params,
                           previous=started)  # fmt: skip
     assert held.threshold == 56 and held.probe == started.probe
@@ -796,6 +798,12 @@ def test_a_probe_whose_load_moves_goes_back_and_backs_off() -> None:
                            fresh=True, params=params, previous=held)  # fmt: skip
     assert ended.threshold == 8 and ended.probe is None and ended.probe_wait == 2.0
     assert "inconclusive" in ended.reason
+    # Down to 20 (the clients left), the probe ends at once and keeps the wait.
+    left = own + steady(20, True, start=10, end=30)
+    moved = control.decide(samples=left, own=left, now=15, fresh=True, params=params,
+                           previous=started)  # fmt: skip
+    assert moved.threshold == 8 and moved.probe is None and moved.probe_wait == 1.0
+    assert "moved to batch 20" in moved.reason
 
 
 def test_a_pods_first_probe_waits_one_interval_and_the_load_must_hold_a_cooldown() -> None:
@@ -815,28 +823,33 @@ def test_a_pods_first_probe_waits_one_interval_and_the_load_must_hold_a_cooldown
     assert control.steady_batch(own, now=31, params=params) == (48, False)
 
 
-def test_a_pod_that_went_idle_holds_no_batch_and_is_not_probed() -> None:
-    """BENCHMARKS.md job 91: a pod held batch 63 plain for a few seconds, then idled (its
-    scrapes fresh but giving no samples). Counted from the idle, the samples spanned a cooldown,
-    and the pod probed speculation at 63 with no load there: nothing measured, and the wait
-    before the next probe doubled."""
+def test_a_probe_whose_load_comes_back_elsewhere_ends_early_and_keeps_its_wait() -> None:
+    """BENCHMARKS.md job 91: a pod held batch 63 plain, idled, and probed speculation at 63
+    (idle time counts towards holding a batch: bursts at one batch hold it). Its load came
+    back at 32. The probe ends as soon as the pod runs there, without doubling the wait: the
+    probe the new load needs is not put off."""
     params = ControlSettings(threshold=8, max_threshold=128, **PROBING)  # cooldown 5 s
-    held = steady(63, False, start=0, end=3)  # 3 s of it: not yet a cooldown
+    held = steady(63, False, start=0, end=3)
     start = control.Decision(8, "initial", -math.inf)
-    running = control.decide(samples=held, own=held, now=3, fresh=True, params=params,
+    assert control.decide(samples=held, own=held, now=3, fresh=True, params=params,
+                          previous=start).probe is None  # 3 s is not a cooldown  # fmt: skip
+    probing = control.decide(samples=held, own=held, now=4.5, fresh=True, params=params,
                              previous=start)  # fmt: skip
-    assert running.probe is None
-    for idle_until in (4.5, 6.0):  # the samples now "span" 4.5 and 6 s: no sample for 1.5, 3
-        assert control.steady_batch(held, now=idle_until, params=params) is None
-        idle = control.decide(samples=held, own=held, now=idle_until, fresh=True, params=params,
-                              previous=start)  # fmt: skip
-        assert idle.probe is None and idle.threshold == 8, idle
-    # Held on through those seconds instead, the same batch is steady and is probed.
-    longer = steady(63, False, start=0, end=6)
-    assert control.steady_batch(longer, now=6, params=params) == (63, False)
-    probed = control.decide(samples=longer, own=longer, now=6, fresh=True, params=params,
-                            previous=start)  # fmt: skip
-    assert probed.probe is not None and probed.threshold == math.ceil(63 + 63 * control.PROBE_BAND)
+    assert probing.probe is not None and probing.threshold == math.ceil(63 * 1.15 + 1e-9)
+    two = held + steady(32, True, start=8, end=9)  # speculating: threshold 73 >= 32
+    early = control.decide(samples=two, own=two, now=9.0, fresh=True, params=params,
+                           previous=probing)  # fmt: skip
+    back = held + steady(32, True, start=8, end=10)
+    assert early.probe is not None, "two samples at 32 do not yet say the load moved"
+    ended = control.decide(samples=back, own=back, now=10, fresh=True, params=params,
+                           previous=probing)  # fmt: skip
+    assert ended.probe is None and ended.threshold == 8 and ended.changed_at == 10
+    assert ended.probe_wait == probing.probe_wait == 1.0
+    assert "the load moved to batch 32" in ended.reason
+    # The same probe with the load gone altogether waits out its time and backs off.
+    gone = control.decide(samples=held, own=held, now=4.5 + 4 * params.probe_seconds + 1,
+                          fresh=True, params=params, previous=probing)  # fmt: skip
+    assert gone.threshold == 8 and gone.probe_wait == 2.0 and "inconclusive" in gone.reason
 
 
 def test_probe_outcome_names_what_the_router_counts() -> None:

@@ -414,19 +414,16 @@ def steady_batch(
 ) -> tuple[float, bool] | None:
     """(batch, speculating) when the pod's samples (in time order) of the last cooldown (at
     least the last few scrapes) all ran one mode at one batch size (within `band`), else
-    None."""
+    None. Idle time after them counts: a load that comes in bursts at one batch (the GPU
+    envelope's rotation runs a server 2.5 s in every 7.5) still holds it, and a probe there
+    measures the next burst. One that comes back at another batch ends the probe early
+    (`load_moved_from`)."""
     seconds = steady_window(params)
     # Samples are in time order: read back from the newest only (this runs for every pod on
     # every control step, and a pod keeps up to 1200 samples).
     recent = list(itertools.takewhile(lambda s: now - s.at <= seconds, reversed(own)))[::-1]
     if len(recent) < params.min_samples or now - recent[0].at < 0.75 * seconds:
         return None  # too few samples, or they do not span the window: not held long enough
-    if now - recent[-1].at > 2 * params.scrape_interval_seconds:
-        # No sample at its last two scrapes: the pod went idle or its load is changing, so
-        # the batch it held is not the one it holds. On the H200 (BENCHMARKS.md job 91) a pod
-        # idle for 6 s after holding batch 63 probed speculation there, measured nothing, and
-        # doubled its wait before the probe its next load (batch 32) needed.
-        return None
     modes = {s.speculating_fraction >= STEADY_MODE_FRACTION for s in recent}
     batches = sorted(s.batch for s in recent)
     middle = batches[len(batches) // 2]
@@ -528,6 +525,13 @@ def _continue_probe(
     probe = previous.probe
     assert probe is not None
     need = params.min_samples
+    back = probe.previous
+    moved = load_moved_from(own, batch=probe.batch, since=probe.started, need=need)
+    if moved is not None:
+        # Not a verdict on the mode, nor a reason to probe less often: the wait stays.
+        why = (f"probe at batch {probe.batch:.0f} ended: the load moved to batch {moved:.0f};"
+               f" back to {back}")  # fmt: skip
+        return Decision(back, why, now, probe_wait=previous.probe_wait)
     tried, n_tried = rate_per_request(own, batch=probe.batch, speculating=probe.speculating,
                                       since=probe.started)  # fmt: skip
     if now < probe.until or (n_tried < need and now < probe.give_up):
@@ -537,11 +541,11 @@ def _continue_probe(
         own, batch=probe.batch, speculating=not probe.speculating,
         since=probe.started - steady_window(params), until=probe.started,
     )  # fmt: skip
-    back = probe.previous
     backoff = min(PROBE_BACKOFF_LIMIT, 2 * previous.probe_wait)
     if n_tried < need or n_base < need:
-        # The load moved, or steps are too slow to give samples (fewer than two per scrape):
-        # either way the next probe is no likelier to tell, so it waits longer too.
+        # Steps too slow to give samples (fewer than two per scrape), or a load that left
+        # without settling elsewhere: the next probe is no likelier to tell, so it waits
+        # longer too.
         why = f"probe inconclusive ({n_tried} samples, {n_base} before); back to {back}"
         return Decision(back, why, now, probe_wait=backoff)
     ratio = tried / base if base > 0 else math.inf
@@ -549,6 +553,31 @@ def _continue_probe(
     if ratio > 1 + PROBE_MARGIN:
         return Decision(probe.threshold, f"{verdict}; keeping it", now, probe_wait=1.0)
     return Decision(back, f"{verdict}; back to {back}", now, probe_wait=backoff)
+
+
+LOAD_MOVED_FACTOR = 1.5
+"""A probe's load has moved when the pod runs more than this factor from the probe's batch
+(either way) and more than two requests from it. Wider than `band`: under an open-loop load
+the mode on trial moves the batch itself, by its speed-up over the other (at most 1.3x at
+c >= 16 on the H200 pair; the larger ones at c <= 2 move a batch by a request or two)."""
+
+
+def load_moved_from(
+    own: Sequence[Sample], *, batch: float, since: float, need: int
+) -> float | None:
+    """The batch the pod runs now, when its newest `need` samples since `since` all ran more
+    than LOAD_MOVED_FACTOR from `batch`, else None. On the H200 (BENCHMARKS.md job 91) a pod
+    that idled after holding batch 63 probed speculation there; its load came back at 32, and
+    the probe waited out its time with nothing to measure, then doubled the wait before the
+    probe that load needed."""
+    newest = list(itertools.islice(itertools.takewhile(lambda s: s.at >= since, reversed(own)),
+                                   need))  # fmt: skip
+    if len(newest) < need:
+        return None
+    if all(max(s.batch / batch, batch / s.batch) > LOAD_MOVED_FACTOR
+           and abs(s.batch - batch) > 2 for s in newest):  # fmt: skip
+        return sorted(s.batch for s in newest)[len(newest) // 2]
+    return None
 
 
 def _keep_or(previous: Decision, value: int | None, reason: str, now: float) -> Decision:
