@@ -1005,7 +1005,14 @@ def pin_scheduler(server_pid: int, core: Sequence[int] | None, rest: Collection[
     return pinned
 
 
-def launch(servers: list[Server], out: Path, sim: bool, routed_threshold: int = 8) -> None:
+def sim_off_step_tokens(name: str, off_step_tokens: int) -> int:
+    """A simulated server's tokens a request per off step, as engine_args gives its SGLang."""
+    pinned = {"patched-off-2": 2, "patched-off-4": 4}
+    return off_step_tokens if name in ROUTED or name == "patched-8" else pinned.get(name, 1)
+
+
+def launch(servers: list[Server], out: Path, sim: bool, routed_threshold: int = 8,
+           off_step_tokens: int = 1) -> None:  # fmt: skip
     """Start every server: GPUs in parallel, the servers of one GPU one after another, each
     once the previous one has sized its memory (verify.MEMORY_SIZED)."""
 
@@ -1016,7 +1023,8 @@ def launch(servers: list[Server], out: Path, sim: bool, routed_threshold: int = 
                        str(server.port), "--api-key", verify.KEY, "--threshold",
                        str(routed_threshold) if server.name in ROUTED
                        else SIM_THRESHOLD[server.name], "--max-running-requests", "128", "--seed",
-                       str(server.port)]  # fmt: skip
+                       str(server.port), "--off-step-tokens",
+                       str(sim_off_step_tokens(server.name, off_step_tokens))]  # fmt: skip
                 with open(out / f"{server.label}.log", "wb") as log:
                     pin = verify.pin_to(server.cpus)
                     server.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
@@ -1360,7 +1368,7 @@ def main() -> int:
         if telemetry is not None:
             telemetry.start()
             results["gpu_telemetry"] = telemetry.describe()
-        launch(servers, out, sim, args.router_threshold)
+        launch(servers, out, sim, args.router_threshold, args.off_step_tokens)
         for s in servers:
             assert s.proc is not None
             s_up = verify.wait_healthy(s.port, s.proc, timeout=480)

@@ -476,14 +476,15 @@ def test_gpu_envelope_rehearsal(report: ModuleType, tmp_path: Path) -> None:
     # Six servers and a router on the first run's ports, three and a router on the second's.
     envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
     first_base = free_port_base(6, offsets=[envelope.ROUTER_OFFSET])
-    second_base = free_port_base(3, offsets=[envelope.ROUTER_OFFSET])
+    second_base = free_port_base(4, offsets=[envelope.ROUTER_OFFSET])
     first = run(tmp_path / "first", "--port-base", str(first_base), "--levels", "1,4",
                 "--learn-seconds", "2", "--extra",
                 "patched-off,patched-8", "--extra-levels", "4", "--switch-first",
                 "--profile-levels", "8", "--profile-servers", "plain",
                 "--flush-cache")  # fmt: skip
     second = run(tmp_path / "second", "--port-base", str(second_base), "--levels", "2",
-                 "--servers", "always-on,specgate-probes", "--extra", "upstream-always-on",
+                 "--servers", "always-on,specgate-probes",
+                 "--extra", "upstream-always-on,patched-off-4",
                  "--extra-levels", "2", "--tp", "2", "--direct-too",
                  "--probe-interval", "90", "--busy-idle", "--new-tokens", "16,32",
                  "--router-threshold", "146", "--client-keepalive",
@@ -528,11 +529,17 @@ def test_gpu_envelope_rehearsal(report: ModuleType, tmp_path: Path) -> None:
     assert all(isinstance(r["router_changes"], list) for r in (result, second_result))
     assert {(w["server"], w["c"]) for w in second_result["windows"]} == {
         ("always-on", 2), ("specgate-probes", 2), ("specgate-probes-direct", 2),
-        ("upstream-always-on", 2)}  # fmt: skip
+        ("upstream-always-on", 2), ("patched-off-4", 2)}  # fmt: skip
     ports = {name: s["port"] for name, s in second_result["servers"].items()}
     b = second_base
     assert ports == {"always-on": b, "specgate-probes": b + 1, "upstream-always-on": b + 2,
-                     "specgate-probes-direct": b + 1}  # fmt: skip
+                     "patched-off-4": b + 3, "specgate-probes-direct": b + 1}  # fmt: skip
+    # The simulated patched-off-4 decodes four tokens a request per off step, as SGLang does
+    # with --speculative-off-step-tokens 4 (fewer only at a request's end).
+    # (A window's tokens a request per decode step: its "accept_length" field.)
+    off4 = [w for w in second_result["windows"] if w["server"] == "patched-off-4"]
+    assert all(w["steps_on"] == 0 and w["steps_off"] > 0 for w in off4)
+    assert all(2.5 < w["accept_length"] <= 4.0 for w in off4), off4
     # --direct-too: the routed engine also at its own port, its threshold still the router's,
     # which started where --router-threshold put it.
     direct = [w for w in second_result["windows"] if w["server"] == "specgate-probes-direct"]

@@ -86,6 +86,29 @@ def test_accept_length_is_not_diluted_by_steps_without_speculation() -> None:
     assert core.stats.accept_length() == speculating
 
 
+def test_an_off_step_of_several_tokens_decodes_them_for_one_steps_overhead() -> None:
+    """--speculative-off-step-tokens K: K tokens a request per off step (fewer at a request's
+    end), for the time of one step's overhead plus K forwards; speculating steps unchanged."""
+    deployed = profiles.load("h200-3b-synthetic-deployed")
+    one, four = (EngineCore(deployed, threshold=0, seed=5, off_step_tokens=k) for k in (1, 4))
+    for core in (one, four):
+        core.add(SimRequest("a", 16, 10, 0.0))
+        core.add(SimRequest("b", 16, 6, 0.0))
+        _run(core, until=1.0)
+    assert (one.stats.decode_steps_off, four.stats.decode_steps_off) == (9, 3)  # 10 = 1 + 4 + 4 + 1
+    assert one.stats.generation_tokens == four.stats.generation_tokens == 16
+    overhead = deployed.step.overhead_s
+    forward = deployed.step_time(32, False) - overhead
+    assert deployed.step_time(32, False, 4) == pytest.approx(overhead + 4 * forward)
+    assert deployed.step_time(32, True, 4) == deployed.step_time(32, True)
+    # Closed loop at c = 64: more than plain, by less than four steps' overhead would give.
+    plain = closed_loop_throughput(deployed, 64, threshold=0)
+    several = closed_loop_throughput(deployed, 64, threshold=0, off_step_tokens=4)
+    assert 1.1 * plain < several < 4 * plain
+    with pytest.raises(ValueError, match="off_step_tokens 0"):
+        EngineCore(deployed, off_step_tokens=0)
+
+
 def test_waiting_queue_and_running_cap() -> None:
     core = EngineCore(PROFILE, threshold=0, seed=3, max_running_requests=4)
     for i in range(10):
@@ -344,3 +367,21 @@ async def test_flush_cache_only_when_idle(
     assert (await EngineClient(url, engine_http, api_key=KEY).loads()).running == 0
     (await running).raise_for_status()
     assert (await http.post(url + "/flush_cache", headers={})).status_code == 401
+
+
+async def test_a_pod_with_several_token_off_steps_says_so_and_streams_them(
+    http: httpx.AsyncClient,
+) -> None:
+    """`specgate sim --off-step-tokens 4` as the operator's `offStepTokens: 4` runs SGLang: the
+    pod reports the setting where SGLang's server args do, and an off pod streams its tokens
+    four at a time."""
+    settings = PodSettings(threshold=0, time_scale=20.0, seed=3, off_step_tokens=4)
+    async with SimCluster(PROFILE, 1, settings=settings) as cluster:
+        info = (await http.get(cluster.urls[0] + "/server_info")).json()
+        assert info["speculative_off_step_tokens"] == 4
+        body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 13}}
+        resp = await http.post(cluster.urls[0] + "/generate", json=body)
+        assert resp.status_code == 200, resp.text
+        meta = resp.json()["meta_info"]
+        assert meta["completion_tokens"] == 13
+    assert cluster.pods[0].core.stats.decode_steps_off == 3  # 1 from the prefill, then 4 + 4 + 4

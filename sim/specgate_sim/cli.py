@@ -48,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="simulated seconds per real second (>1: faster than real time)",
     )
     parser.add_argument("--max-running-requests", type=int)
+    parser.add_argument("--off-step-tokens", type=int, default=1,
+                        help="tokens a request per off step (the patched SGLang's "
+                        "--speculative-off-step-tokens)")  # fmt: skip
     parser.add_argument("--seed", type=int)  # fmt: skip
 
 
@@ -56,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("--pods must be >= 1")
     if args.time_scale <= 0:
         raise SystemExit("--time-scale must be > 0")
+    if args.off_step_tokens < 1:
+        raise SystemExit("--off-step-tokens must be >= 1 (an off step decodes a token a request)")
     try:
         prof = profiles.load(args.profile)
     except (ValueError, OSError) as exc:
@@ -63,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     settings = PodSettings(
         name="sim-0", model=args.model, api_key=args.api_key, threshold=args.threshold,
         time_scale=args.time_scale, seed=args.seed,
-        max_running_requests=args.max_running_requests,
+        max_running_requests=args.max_running_requests, off_step_tokens=args.off_step_tokens,
     )  # fmt: skip
     asyncio.run(_serve(prof, args, settings))
     return 0

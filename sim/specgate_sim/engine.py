@@ -110,9 +110,13 @@ class EngineCore:
         threshold: int | None = None,
         seed: int | None = None,
         max_running_requests: int | None = None,
+        off_step_tokens: int = 1,
     ) -> None:
+        if off_step_tokens < 1:
+            raise ValueError(f"off_step_tokens {off_step_tokens}: an off step decodes >= 1 token")
         self.profile = profile
         self.threshold = threshold
+        self.off_step_tokens = off_step_tokens
         self.max_running = max_running_requests or profile.max_running_requests
         self.rng = random.Random(seed)
         self.waiting: deque[SimRequest] = deque()
@@ -168,11 +172,14 @@ class EngineCore:
         on = contract.speculates(batch, self.threshold)
         tokens = []
         for req in self.running:
-            accepted = self._draw_accepted() if on else 0
             if on:
+                accepted = self._draw_accepted()
                 req.accepted_steps.append(accepted)
-            tokens.append((req, min(1 + accepted, req.remaining)))
-        return Step("decode", self.profile.step_time(batch, on), batch, on, tuple(tokens))
+                tokens.append((req, min(1 + accepted, req.remaining)))
+            else:
+                tokens.append((req, min(self.off_step_tokens, req.remaining)))
+        duration = self.profile.step_time(batch, on, self.off_step_tokens)
+        return Step("decode", duration, batch, on, tuple(tokens))
 
     def finish(self, step: Step, end: float) -> None:
         """Apply a planned step that ended at time `end`."""
@@ -231,10 +238,11 @@ def closed_loop_throughput(
     prompt_tokens: int = 128,
     requests_per_client: int = 8,
     seed: int = 0,
+    off_step_tokens: int = 1,
 ) -> float:
     """Output tok/s of `concurrency` clients that each send a new request when the last ends,
     in virtual time (no sleeping): the benchmark a GPU sweep runs, run on the simulator."""
-    core = EngineCore(profile, threshold=threshold, seed=seed)
+    core = EngineCore(profile, threshold=threshold, seed=seed, off_step_tokens=off_step_tokens)
     now, produced, issued = 0.0, 0, 0
     total = concurrency * requests_per_client
 

@@ -31,6 +31,8 @@ class PodSettings:
     seed: int | None = None
     max_running_requests: int | None = None
     tp_size: int = 8
+    off_step_tokens: int = 1
+    """Tokens a request per off step (SGLang with the patch: --speculative-off-step-tokens)."""
 
 
 class SimPod:
@@ -42,6 +44,7 @@ class SimPod:
             threshold=settings.threshold,
             seed=settings.seed,
             max_running_requests=settings.max_running_requests,
+            off_step_tokens=settings.off_step_tokens,
         )
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None

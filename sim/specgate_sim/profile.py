@@ -10,6 +10,13 @@ weights and KV cache, or computing every verified token), with B = b ** batchExp
     on(b)        = verify(b, numSteps + 1) + numSteps * (draftOverhead + B * draftPerRequest)
     off(b)       = verify(b, 1) + b * syncPerRequest     (the patched engine's plain step, which
                                                            also extends the draft KV cache)
+    off(b, K)    = overhead + K * (verify(b, 1) - overhead + b * syncPerRequest)
+
+An off step of K tokens a request (`--speculative-off-step-tokens K`) runs K plain forwards for
+one step's overhead. The fitted overhead lumps the host's work with the GPU's fixed costs, so
+where that is large the model reads a K-token step's saving high: on the H200 the 3B-class
+pair's four-token off step ran 1.13x plain at c = 16 and 1.29x at 64 (BENCHMARKS.md, jobs 78
+and 81); the deployed profile gives 1.46x and 1.25x in the same closed loop.
 
 A speculating step gives each request 1 + accepted tokens, accepted drawn from a chain of
 `numSteps` Bernoulli trials at `perTokenRate` (the first rejection ends the chain).
@@ -83,14 +90,16 @@ class Profile(_Model):
         compute = tokens_per_request * scaled * s.compute_s_per_token
         return s.overhead_s + max(memory, compute)
 
-    def step_time(self, batch: int, speculating: bool) -> float:
-        """Seconds one decode step of `batch` running requests takes."""
+    def step_time(self, batch: int, speculating: bool, off_step_tokens: int = 1) -> float:
+        """Seconds one decode step of `batch` running requests takes; an off step decodes
+        `off_step_tokens` tokens a request."""
         s = self.step
         if speculating:
             scaled: float = float(batch) ** s.batch_exponent
             draft = self.num_steps * (s.draft_overhead_s + scaled * s.draft_s_per_request)
             return self.verify_time(batch, self.num_steps + 1) + draft
-        return self.verify_time(batch, 1) + batch * s.sync_s_per_request
+        forward = self.verify_time(batch, 1) - s.overhead_s + batch * s.sync_s_per_request
+        return s.overhead_s + off_step_tokens * forward
 
     def prefill_time(self, prompt_tokens: int) -> float:
         return self.prefill.overhead_s + prompt_tokens * self.prefill.s_per_token
@@ -100,10 +109,10 @@ class Profile(_Model):
         a = self.acceptance.per_token_rate
         return 1.0 + sum(a**j for j in range(1, self.num_steps + 1))
 
-    def steady_throughput(self, batch: int, speculating: bool) -> float:
+    def steady_throughput(self, batch: int, speculating: bool, off_step_tokens: int = 1) -> float:
         """Analytic output tok/s with `batch` requests always running (no prefill)."""
-        per_step = batch * (self.mean_accept_length() if speculating else 1.0)
-        return per_step / self.step_time(batch, speculating)
+        per_step = batch * (self.mean_accept_length() if speculating else off_step_tokens)
+        return per_step / self.step_time(batch, speculating, off_step_tokens)
 
     def crossover_batch(self) -> int:
         """Largest batch at which speculating delivers more tokens/s than not."""

@@ -157,6 +157,7 @@ def create_app(pod: SimPod) -> FastAPI:
             "speculative_num_steps": pod.profile.num_steps,
             "speculative_eagle_topk": 1,
             "speculative_num_draft_tokens": pod.profile.num_steps + 1,
+            "speculative_off_step_tokens": pod.core.off_step_tokens,
             contract.THRESHOLD_KEY: pod.core.threshold,
         }
 
