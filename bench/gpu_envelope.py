@@ -1005,14 +1005,14 @@ def pin_scheduler(server_pid: int, core: Sequence[int] | None, rest: Collection[
     return pinned
 
 
-def sim_off_step_tokens(name: str, off_step_tokens: int) -> int:
-    """A simulated server's tokens a request per off step, as engine_args gives its SGLang."""
-    pinned = {"patched-off-2": 2, "patched-off-4": 4}
-    return off_step_tokens if name in ROUTED or name == "patched-8" else pinned.get(name, 1)
+def off_step_tokens_of(args: Sequence[str]) -> int:
+    """Tokens a request per off step in a server's SGLang flags (engine_args): what its
+    simulated stand-in runs."""
+    flag = "--speculative-off-step-tokens"
+    return int(args[args.index(flag) + 1]) if flag in args else 1
 
 
-def launch(servers: list[Server], out: Path, sim: bool, routed_threshold: int = 8,
-           off_step_tokens: int = 1) -> None:  # fmt: skip
+def launch(servers: list[Server], out: Path, sim: bool, routed_threshold: int = 8) -> None:
     """Start every server: GPUs in parallel, the servers of one GPU one after another, each
     once the previous one has sized its memory (verify.MEMORY_SIZED)."""
 
@@ -1024,7 +1024,7 @@ def launch(servers: list[Server], out: Path, sim: bool, routed_threshold: int = 
                        str(routed_threshold) if server.name in ROUTED
                        else SIM_THRESHOLD[server.name], "--max-running-requests", "128", "--seed",
                        str(server.port), "--off-step-tokens",
-                       str(sim_off_step_tokens(server.name, off_step_tokens))]  # fmt: skip
+                       str(off_step_tokens_of(server.args))]  # fmt: skip
                 with open(out / f"{server.label}.log", "wb") as log:
                     pin = verify.pin_to(server.cpus)
                     server.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
@@ -1368,7 +1368,7 @@ def main() -> int:
         if telemetry is not None:
             telemetry.start()
             results["gpu_telemetry"] = telemetry.describe()
-        launch(servers, out, sim, args.router_threshold, args.off_step_tokens)
+        launch(servers, out, sim, args.router_threshold)
         for s in servers:
             assert s.proc is not None
             s_up = verify.wait_healthy(s.port, s.proc, timeout=480)

@@ -473,7 +473,7 @@ def test_gpu_envelope_rehearsal(report: ModuleType, tmp_path: Path) -> None:
                  "CUDA_VISIBLE_DEVICES": "0,1"},
         )  # fmt: skip
 
-    # Six servers and a router on the first run's ports, three and a router on the second's.
+    # Six servers and a router on the first run's ports, four and a router on the second's.
     envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
     first_base = free_port_base(6, offsets=[envelope.ROUTER_OFFSET])
     second_base = free_port_base(4, offsets=[envelope.ROUTER_OFFSET])

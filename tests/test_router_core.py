@@ -839,8 +839,8 @@ def test_a_probe_whose_load_comes_back_elsewhere_ends_early_and_keeps_its_wait()
     two = held + steady(32, True, start=8, end=9)  # speculating: threshold 73 >= 32
     early = control.decide(samples=two, own=two, now=9.0, fresh=True, params=params,
                            previous=probing)  # fmt: skip
-    back = held + steady(32, True, start=8, end=10)
     assert early.probe is not None, "two samples at 32 do not yet say the load moved"
+    back = held + steady(32, True, start=8, end=10)
     ended = control.decide(samples=back, own=back, now=10, fresh=True, params=params,
                            previous=probing)  # fmt: skip
     assert ended.probe is None and ended.threshold == 8 and ended.changed_at == 10

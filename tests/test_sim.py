@@ -373,8 +373,8 @@ async def test_a_pod_with_several_token_off_steps_says_so_and_streams_them(
     http: httpx.AsyncClient,
 ) -> None:
     """`specgate sim --off-step-tokens 4` as the operator's `offStepTokens: 4` runs SGLang: the
-    pod reports the setting where SGLang's server args do, and an off pod streams its tokens
-    four at a time."""
+    pod reports the setting where SGLang's server args do, and an off pod decodes four tokens
+    a request per step."""
     settings = PodSettings(threshold=0, time_scale=20.0, seed=3, off_step_tokens=4)
     async with SimCluster(PROFILE, 1, settings=settings) as cluster:
         info = (await http.get(cluster.urls[0] + "/server_info")).json()
