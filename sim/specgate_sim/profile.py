@@ -98,8 +98,10 @@ class Profile(_Model):
             scaled: float = float(batch) ** s.batch_exponent
             draft = self.num_steps * (s.draft_overhead_s + scaled * s.draft_s_per_request)
             return self.verify_time(batch, self.num_steps + 1) + draft
-        forward = self.verify_time(batch, 1) - s.overhead_s + batch * s.sync_s_per_request
-        return s.overhead_s + off_step_tokens * forward
+        plain = self.verify_time(batch, 1) + batch * s.sync_s_per_request
+        # overhead + K * (plain - overhead), written so that K = 1 is `plain` to the bit: a
+        # rounding difference moves the fleet simulations' event order.
+        return plain + (off_step_tokens - 1) * (plain - s.overhead_s)
 
     def prefill_time(self, prompt_tokens: int) -> float:
         return self.prefill.overhead_s + prompt_tokens * self.prefill.s_per_token
