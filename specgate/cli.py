@@ -116,6 +116,18 @@ def _cmd_router(args: argparse.Namespace) -> int:
     return main.run(args)
 
 
+def _positive_int(text: str) -> int:
+    """An argparse type: argparse names the flag in front of the message."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: must be at least 1 (an off step decodes a "
+                                         "token a request)")  # fmt: skip
+    return value
+
+
 def _cmd_up(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -124,8 +136,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
     cfg = local.StackConfig(
         pods=args.pods, engine=args.engine, port=args.port, host=args.host,
         profile=args.profile, model=args.model, threshold=args.threshold,
-        time_scale=args.time_scale, model_path=args.model_path,
-        draft_model_path=args.draft_model_path,
+        time_scale=args.time_scale, off_step_tokens=args.off_step_tokens,
+        model_path=args.model_path, draft_model_path=args.draft_model_path,
     )  # fmt: skip
     asyncio.run(local.serve_until_interrupted(cfg))
     return 0
@@ -184,6 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="sim-model", help="served model name")
     p.add_argument("--threshold", type=int, default=8, help="initial threshold")
     p.add_argument("--time-scale", type=float, default=1.0, help="simulator time scale")
+    p.add_argument("--off-step-tokens", type=_positive_int, default=1,
+                   help="tokens a request per off step, as the resource's "
+                   "speculativeDecoding.offStepTokens (1: SGLang's plain decode step)")  # fmt: skip
     p.add_argument("--model-path", help="--engine sglang: target model")
     p.add_argument("--draft-model-path", help="--engine sglang: EAGLE-3 draft model")
     p.set_defaults(func=_cmd_up)

@@ -36,6 +36,7 @@ class StackConfig:
     model: str = "sim-model"
     threshold: int = 8
     time_scale: float = 1.0
+    off_step_tokens: int = 1  # tokens a request per off step (--speculative-off-step-tokens)
     control: dict[str, Any] = field(default_factory=dict)
     pools: dict[str, Any] = field(default_factory=dict)
     # Real SGLang only:
@@ -52,10 +53,18 @@ class Stack:
     sims: SimCluster | None
 
 
+NUM_DRAFT_TOKENS = 4
+"""`--speculative-num-draft-tokens` of the local stack's SGLang engines (three draft steps)."""
+
+
 def sglang_command(cfg: StackConfig, port: int, api_key: str) -> list[str]:
     """A patched SGLang engine for `specgate up --engine sglang` (the worker image's flags)."""
     if not cfg.model_path or not cfg.draft_model_path:
         raise SystemExit("--engine sglang needs --model-path and --draft-model-path")
+    if cfg.off_step_tokens > NUM_DRAFT_TOKENS:
+        # The CRD's rule too: an off step's tokens take the KV slots kept for the drafts.
+        raise SystemExit(f"--off-step-tokens {cfg.off_step_tokens}: at most {NUM_DRAFT_TOKENS} "
+                         f"with --engine sglang (its --speculative-num-draft-tokens)")  # fmt: skip
     return [
         sys.executable, "-m", "sglang.launch_server",
         "--model-path", cfg.model_path, "--served-model-name", cfg.model,
@@ -63,8 +72,11 @@ def sglang_command(cfg: StackConfig, port: int, api_key: str) -> list[str]:
         "--speculative-algorithm", "EAGLE3",
         "--speculative-draft-model-path", cfg.draft_model_path,
         "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
-        "--speculative-num-draft-tokens", "4",
+        "--speculative-num-draft-tokens", str(NUM_DRAFT_TOKENS),
         "--speculative-disable-batch-threshold", str(cfg.threshold),
+        # As the operator renders it: the flag only where it differs from SGLang's default.
+        *(["--speculative-off-step-tokens", str(cfg.off_step_tokens)]
+          if cfg.off_step_tokens != 1 else []),
         *cfg.sglang_args,
     ]  # fmt: skip
 
@@ -91,7 +103,8 @@ async def running_stack(cfg: StackConfig) -> AsyncIterator[Stack]:
     procs: list[subprocess.Popen[bytes]] = []
     if cfg.engine == "sim":
         settings = PodSettings(api_key=api_key, threshold=cfg.threshold, model=cfg.model,
-                               time_scale=cfg.time_scale, seed=1)  # fmt: skip
+                               time_scale=cfg.time_scale, seed=1,
+                               off_step_tokens=cfg.off_step_tokens)  # fmt: skip
         sims = SimCluster(profiles.load(cfg.profile), cfg.pods, settings=settings, host=cfg.host)
         await sims.start()
         engine_urls = sims.urls
