@@ -227,9 +227,10 @@ class SpeculativeSpec(_Model):
     engine's per-step scheduling work is paid once per this many tokens, and tokens reach
     clients that many at a time while speculation is off. On one H200, 4 gave 1.13x a plain
     server's throughput at 16 concurrent requests and 1.29x at 64, and behind the router gave
-    at least 0.97x the better of plain and always-on speculation at every concurrency from 1
-    to 128 (medians), above it at 16, 64 and 128 (BENCHMARKS.md); verified at tensor
-    parallel 1 only so far, hence the default of 1. At most
+    at least 0.97x the better of plain and always-on speculation at seven of eight
+    concurrencies from 1 to 128 (medians; 0.90 at 8, where it speculated as always-on did, on
+    a host whose windows spread 1.5x), above it at 16, 64 and 128 (BENCHMARKS.md); verified
+    at tensor parallel 1 only so far, hence the default of 1. At most
     numDraftTokens; ignored with control.mode alwaysOn."""
     control: SpeculationControl = Field(default_factory=SpeculationControl)
     """Runtime control of speculation."""
