@@ -60,7 +60,7 @@ from specgate_router.settings import (
     RouterSettings,
     TrafficClass,
 )
-from specgate_sim.engine import EngineCore, SimRequest
+from specgate_sim.engine import EngineCore, HostSpells, SimRequest
 from specgate_sim.profile import Profile, load
 
 PROFILE = "rtx-pro-6000-x8"
@@ -176,6 +176,7 @@ class Fleet:
         policy: Policy,
         seed: int,
         pools: PoolSettings | None = None,
+        host_spells: HostSpells | None = None,
     ) -> None:
         self.policy = policy
         self.control = ControlSettings(
@@ -195,7 +196,9 @@ class Fleet:
             pools=pools or self.default_pools(policy),
         )
         self.cores = [
-            EngineCore(profile, threshold=policy.threshold, seed=seed * 1000 + i)
+            EngineCore(
+                profile, threshold=policy.threshold, seed=seed * 1000 + i, host_spells=host_spells
+            )
             for i in range(pods)
         ]
         decision = control.initial_decision(self.control, now=0.0)
@@ -339,9 +342,11 @@ def run(
     seed: int,
     progress: Callable[[str], None] | None = None,
     pools: PoolSettings | None = None,
+    host_spells: HostSpells | None = None,
 ) -> Outcome:
-    """One policy over one scenario; closed-loop clients follow `load_at`."""
-    fleet = Fleet(profile, pods, policy, seed, pools)
+    """One policy over one scenario; closed-loop clients follow `load_at`; every pod's host
+    has `host_spells` (each its own)."""
+    fleet = Fleet(profile, pods, policy, seed, pools, host_spells)
     outcome = Outcome(policy.name, seconds, pods)
     active: dict[TrafficClass, int] = {"latency": 0, "throughput": 0}
     window_tokens = [0.0]

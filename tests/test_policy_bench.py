@@ -79,3 +79,28 @@ def test_a_steady_fleet_does_not_swing_its_thresholds(bench: ModuleType) -> None
     # ramp's few plain batch sizes, then settles at the crossover); after that it holds.
     assert len(outcome.pushes) <= 2 * 2, outcome.pushes
     assert outcome.pushes_per_pod_per_10min(after=90) == 0, outcome.pushes
+
+
+def test_noisy_host_bench_runs_both_hosts_and_the_controller_keeps_its_modes(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    """bench/noisy_host.py on two pods: slow spells cost the static policies tokens at every
+    load, and far from the crossover specgate still runs the better mode on the noisy host as
+    on the calm one. (Near it, a short run's learning phase can take another course on either
+    host: at eight clients a pod the calm run speculated half its steps.)"""
+    noisy = load_module(ROOT / "bench" / "noisy_host.py", "noisy_host")
+    assert noisy.main(["--pods", "2", "--minutes", "6", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "noisy_host.json").read_text())
+    assert "specgate / better static" in (tmp_path / "noisy_host.md").read_text()
+    rows = {(r["host"], r["clients_per_pod"]): r for r in result["rows"]}
+    assert set(rows) == {(h, c) for h in ("calm", "noisy") for c in noisy.CLIENTS_PER_POD}
+    for c in noisy.CLIENTS_PER_POD:
+        for policy in ("always-on", "always-off"):
+            assert rows["noisy", c]["tokens"][policy] < rows["calm", c]["tokens"][policy]
+    for host in ("calm", "noisy"):
+        low, high = rows[host, 2], rows[host, 24]
+        assert low["better_static"] == "always-on" and high["better_static"] == "always-off"
+        assert low["specgate_speculating_step_share"] >= 0.95
+        assert high["specgate_speculating_step_share"] <= 0.05
+        assert low["specgate_over_better_static"] >= 0.97
+        assert high["specgate_over_better_static"] >= 0.97

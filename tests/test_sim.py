@@ -16,7 +16,13 @@ from specgate.engine_client import EngineClient, EngineError
 from specgate.engine_http import EngineHttp
 from specgate_sim import profile as profiles
 from specgate_sim.cluster import SimCluster
-from specgate_sim.engine import EngineCore, SimRequest, closed_loop_throughput
+from specgate_sim.engine import (
+    EngineCore,
+    HostSpells,
+    SimRequest,
+    Step,
+    closed_loop_throughput,
+)
 from specgate_sim.pod import PodSettings
 
 PROFILE = profiles.load("rtx-pro-6000-x8")
@@ -107,6 +113,54 @@ def test_an_off_step_of_several_tokens_decodes_them_for_one_steps_overhead() -> 
     assert 1.1 * plain < several < 4 * plain
     with pytest.raises(ValueError, match="off_step_tokens 0"):
         EngineCore(deployed, off_step_tokens=0)
+
+
+def _step(core: EngineCore) -> Step:
+    step = core.plan()
+    assert step is not None
+    core.finish(step, 0.0)
+    return step
+
+
+def test_slow_spells_stretch_the_hosts_part_of_a_step_for_their_share_of_the_time() -> None:
+    """HostSpells: a decode step in a slow spell takes the profile's time plus (slowdown - 1)
+    times its host part, spells share the time as their means say, and the acceptance draws
+    are those of a pod without spells."""
+    deployed = profiles.load("h200-3b-synthetic-deployed")
+    spells = HostSpells(slowdown=3.0, fast_seconds=0.2, slow_seconds=0.2)
+    for on in (True, False):
+        noisy, calm = (EngineCore(deployed, threshold=None if on else 0, seed=9, host_spells=h)
+                       for h in (spells, None))  # fmt: skip
+        for core in (noisy, calm):
+            for i in range(8):
+                core.add(SimRequest(f"r{i}", 16, 10**9, 0.0))
+            assert _step(core).kind == "prefill"
+        fast = deployed.step_time(8, on)
+        slow = fast + 2.0 * deployed.host_time(on)
+        in_slow = total = 0.0
+        for _ in range(40_000):  # about 1,500 spells
+            step, quiet = _step(noisy), _step(calm)
+            assert quiet.duration == fast
+            assert step.duration in (pytest.approx(fast), pytest.approx(slow))
+            assert [n for _, n in step.tokens] == [n for _, n in quiet.tokens]
+            total += step.duration
+            in_slow += step.duration if step.duration > (fast + slow) / 2 else 0.0
+        assert in_slow / total == pytest.approx(0.5, abs=0.05)
+    # A speculating step's host part holds its three draft steps' overheads besides its own.
+    assert deployed.host_time(True) > deployed.host_time(False) == deployed.step.overhead_s
+    # Closed loop: throughput falls by the slow share's stretch; slowdown 1 changes nothing.
+    calm_tok_s = closed_loop_throughput(deployed, 8, threshold=None, requests_per_client=200)
+    assert closed_loop_throughput(deployed, 8, threshold=None, requests_per_client=200,
+                                  host_spells=HostSpells(1.0)) == calm_tok_s  # fmt: skip
+    noisy_tok_s = closed_loop_throughput(deployed, 8, threshold=None, requests_per_client=200,
+                                         host_spells=HostSpells(2.0, 0.6, 0.4))  # fmt: skip
+    step_s = deployed.step_time(8, True)
+    expected = 0.6 + 0.4 * step_s / (step_s + deployed.host_time(True))
+    assert noisy_tok_s / calm_tok_s == pytest.approx(expected, abs=0.05)
+    for bad in ("0.5", "2:3", "x", "2:0:4"):
+        with pytest.raises(ValueError):
+            HostSpells.parse(bad)
+    assert HostSpells.parse("1.5") == HostSpells(1.5, 6.0, 4.0)
 
 
 def test_waiting_queue_and_running_cap() -> None:

@@ -10,6 +10,7 @@ import signal
 from specgate import contract
 from specgate_sim import profile as profiles
 from specgate_sim.cluster import SimCluster
+from specgate_sim.engine import HostSpells
 from specgate_sim.pod import PodSettings
 
 
@@ -22,6 +23,13 @@ def threshold_arg(text: str) -> int | None:
         raise argparse.ArgumentTypeError(
             f"threshold must be an integer >= 0 or 'none', got {text!r}"
         ) from exc
+
+
+def host_spells_arg(text: str) -> HostSpells:
+    try:
+        return HostSpells.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,6 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--off-step-tokens", type=int, default=1,
                         help="tokens a request per off step (the patched SGLang's "
                         "--speculative-off-step-tokens)")  # fmt: skip
+    parser.add_argument("--host-spells", type=host_spells_arg, metavar="SLOWDOWN[:FAST:SLOW]",
+                        help="slow spells of a shared host: the host's part of a decode step "
+                        "takes SLOWDOWN times as long in spells lasting SLOW seconds on average, "
+                        "between fast ones of FAST seconds (default 6:4); e.g. 2")  # fmt: skip
     parser.add_argument("--seed", type=int)  # fmt: skip
 
 
@@ -69,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         name="sim-0", model=args.model, api_key=args.api_key, threshold=args.threshold,
         time_scale=args.time_scale, seed=args.seed,
         max_running_requests=args.max_running_requests, off_step_tokens=args.off_step_tokens,
+        host_spells=args.host_spells,
     )  # fmt: skip
     asyncio.run(_serve(prof, args, settings))
     return 0

@@ -94,6 +94,40 @@ class EngineStats:
 
 
 @dataclass(frozen=True)
+class HostSpells:
+    """Slow spells of a shared host. On the H200 (BENCHMARKS.md, jobs 57, 60 and 94) a
+    speculating server's 2-second windows fell into fast and slow ones, 1.5x apart at the same
+    accept length, the GPU's clock steady and the scheduler never waiting for a CPU: the host
+    ran the same step's work slower for seconds at a time. Here the engine alternates between
+    fast and slow spells, each lasting an exponentially distributed time of its own decode
+    and prefill steps (means `fast_seconds`, `slow_seconds`; idle time does not count), and in
+    a slow spell the host's part of a decode step (`Profile.host_time`) takes `slowdown`
+    times as long."""
+
+    slowdown: float = 2.0
+    fast_seconds: float = 6.0
+    slow_seconds: float = 4.0
+
+    def __post_init__(self) -> None:
+        if self.slowdown < 1:
+            raise ValueError(f"slowdown {self.slowdown}: a slow spell is at least as slow (>= 1)")
+        if self.fast_seconds <= 0 or self.slow_seconds <= 0:
+            raise ValueError("fast_seconds and slow_seconds: spells last > 0 seconds")
+
+    @classmethod
+    def parse(cls, text: str) -> HostSpells:
+        """`SLOWDOWN[:FAST_SECONDS:SLOW_SECONDS]`, as `specgate sim --host-spells` takes it."""
+        parts = text.split(":")
+        if len(parts) not in (1, 3):
+            raise ValueError(f"{text!r}: SLOWDOWN or SLOWDOWN:FAST_SECONDS:SLOW_SECONDS")
+        try:
+            values = [float(v) for v in parts]
+        except ValueError:
+            raise ValueError(f"{text!r}: numbers, as 2:6:4") from None
+        return cls(*values)
+
+
+@dataclass(frozen=True)
 class Step:
     kind: Literal["prefill", "decode"]
     duration: float
@@ -111,10 +145,16 @@ class EngineCore:
         seed: int | None = None,
         max_running_requests: int | None = None,
         off_step_tokens: int = 1,
+        host_spells: HostSpells | None = None,
     ) -> None:
         if off_step_tokens < 1:
             raise ValueError(f"off_step_tokens {off_step_tokens}: an off step decodes >= 1 token")
         self.profile = profile
+        self.host_spells = host_spells
+        # Its own stream: spells on or off leave the acceptance draws as they were.
+        self._spell_rng = random.Random(None if seed is None else seed + 0x5EED)
+        self.slow_spell = False
+        self._spell_left = self._spell_length()
         self.threshold = threshold
         self.off_step_tokens = off_step_tokens
         self.max_running = max_running_requests or profile.max_running_requests
@@ -151,6 +191,26 @@ class EngineCore:
     def speculating(self) -> bool:
         return contract.speculates(len(self.running), self.threshold)
 
+    def _spell_length(self) -> float:
+        spells = self.host_spells
+        if spells is None:
+            return math.inf
+        mean = spells.slow_seconds if self.slow_spell else spells.fast_seconds
+        return self._spell_rng.expovariate(1.0 / mean)
+
+    def _in_spell(self, duration: float, host: float) -> float:
+        """`duration` as the host's current spell runs it (a step's `host` part stretched in a
+        slow one), and the spell clock moved on by it."""
+        if self.host_spells is None:
+            return duration
+        if self.slow_spell:
+            duration += (self.host_spells.slowdown - 1.0) * host
+        self._spell_left -= duration
+        while self._spell_left <= 0:
+            self.slow_spell = not self.slow_spell
+            self._spell_left += self._spell_length()
+        return duration
+
     def _draw_accepted(self) -> int:
         rate, accepted = self.profile.acceptance.per_token_rate, 0
         while accepted < self.profile.num_steps and self.rng.random() < rate:
@@ -165,6 +225,7 @@ class EngineCore:
         if admitted:
             self.running.extend(admitted)
             duration = self.profile.prefill_time(sum(r.prompt_tokens for r in admitted))
+            duration = self._in_spell(duration, 0.0)
             return Step("prefill", duration, len(admitted), False, tuple((r, 1) for r in admitted))
         if not self.running:
             return None
@@ -179,6 +240,7 @@ class EngineCore:
             else:
                 tokens.append((req, min(self.off_step_tokens, req.remaining)))
         duration = self.profile.step_time(batch, on, self.off_step_tokens)
+        duration = self._in_spell(duration, self.profile.host_time(on))
         return Step("decode", duration, batch, on, tuple(tokens))
 
     def finish(self, step: Step, end: float) -> None:
@@ -239,10 +301,12 @@ def closed_loop_throughput(
     requests_per_client: int = 8,
     seed: int = 0,
     off_step_tokens: int = 1,
+    host_spells: HostSpells | None = None,
 ) -> float:
     """Output tok/s of `concurrency` clients that each send a new request when the last ends,
     in virtual time (no sleeping): the benchmark a GPU sweep runs, run on the simulator."""
-    core = EngineCore(profile, threshold=threshold, seed=seed, off_step_tokens=off_step_tokens)
+    core = EngineCore(profile, threshold=threshold, seed=seed, off_step_tokens=off_step_tokens,
+                      host_spells=host_spells)  # fmt: skip
     now, produced, issued = 0.0, 0, 0
     total = concurrency * requests_per_client
 

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from specgate_sim.engine import EngineCore, SimRequest
+from specgate_sim.engine import EngineCore, HostSpells, SimRequest
 from specgate_sim.profile import Profile
 
 THROUGHPUT_WINDOW_S = 5.0
@@ -33,6 +33,8 @@ class PodSettings:
     tp_size: int = 8
     off_step_tokens: int = 1
     """Tokens a request per off step (SGLang with the patch: --speculative-off-step-tokens)."""
+    host_spells: HostSpells | None = None
+    """Slow spells of a shared host (none: every step at the profile's time)."""
 
 
 class SimPod:
@@ -45,6 +47,7 @@ class SimPod:
             seed=settings.seed,
             max_running_requests=settings.max_running_requests,
             off_step_tokens=settings.off_step_tokens,
+            host_spells=settings.host_spells,
         )
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None

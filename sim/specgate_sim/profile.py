@@ -103,6 +103,13 @@ class Profile(_Model):
         # rounding difference moves the fleet simulations' event order.
         return plain + (off_step_tokens - 1) * (plain - s.overhead_s)
 
+    def host_time(self, speculating: bool) -> float:
+        """The part of a decode step's time the host sets, as the model splits it: the step's
+        fixed overhead, and each draft step's where it speculates (an off step of K tokens
+        pays one overhead). What a slow spell of a shared host stretches (`HostSpells`)."""
+        s = self.step
+        return s.overhead_s + (self.num_steps * s.draft_overhead_s if speculating else 0.0)
+
     def prefill_time(self, prompt_tokens: int) -> float:
         return self.prefill.overhead_s + prompt_tokens * self.prefill.s_per_token
 
