@@ -116,18 +116,6 @@ def _cmd_router(args: argparse.Namespace) -> int:
     return main.run(args)
 
 
-def _positive_int(text: str) -> int:
-    """An argparse type: argparse names the flag in front of the message."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value}: must be at least 1 (an off step decodes a "
-                                         "token a request)")  # fmt: skip
-    return value
-
-
 def _cmd_up(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -196,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="sim-model", help="served model name")
     p.add_argument("--threshold", type=int, default=8, help="initial threshold")
     p.add_argument("--time-scale", type=float, default=1.0, help="simulator time scale")
-    p.add_argument("--off-step-tokens", type=_positive_int, default=1,
+    p.add_argument("--off-step-tokens", type=sim_cli.off_step_tokens_arg, default=1,
                    help="tokens a request per off step, as the resource's "
                    "speculativeDecoding.offStepTokens (1: SGLang's plain decode step)")  # fmt: skip
     p.add_argument("--model-path", help="--engine sglang: target model")

@@ -83,3 +83,13 @@ def test_specgate_up_serves_through_the_router_and_stops_on_ctrl_c() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize("command", ["up", "sim"])
+def test_a_bad_off_step_setting_is_refused_naming_the_flag(command: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "specgate.cli", command, "--off-step-tokens", "0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "argument --off-step-tokens: 0: must be at least 1" in result.stderr

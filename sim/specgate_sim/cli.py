@@ -25,6 +25,18 @@ def threshold_arg(text: str) -> int | None:
         ) from exc
 
 
+def off_step_tokens_arg(text: str) -> int:
+    """Tokens a request per off step, for `specgate sim` and `specgate up` alike."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: must be at least 1 (an off step decodes a "
+                                         "token a request)")  # fmt: skip
+    return value
+
+
 def host_spells_arg(text: str) -> HostSpells:
     try:
         return HostSpells.parse(text)
@@ -56,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="simulated seconds per real second (>1: faster than real time)",
     )
     parser.add_argument("--max-running-requests", type=int)
-    parser.add_argument("--off-step-tokens", type=int, default=1,
+    parser.add_argument("--off-step-tokens", type=off_step_tokens_arg, default=1,
                         help="tokens a request per off step (the patched SGLang's "
                         "--speculative-off-step-tokens)")  # fmt: skip
     parser.add_argument("--host-spells", type=host_spells_arg, metavar="SLOWDOWN[:FAST:SLOW]",
@@ -71,8 +83,6 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("--pods must be >= 1")
     if args.time_scale <= 0:
         raise SystemExit("--time-scale must be > 0")
-    if args.off_step_tokens < 1:
-        raise SystemExit("--off-step-tokens must be >= 1 (an off step decodes a token a request)")
     try:
         prof = profiles.load(args.profile)
     except (ValueError, OSError) as exc:
