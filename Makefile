@@ -19,7 +19,7 @@ demo: $(STAMP)
 test: $(STAMP) tools
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/mypy --strict bench
+	$(BIN)/mypy --strict lab/bench
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
@@ -28,7 +28,7 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
-	$(BIN)/mypy --strict bench
+	$(BIN)/mypy --strict lab/bench
 
 crd: $(STAMP)
 	$(BIN)/specgate crd > crds/specdecodedeployments.specgate.io.yaml

@@ -1,11 +1,12 @@
-"""The `specgate` command line. Each subcommand imports its component lazily, so `specgate crd`
-does not pay for kopf and `specgate operator` does not pay for the router."""
+"""The `specgate` command line. Each subcommand imports its component lazily, arguments
+included, so `specgate --help` and `specgate crd` pay for neither kopf, the router nor the
+simulator, and `specgate operator` does not pay for the router."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -122,11 +123,18 @@ def _cmd_up(args: argparse.Namespace) -> int:
     from specgate_sim import local
 
     cfg = local.StackConfig(
-        pods=args.pods, engine=args.engine, port=args.port, host=args.host,
-        profile=args.profile, model=args.model, threshold=args.threshold,
-        time_scale=args.time_scale, off_step_tokens=args.off_step_tokens,
-        model_path=args.model_path, draft_model_path=args.draft_model_path,
-    )  # fmt: skip
+        pods=args.pods,
+        engine=args.engine,
+        port=args.port,
+        host=args.host,
+        profile=args.profile,
+        model=args.model,
+        threshold=args.threshold,
+        time_scale=args.time_scale,
+        off_step_tokens=args.off_step_tokens,
+        model_path=args.model_path,
+        draft_model_path=args.draft_model_path,
+    )
     asyncio.run(local.serve_until_interrupted(cfg))
     return 0
 
@@ -137,45 +145,21 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return demo.run(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="specgate",
-        description="Kubernetes operator and speculation-aware router for SGLang EAGLE-3.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    p = sub.add_parser("crd", help="print the SpecDecodeDeployment CRD generated from the model")
-    p.add_argument("--check", metavar="FILE", help="exit 1 if FILE differs from the generated CRD")
-    p.add_argument("--markdown", action="store_true", help="print the CRD reference instead")
-    p.set_defaults(func=_cmd_crd)
-
-    p = sub.add_parser("render", help="print the manifests the operator would apply")
-    p.add_argument("-f", "--filename", required=True, help="SpecDecodeDeployment YAML ('-': stdin)")
-    p.add_argument("-n", "--namespace", default="default", help="namespace when the file has none")
-    p.add_argument("--engine-image")
-    p.add_argument("--router-image")
-    p.add_argument("--service-monitor", action="store_true", help="include ServiceMonitors")
-    p.set_defaults(func=_cmd_render)
-
-    p = sub.add_parser(
-        "install-manifests", help="print the operator's namespace, RBAC and Deployment"
-    )
-    p.add_argument("--check", metavar="FILE", help="exit 1 if FILE differs from the output")
-    p.set_defaults(func=_cmd_install_manifests)
-
-    p = sub.add_parser("router", help="run the speculation-aware router")
+def _router_arguments(p: argparse.ArgumentParser) -> None:
     from specgate_router import main as router_main
 
     router_main.add_arguments(p)
-    p.set_defaults(func=_cmd_router)
 
-    p = sub.add_parser("sim", help="serve simulated SGLang pods (no GPU needed)")
+
+def _sim_arguments(p: argparse.ArgumentParser) -> None:
     from specgate_sim import cli as sim_cli
 
     sim_cli.add_arguments(p)
-    p.set_defaults(func=_cmd_sim)
 
-    p = sub.add_parser("up", help="engine pods and the router on localhost, until Ctrl-C")
+
+def _up_arguments(p: argparse.ArgumentParser) -> None:
+    from specgate_sim import cli as sim_cli
+
     p.add_argument("--pods", type=int, default=4)
     p.add_argument("--engine", choices=["sim", "sglang"], default="sim")
     p.add_argument("--port", type=int, default=8000, help="router port")
@@ -184,33 +168,109 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="sim-model", help="served model name")
     p.add_argument("--threshold", type=int, default=8, help="initial threshold")
     p.add_argument("--time-scale", type=float, default=1.0, help="simulator time scale")
-    p.add_argument("--off-step-tokens", type=sim_cli.off_step_tokens_arg, default=1,
-                   help="tokens a request per off step, as the resource's "
-                   "speculativeDecoding.offStepTokens (1: SGLang's plain decode step)")  # fmt: skip
+    p.add_argument(
+        "--off-step-tokens",
+        type=sim_cli.off_step_tokens_arg,
+        default=1,
+        help="tokens a request per off step, as the resource's "
+        "speculative.offStepTokens (1: SGLang's plain decode step)",
+    )
     p.add_argument("--model-path", help="--engine sglang: target model")
     p.add_argument("--draft-model-path", help="--engine sglang: EAGLE-3 draft model")
-    p.set_defaults(func=_cmd_up)
 
-    p = sub.add_parser("demo", help="the local stack under changing load, with a live view")
+
+def _demo_arguments(p: argparse.ArgumentParser) -> None:
     from specgate_sim import demo as demo_mod
 
     demo_mod.add_arguments(p)
-    p.set_defaults(func=_cmd_demo)
 
-    p = sub.add_parser("dashboards", help="write the Grafana dashboards (needs the dev extras)")
-    p.add_argument("--out", default="charts/specgate/dashboards")
-    p.set_defaults(func=_cmd_dashboards)
 
-    p = sub.add_parser("operator", help="run the kopf operator")
+def _operator_arguments(p: argparse.ArgumentParser) -> None:
     from specgate_operator import main as operator_main
 
     operator_main.add_arguments(p)
-    p.set_defaults(func=_cmd_operator)
+
+
+def _crd_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--check", metavar="FILE", help="exit 1 if FILE differs from the generated CRD")
+    p.add_argument("--markdown", action="store_true", help="print the CRD reference instead")
+
+
+def _render_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-f", "--filename", required=True, help="SpecDecodeDeployment YAML ('-': stdin)")
+    p.add_argument("-n", "--namespace", default="default", help="namespace when the file has none")
+    p.add_argument("--engine-image")
+    p.add_argument("--router-image")
+    p.add_argument("--service-monitor", action="store_true", help="include ServiceMonitors")
+
+
+def _install_manifests_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--check", metavar="FILE", help="exit 1 if FILE differs from the output")
+
+
+def _dashboards_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default="charts/specgate/dashboards")
+
+
+ArgumentsOf = Callable[[argparse.ArgumentParser], None]
+Command = Callable[[argparse.Namespace], int]
+
+COMMANDS: dict[str, tuple[str, ArgumentsOf, Command]] = {
+    "crd": (
+        "print the SpecDecodeDeployment CRD generated from the model",
+        _crd_arguments,
+        _cmd_crd,
+    ),
+    "render": ("print the manifests the operator would apply", _render_arguments, _cmd_render),
+    "install-manifests": (
+        "print the operator's namespace, RBAC and Deployment",
+        _install_manifests_arguments,
+        _cmd_install_manifests,
+    ),
+    "router": ("run the speculation-aware router", _router_arguments, _cmd_router),
+    "sim": ("serve simulated SGLang pods (no GPU needed)", _sim_arguments, _cmd_sim),
+    "up": ("engine pods and the router on localhost, until Ctrl-C", _up_arguments, _cmd_up),
+    "demo": (
+        "the local stack under changing load, with a live view",
+        _demo_arguments,
+        _cmd_demo,
+    ),
+    "dashboards": (
+        "write the Grafana dashboards (needs the dev extras)",
+        _dashboards_arguments,
+        _cmd_dashboards,
+    ),
+    "operator": ("run the kopf operator", _operator_arguments, _cmd_operator),
+}
+"""Each subcommand's help, arguments and runner. A component's arguments are defined by the
+component and imported only for the subcommand being parsed: `specgate --help` and `specgate
+crd` load neither the router, the operator nor the simulator."""
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser, or with `only` the arguments of that subcommand alone (the others are
+    listed but not loaded; "" loads none)."""
+    parser = argparse.ArgumentParser(
+        prog="specgate",
+        description="Kubernetes operator and speculation-aware router for SGLang EAGLE-3.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (text, arguments, command) in COMMANDS.items():
+        p = sub.add_parser(name, help=text)
+        if only is None or only == name:
+            arguments(p)
+        p.set_defaults(func=command)
     return parser
 
 
+def _named_command(argv: Sequence[str]) -> str:
+    """The subcommand `argv` names (its first word that is not an option), or ""."""
+    return next((a for a in argv if not a.startswith("-")), "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(only=_named_command(argv)).parse_args(argv)
     code: int = args.func(args)
     return code
 

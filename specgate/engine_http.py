@@ -7,7 +7,7 @@ c = 128 on one H200 that became a spiral: when a hiccup left many of one pod's 1
 idle, each pass cost more, the router's thread ran at 100% CPU holding 120 requests while its
 engine ran a batch of 8, which left more connections idle (BENCHMARKS.md job 37). Scraping 64
 pods every 0.5 s cost it a fifth of a core. aiohttp's connector takes an idle connection off a
-per-host queue. `bench/client_pool.py` measures both side by side.
+per-host queue. `lab/bench/client_pool.py` measures both side by side.
 
 `EngineHttp` owns one `aiohttp.ClientSession`, opened in the running loop on first use and
 closed by `close()`; tests put a subclass in its place to inject failures.
@@ -60,9 +60,13 @@ class EngineHttp:
         caller's to read, and `release()` hands the connection back). `timeout` bounds the
         whole exchange instead of the session's connect and read timeouts."""
         return await self.session.request(
-            method, url, data=body, headers=headers, allow_redirects=False,
+            method,
+            url,
+            data=body,
+            headers=headers,
+            allow_redirects=False,
             timeout=aiohttp.ClientTimeout(total=timeout) if timeout is not None else self.timeout,
-        )  # fmt: skip
+        )
 
     async def post(self, url: str, body: bytes, headers: dict[str, str]) -> aiohttp.ClientResponse:
         return await self.request("POST", url, body=body, headers=headers)

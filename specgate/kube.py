@@ -1,13 +1,15 @@
 """A small async Kubernetes API client over httpx, for the operator and the router.
 
 Only what specgate does: server-side apply, create-if-absent, get, list, merge-patch (also of the
-status subresource), delete, and API discovery. Credentials come from kopf's own login helpers
-(in-cluster service account or kubeconfig), so the operator's watch stream and its writes use one
-identity. Errors become `KubeError` with the API server's status code, reason and message.
+status subresource), delete, and API discovery. The operator's credentials come from kopf's
+login helpers, so its watch stream and its writes use one identity; the router, which has no
+kopf, reads the same sources itself (`Credentials.discover`). Errors become `KubeError` with
+the API server's status code, reason and message.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import ssl
@@ -20,6 +22,7 @@ from urllib.parse import quote
 import httpx
 
 FIELD_MANAGER = "specgate-operator"
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 # kind -> (API path prefix, plural) for every kind specgate reads or writes.
 _KINDS: dict[tuple[str, str], str] = {
@@ -98,6 +101,76 @@ class Credentials:
             certificate_path=os.fsdecode(cert_path) if cert_path else None,
             private_key_path=os.fsdecode(key_path) if key_path else None,
             default_namespace=info.default_namespace,
+        )
+
+    @classmethod
+    def discover(cls, environ: Mapping[str, str] | None = None) -> Credentials:
+        """The pod's service account when running in a cluster, else the current context of
+        the kubeconfig (`KUBECONFIG`, or ~/.kube/config): what kubectl would use. The router
+        calls this; the operator logs in through kopf, whose watches share the identity."""
+        env = os.environ if environ is None else environ
+        host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT")
+        account = env.get("SPECGATE_SERVICE_ACCOUNT_DIR", SERVICE_ACCOUNT_DIR)
+        if host and port and os.path.exists(os.path.join(account, "token")):
+            with open(os.path.join(account, "token")) as f:
+                token = f.read().strip()
+            namespace_file = os.path.join(account, "namespace")
+            namespace = None
+            if os.path.exists(namespace_file):
+                with open(namespace_file) as f:
+                    namespace = f.read().strip()
+            server_host = f"[{host}]" if ":" in host else host
+            return cls(
+                server=f"https://{server_host}:{port}",
+                token=token,
+                ca_path=os.path.join(account, "ca.crt"),
+                default_namespace=namespace,
+            )
+        path = env.get("KUBECONFIG", "").split(os.pathsep)[0] or os.path.expanduser(
+            "~/.kube/config"
+        )
+        return cls.from_kubeconfig(path)
+
+    @classmethod
+    def from_kubeconfig(cls, path: str) -> Credentials:
+        """The current context of a kubeconfig file: server, CA, token or client certificate."""
+        import yaml
+
+        try:
+            with open(path) as f:
+                config = yaml.safe_load(f) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            why = f"no in-cluster account and no kubeconfig: {exc}"
+            raise KubeError(0, "NoCredentials", why) from exc
+
+        def named(section: str, name: str | None) -> dict[str, Any]:
+            for entry in config.get(section) or []:
+                if isinstance(entry, dict) and entry.get("name") == name:
+                    value = entry.get(section.removesuffix("s")) or {}
+                    return value if isinstance(value, dict) else {}
+            raise KubeError(0, "NoCredentials", f"{path}: no {section[:-1]} named {name!r}")
+
+        context = named("contexts", config.get("current-context"))
+        cluster = named("clusters", context.get("cluster"))
+        user = named("users", context.get("user")) if context.get("user") else {}
+        if not cluster.get("server"):
+            raise KubeError(0, "NoCredentials", f"{path}: the current cluster has no server")
+        base = os.path.dirname(os.path.abspath(path))
+
+        def file_of(key: str, suffix: str, source: dict[str, Any]) -> str | None:
+            if source.get(f"{key}-data"):
+                return _to_file(base64.b64decode(source[f"{key}-data"]), suffix)
+            value = source.get(key)
+            return os.path.join(base, value) if value else None
+
+        return cls(
+            server=str(cluster["server"]).rstrip("/"),
+            token=user.get("token"),
+            ca_path=file_of("certificate-authority", "crt", cluster),
+            insecure=bool(cluster.get("insecure-skip-tls-verify")),
+            certificate_path=file_of("client-certificate", "cert", user),
+            private_key_path=file_of("client-key", "key", user),
+            default_namespace=context.get("namespace"),
         )
 
     def ssl_context(self) -> ssl.SSLContext | bool:

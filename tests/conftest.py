@@ -22,7 +22,7 @@ KUBERNETES_VERSION = "1.32.0"  # oldest release we support; kubernetes-validate 
 
 
 def load_module(path: Path, name: str) -> ModuleType:
-    """A script that is not part of a package (bench/, worker-image/) imported by its path;
+    """A script that is not part of a package (lab/bench/, worker-image/) imported by its path;
     registered under `name` so its dataclasses can resolve their own annotations."""
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None

@@ -43,8 +43,9 @@ async def run_router(
         settings = RouterSettings.model_validate(settings)
     app = create_app(settings, engine_http=engine_http, config_path=config_path, identity="test")
     port = port or free_ports(1)[0]
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                            timeout_graceful_shutdown=30)  # fmt: skip
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=30
+    )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     while not server.started:

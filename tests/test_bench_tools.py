@@ -1,6 +1,6 @@
-"""Small bench/ tools: the engine-client comparison (bench/client_pool.py), the py-spy
-profile summary (bench/folded_top.py) and the per-step comparison of py-spy recordings
-(bench/pyspy_steps.py, with gpu_envelope.py's recorder)."""
+"""Small lab/bench/ tools: the engine-client comparison (lab/bench/client_pool.py), the py-spy
+profile summary (lab/bench/folded_top.py) and the per-step comparison of py-spy recordings
+(lab/bench/pyspy_steps.py, with gpu_envelope.py's recorder)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from .conftest import ROOT, load_module
 def test_the_client_comparison_runs_both_clients_through_every_phase(tmp_path: Path) -> None:
     """Short phases against the stand-in engine: both clients answer at every phase and the
     report names them (the figures themselves are BENCHMARKS.md's, not a test's)."""
-    bench = load_module(ROOT / "bench" / "client_pool.py", "client_pool")
+    bench = load_module(ROOT / "lab" / "bench" / "client_pool.py", "client_pool")
     assert bench.main(["--seconds", "0.4", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "client_pool.json").read_text())["results"]
     assert set(results) == {"httpx", "aiohttp (EngineHttp)"}
@@ -35,7 +35,7 @@ def test_folded_stacks_are_counted_on_top_and_anywhere(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A frame is counted once per stack however deep it recurses; .xz files read as is."""
-    tool = load_module(ROOT / "bench" / "folded_top.py", "folded_top")
+    tool = load_module(ROOT / "lab" / "bench" / "folded_top.py", "folded_top")
     folded = tmp_path / "router.folded.xz"
     with lzma.open(folded, "wt") as fh:
         fh.write("run (a.py:1);poll (b.py:2) 6\n")
@@ -85,22 +85,30 @@ def test_py_spy_recordings_give_each_function_time_per_step(
 
     binary = shutil.which("py-spy", path=str(Path(sys.executable).parent))
     assert binary is not None, "py-spy is a dev dependency (pyproject.toml)"
-    envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
-    steps = load_module(ROOT / "bench" / "pyspy_steps.py", "pyspy_steps")
+    envelope = load_module(ROOT / "lab" / "bench" / "gpu_envelope.py", "gpu_envelope")
+    steps = load_module(ROOT / "lab" / "bench" / "pyspy_steps.py", "pyspy_steps")
     out = tmp_path / "run"
     spy = envelope.PySpy(Path(binary), out / "pyspy")
     windows = []
     for server, mode in (("plain", "plain"), ("patched-off", "extra")):
         script = tmp_path / f"{server}.py"
         script.write_text(BUSY)
-        proc = subprocess.Popen([sys.executable, str(script), mode, "3"],
-                                stdout=subprocess.PIPE, text=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, str(script), mode, "3"], stdout=subprocess.PIPE, text=True
+        )
         assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
         recorder = spy.start(proc.pid, f"{server}-c16-rep0", 2)
         assert recorder.wait(timeout=30) == 0, recorder.stderr
         proc.wait(timeout=30)
-        windows.append({"server": server, "c": 16, "rep": 0, "decode_steps": 100,
-                        "pyspy": f"{server}-c16-rep0.txt"})  # fmt: skip
+        windows.append(
+            {
+                "server": server,
+                "c": 16,
+                "rep": 0,
+                "decode_steps": 100,
+                "pyspy": f"{server}-c16-rep0.txt",
+            }
+        )
     (out / "envelope.json").write_text(json.dumps({"windows": windows}))
     groups = steps.group_costs(steps.recordings(windows, steps.reader(out)))
     plain, off = groups[("plain", 16, "")], groups[("patched-off", 16, "")]
@@ -126,7 +134,7 @@ def test_pyspy_steps_groups_frozen_windows_apart_and_skips_unrecorded_ones(
     missing, counts nowhere; a packed logs.tar.xz is read as the folder."""
     import tarfile
 
-    steps = load_module(ROOT / "bench" / "pyspy_steps.py", "pyspy_steps")
+    steps = load_module(ROOT / "lab" / "bench" / "pyspy_steps.py", "pyspy_steps")
     folder = tmp_path / "pyspy"
     folder.mkdir()
     (folder / "a.txt").write_text("main (x/sglang/srt/s.py:1);run (x/sglang/srt/s.py:5) 400\n")
@@ -147,9 +155,12 @@ def test_pyspy_steps_groups_frozen_windows_apart_and_skips_unrecorded_ones(
             where.mkdir()
             (tmp_path / "logs.tar.xz").rename(where / "logs.tar.xz")
         groups = steps.group_costs(steps.recordings(windows, steps.reader(where)))
-        assert set(groups) == {("plain", 64, ""), ("plain", 64, "GC frozen"),
-                               ("plain", 64, "schedulers pinned"),
-                               ("plain", 64, "schedulers free")}  # fmt: skip
+        assert set(groups) == {
+            ("plain", 64, ""),
+            ("plain", 64, "GC frozen"),
+            ("plain", 64, "schedulers pinned"),
+            ("plain", 64, "schedulers free"),
+        }
         unfrozen = groups[("plain", 64, "")]
         assert unfrozen["windows"] == 1 and unfrozen["busy_us"] == 2000  # 400 x 5 ms / 1000
         assert unfrozen["us"] == {"main (sglang/srt/s.py:1)": 2000, "run (sglang/srt/s.py:5)": 2000}
@@ -162,7 +173,7 @@ def test_a_step_splits_into_the_parts_of_the_scheduler_loop(tmp_path: Path) -> N
     """Each stack counts once, for the first part it matches: the target's forward inside
     run_batch is the forward, not "the rest of run_batch"; the prompts' draft KV write is its
     own part; stacks outside the named functions are "the rest". --plot writes the PNG."""
-    steps = load_module(ROOT / "bench" / "pyspy_steps.py", "pyspy_steps")
+    steps = load_module(ROOT / "lab" / "bench" / "pyspy_steps.py", "pyspy_steps")
     loop = "event_loop_overlap (sglang/srt/managers/scheduler.py:1)"
     run = f"{loop};Scheduler.run_batch (sglang/srt/managers/scheduler.py:2)"
     lines = [
@@ -179,10 +190,16 @@ def test_a_step_splits_into_the_parts_of_the_scheduler_loop(tmp_path: Path) -> N
     (folder / "off.txt").write_text("\n".join(lines) + "\n")
     windows = [{"server": "patched-off", "c": 16, "decode_steps": 1000, "pyspy": "off.txt"}]
     parts = steps.group_parts(steps.recordings(windows, steps.reader(tmp_path)))
-    assert parts == {("patched-off", 16, ""): {
-        "the target's forward": 1500.0, "the prompts' draft KV write": 200.0,
-        "the rest of run_batch": 300.0, "get_next_batch_to_run": 500.0,
-        "process_batch_result": 1000.0, "the rest": 100.0}}  # fmt: skip
+    assert parts == {
+        ("patched-off", 16, ""): {
+            "the target's forward": 1500.0,
+            "the prompts' draft KV write": 200.0,
+            "the rest of run_batch": 300.0,
+            "get_next_batch_to_run": 500.0,
+            "process_batch_result": 1000.0,
+            "the rest": 100.0,
+        }
+    }
     (tmp_path / "envelope.json").write_text(json.dumps({"windows": windows}))
     png = tmp_path / "steps.png"
     assert steps.main([str(tmp_path), "--plot", str(png)]) == 0
@@ -200,10 +217,12 @@ def test_every_envelope_server_has_engine_flags_and_the_off_step_extras_their_to
     """A server kind without engine flags would stop a GPU job at its start; the several-token
     off servers are pinned off (threshold 0) with their tokens a step, as the engine reads
     them, and nothing else differs from patched-off."""
-    envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
+    envelope = load_module(ROOT / "lab" / "bench" / "gpu_envelope.py", "gpu_envelope")
     common, eagle = ["--common"], ["--eagle"]
-    flags = {name: envelope.engine_args(name, common, eagle, Path("adaptive.json"))
-             for name in (*envelope.SERVERS, *envelope.EXTRAS)}  # fmt: skip
+    flags = {
+        name: envelope.engine_args(name, common, eagle, Path("adaptive.json"))
+        for name in (*envelope.SERVERS, *envelope.EXTRAS)
+    }
     assert set(envelope.SIM_THRESHOLD) <= set(flags)
     off = flags["patched-off"]
     for name, tokens in (("patched-off-2", "2"), ("patched-off-4", "4")):
@@ -211,9 +230,10 @@ def test_every_envelope_server_has_engine_flags_and_the_off_step_extras_their_to
         assert envelope.SIM_THRESHOLD[name] == "0"
     # --off-step-tokens: the servers whose steps go off where a threshold says take it; the
     # pinned ones keep their own.
-    four = {name: envelope.engine_args(name, common, eagle, Path("adaptive.json"),
-                                       off_step_tokens=4)
-            for name in (*envelope.SERVERS, *envelope.EXTRAS)}  # fmt: skip
+    four = {
+        name: envelope.engine_args(name, common, eagle, Path("adaptive.json"), off_step_tokens=4)
+        for name in (*envelope.SERVERS, *envelope.EXTRAS)
+    }
     several = ["--speculative-off-step-tokens", "4"]
     changed = {name for name in four if four[name] != flags[name]}
     assert changed == {"specgate", "specgate-probes", "patched-8"}

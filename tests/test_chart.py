@@ -140,14 +140,19 @@ def test_monitoring_objects_only_when_enabled() -> None:
     assert not kinds & {"PodMonitor", "PrometheusRule"}
     docs = rendered(CHART / "ci" / "monitoring-values.yaml")
     monitors = by_kind(docs, "PodMonitor")
-    assert {m["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"]
-            for m in monitors} == {"router", "engine"}  # fmt: skip
+    assert {
+        m["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] for m in monitors
+    } == {"router", "engine"}
     assert monitors[0]["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     (rule,) = by_kind(docs, "PrometheusRule")
     alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
-    assert alerts == {"SpecgateSpeculationNotPaying", "SpecgateThresholdFlapping",
-                      "SpecgatePodMetricsStale", "SpecgateRouterErrors",
-                      "SpecgateNoReadyEnginePods"}  # fmt: skip
+    assert alerts == {
+        "SpecgateSpeculationNotPaying",
+        "SpecgateThresholdFlapping",
+        "SpecgatePodMetricsStale",
+        "SpecgateRouterErrors",
+        "SpecgateNoReadyEnginePods",
+    }
 
 
 def _keys(node: Any, prefix: str = "") -> list[str]:

@@ -14,8 +14,12 @@ from .conftest import EXAMPLES, ROOT
 def specgate(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "specgate.cli", *args],
-        capture_output=True, text=True, input=stdin, timeout=60, cwd=ROOT,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        input=stdin,
+        timeout=60,
+        cwd=ROOT,
+    )
 
 
 def test_crd_check_passes_on_the_committed_file() -> None:

@@ -66,8 +66,11 @@ def test_panels_and_references_resolve(uid: str) -> None:
                 assert var in variables or var == "__rate_interval", var
         pos = panel["gridPos"]
         assert pos["x"] + pos["w"] <= 24
-        mine = {(x, y) for x in range(pos["x"], pos["x"] + pos["w"])
-                for y in range(pos["y"], pos["y"] + pos["h"])}  # fmt: skip
+        mine = {
+            (x, y)
+            for x in range(pos["x"], pos["x"] + pos["w"])
+            for y in range(pos["y"], pos["y"] + pos["h"])
+        }
         assert not cells & mine, f"{panel['title']} overlaps another panel"
         cells |= mine
 
@@ -89,15 +92,25 @@ def test_dashboards_type_check_against_grafana_schema(tmp_path: Path) -> None:
             "annotations: { list: annotations } };\n"
         )
         files.append(f"{uid}.ts")
-    (tmp_path / "tsconfig.json").write_text(json.dumps({
-        "compilerOptions": {"strict": True, "noEmit": True, "module": "esnext",
-                            "moduleResolution": "bundler", "target": "es2020",
-                            "skipLibCheck": True},
-        "files": files,
-    }))  # fmt: skip
+    (tmp_path / "tsconfig.json").write_text(
+        json.dumps(
+            {
+                "compilerOptions": {
+                    "strict": True,
+                    "noEmit": True,
+                    "module": "esnext",
+                    "moduleResolution": "bundler",
+                    "target": "es2020",
+                    "skipLibCheck": True,
+                },
+                "files": files,
+            }
+        )
+    )
     tsc = node_modules / ".bin" / "tsc"
-    result = subprocess.run([str(tsc), "-p", str(tmp_path)], capture_output=True, text=True,
-                            timeout=120)  # fmt: skip
+    result = subprocess.run(
+        [str(tsc), "-p", str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -112,13 +125,22 @@ def test_type_check_catches_an_unknown_field(tmp_path: Path) -> None:
         "import type { Dashboard } from '@grafana/schema';\n"
         f"export const d: Dashboard = {json.dumps(board)};\n"
     )
-    options = {"strict": True, "noEmit": True, "moduleResolution": "bundler", "module": "esnext",
-               "skipLibCheck": True}  # fmt: skip
+    options = {
+        "strict": True,
+        "noEmit": True,
+        "moduleResolution": "bundler",
+        "module": "esnext",
+        "skipLibCheck": True,
+    }
     (tmp_path / "tsconfig.json").write_text(
         json.dumps({"compilerOptions": options, "files": ["bad.ts"]})
     )
-    result = subprocess.run([str(node_modules / ".bin" / "tsc"), "-p", str(tmp_path)],
-                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    result = subprocess.run(
+        [str(node_modules / ".bin" / "tsc"), "-p", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode != 0 and "gridPosition" in result.stdout
 
 
@@ -144,10 +166,16 @@ def prometheus_with_data(tmp_path_factory: pytest.TempPathFactory) -> Iterator[d
         f"    static_configs: [{{targets: ['127.0.0.1:{router_port}']}}]\n"
     )
     proc = subprocess.Popen(
-        [tool("prometheus"), f"--config.file={cfg}", f"--storage.tsdb.path={tmp}/data",
-         f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            tool("prometheus"),
+            f"--config.file={cfg}",
+            f"--storage.tsdb.path={tmp}/data",
+            f"--web.listen-address=127.0.0.1:{prom_port}",
+            "--log.level=warn",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{prom_port}"
     try:
         for _ in range(100):
@@ -172,24 +200,44 @@ async def _load(router_port: int) -> None:
     prof = profiles.load("rtx-pro-6000-x8")
     settings = PodSettings(api_key="k", threshold=8, model="m", time_scale=1.0, seed=2)
     async with SimCluster(prof, 3, settings=settings) as pods:
-        config = {"model": "m", "backends": pods.urls, "engineApiKey": "k",
-                  "control": {"cooldownSeconds": 2, "hysteresis": 1, "minSamples": 3,
-                              "scrapeIntervalSeconds": 0.25, "staggerSeconds": 0.2},
-                  "pools": {"classMixWindowSeconds": 2}}  # fmt: skip
+        config = {
+            "model": "m",
+            "backends": pods.urls,
+            "engineApiKey": "k",
+            "control": {
+                "cooldownSeconds": 2,
+                "hysteresis": 1,
+                "minSamples": 3,
+                "scrapeIntervalSeconds": 0.25,
+                "staggerSeconds": 0.2,
+            },
+            "pools": {"classMixWindowSeconds": 2},
+        }
         async with run_router(config, port=router_port) as router:
-            gen = LoadGenerator(router.url, "m", [
-                Phase("ramp", 12, 3, 30, ramp_from=(1, 1)),
-                Phase("mixed", 8, 8, 24),
-                Phase("calm", 5, 2, 0),
-            ])  # fmt: skip
+            gen = LoadGenerator(
+                router.url,
+                "m",
+                [
+                    Phase("ramp", 12, 3, 30, ramp_from=(1, 1)),
+                    Phase("mixed", 8, 8, 24),
+                    Phase("calm", 5, 2, 0),
+                ],
+            )
             await gen.run()
             await asyncio.sleep(2)
 
 
 def query_range(data: dict[str, Any], expr: str) -> list[dict[str, Any]]:
-    resp = httpx.get(data["url"] + "/api/v1/query_range", params={
-        "query": substitute(expr), "start": data["start"], "end": data["end"], "step": "1s"},
-        timeout=30)  # fmt: skip
+    resp = httpx.get(
+        data["url"] + "/api/v1/query_range",
+        params={
+            "query": substitute(expr),
+            "start": data["start"],
+            "end": data["end"],
+            "step": "1s",
+        },
+        timeout=30,
+    )
     body = resp.json()
     assert body["status"] == "success", (expr, body)
     result: list[dict[str, Any]] = body["data"]["result"]

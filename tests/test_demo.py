@@ -14,10 +14,23 @@ pytestmark = pytest.mark.integration
 
 def test_demo_short_run(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "specgate.cli", "demo", "--duration", "12", "--pods", "3",
-         "--no-live", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "specgate.cli",
+            "demo",
+            "--duration",
+            "12",
+            "--pods",
+            "3",
+            "--no-live",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "plot: " in result.stdout and "latency:" in result.stdout
     png = tmp_path / "demo.png"

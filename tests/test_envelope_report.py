@@ -1,5 +1,5 @@
-"""bench/envelope_report.py: the GPU envelope's figures and the simulator calibrated on them.
-The GPU run itself (bench/gpu_envelope.py) is rehearsed on the simulator in
+"""lab/bench/envelope_report.py: the GPU envelope's figures and the simulator calibrated on them.
+The GPU run itself (lab/bench/gpu_envelope.py) is rehearsed on the simulator in
 test_gpu_envelope_rehearsal below; its real figures are in BENCHMARKS.md."""
 
 from __future__ import annotations
@@ -22,24 +22,35 @@ from .conftest import ROOT, free_port_base, load_module
 
 @pytest.fixture(scope="module")
 def report() -> ModuleType:
-    return load_module(ROOT / "bench" / "envelope_report.py", "envelope_report")
+    return load_module(ROOT / "lab" / "bench" / "envelope_report.py", "envelope_report")
 
 
 def window(server: str, c: int, tok_s: float, **kw: object) -> dict[str, object]:
     accept = kw.pop("accept", 1.0)
-    return {"server": server, "c": c, "tok_s": tok_s, "tpot_ms_p50": 1000 * c / tok_s,
-            "tpot_ms_p99": 1500 * c / tok_s, "accept_length": accept, **kw}  # fmt: skip
+    return {
+        "server": server,
+        "c": c,
+        "tok_s": tok_s,
+        "tpot_ms_p50": 1000 * c / tok_s,
+        "tpot_ms_p99": 1500 * c / tok_s,
+        "accept_length": accept,
+        **kw,
+    }
 
 
 def test_the_envelope_ratio_is_specgate_over_the_better_static_server(report: ModuleType) -> None:
     windows = [
-        window("plain", 1, 300), window("plain", 1, 340), window("plain", 1, 320),
-        window("always-on", 1, 600, accept=3.2), window("always-on", 1, 500, accept=3.3),
+        window("plain", 1, 300),
+        window("plain", 1, 340),
+        window("plain", 1, 320),
+        window("always-on", 1, 600, accept=3.2),
+        window("always-on", 1, 500, accept=3.3),
         window("specgate", 1, 570, threshold=8, steps_on=100, steps_off=0),
-        window("plain", 64, 5000), window("always-on", 64, 4000, accept=3.2),
+        window("plain", 64, 5000),
+        window("always-on", 64, 4000, accept=3.2),
         window("specgate", 64, 4900, threshold=8, steps_on=0, steps_off=300),
         window("patched-off", 64, 4750, steps_on=0, steps_off=300),
-    ]  # fmt: skip
+    ]
     stats = report.summarise(windows)
     assert stats["plain"][1]["tok_s"] == 320 and stats["plain"][1]["min"] == 300
     assert stats["always-on"][1]["tok_s"] == 550  # the median of two
@@ -48,7 +59,9 @@ def test_the_envelope_ratio_is_specgate_over_the_better_static_server(report: Mo
     rows = report.off_ratios({"run": windows})
     # specgate counts as off only where no step speculated (c = 64, not c = 1)
     assert [(r["server"], r["c"], r["ratio"]) for r in rows] == [
-        ("patched-off", 64, 0.95), ("specgate", 64, 0.98)]  # fmt: skip
+        ("patched-off", 64, 0.95),
+        ("specgate", 64, 0.98),
+    ]
 
 
 def test_the_envelope_ratio_of_undisturbed_speeds_ignores_a_slow_spell(report: ModuleType) -> None:
@@ -71,10 +84,14 @@ def test_rows_above_the_start_threshold_come_from_jobs_whose_router_learned(
     does not stand for the router, an earlier job's (with a learning phase) does."""
 
     def job(router_rate: float, router_log: list[dict[str, object]]) -> dict[str, object]:
-        windows = [window(s, c, rate) for c in (4, 16)
-                   for s, rate in (("plain", 1000), ("always-on", 1500))]  # fmt: skip
-        windows += [window("specgate-probes", c, router_rate, steps_on=0, steps_off=50)
-                    for c in (4, 16)]  # fmt: skip
+        windows = [
+            window(s, c, rate)
+            for c in (4, 16)
+            for s, rate in (("plain", 1000), ("always-on", 1500))
+        ]
+        windows += [
+            window("specgate-probes", c, router_rate, steps_on=0, steps_off=50) for c in (4, 16)
+        ]
         return {"windows": windows, "router_log": router_log}
 
     results = {
@@ -95,8 +112,9 @@ def test_a_row_comes_from_the_job_with_the_most_windows_there(report: ModuleType
     job 84's. Of jobs with as many windows, the later one; a server's missing windows count."""
 
     def job(rates: dict[str, list[float]]) -> dict[str, Any]:
-        windows = [window(s, 32, rate, steps_on=50, steps_off=0) for s, rs in rates.items()
-                   for rate in rs]  # fmt: skip
+        windows = [
+            window(s, 32, rate, steps_on=50, steps_off=0) for s, rs in rates.items() for rate in rs
+        ]
         return report.summarise(windows)
 
     eight = {"plain": [1000] * 8, "always-on": [1500] * 8, "specgate-probes": [1400] * 8}
@@ -121,10 +139,11 @@ def test_envelope_pairs_take_the_better_server_by_medians_and_pool_sound_runs(
     above the start threshold only from runs whose router learned."""
 
     def job(plain: list[float], on: list[float], routed: list[float]) -> dict[str, Any]:
-        windows = [window(server, 64, rate, rep=rep)
-                   for server, rates in (("plain", plain), ("always-on", on),
-                                         ("specgate-probes", routed))
-                   for rep, rate in enumerate(rates)]  # fmt: skip
+        windows = [
+            window(server, 64, rate, rep=rep)
+            for server, rates in (("plain", plain), ("always-on", on), ("specgate-probes", routed))
+            for rep, rate in enumerate(rates)
+        ]
         return {"windows": windows}
 
     results = {
@@ -156,17 +175,20 @@ def test_the_deployed_ratio_plot_takes_both_off_step_lengths(
     def key(differs: str) -> str:
         return str(report.section_key(1, report.ENVELOPE_TEMPERATURE, differs))
 
-    one = {"row_source": {1: "gpu-envelope-38-a.json", 16: "gpu-envelope-57-b.json"},
-           "ratio_router_probing": {1: 1.0, 16: 0.87},
-           "ratio_router_probing_undisturbed": {1: 1.03, 16: 0.97}}  # fmt: skip
+    one = {
+        "row_source": {1: "gpu-envelope-38-a.json", 16: "gpu-envelope-57-b.json"},
+        "ratio_router_probing": {1: 1.0, 16: 0.87},
+        "ratio_router_probing_undisturbed": {1: 1.03, 16: 0.97},
+    }
     four = {**one, "row_source": {16: "gpu-envelope-84-c.json", 128: "gpu-envelope-82-d.json"}}
     job_82 = {"prefill_graph_tokens": 2048, "flush_cache": True, "off_step_tokens": 4}
     assert report.workload(job_82) == report.DEPLOYED_OFF_STEP_4  # the section jobs 82-88 make
     summary = {key(report.DEPLOYED): one, key(report.DEPLOYED_OFF_STEP_4): four}
     series = report.deployed_ratio_series(summary)
     assert [label for label, _, _ in series] == [
-        "offStepTokens 1 (jobs 38, 57)", "offStepTokens 4 (jobs 82, 84)"
-    ]  # fmt: skip
+        "offStepTokens 1 (jobs 38, 57)",
+        "offStepTokens 4 (jobs 82, 84)",
+    ]
     assert series[0][1] == {1: 1.0, 16: 0.87} and series[0][2] == {1: 1.03, 16: 0.97}
     del summary[key(report.DEPLOYED_OFF_STEP_4)]
     assert len(report.deployed_ratio_series(summary)) == 1
@@ -178,21 +200,28 @@ def test_same_mode_pairs_compare_a_routed_window_with_the_static_server_in_its_m
     report: ModuleType,
 ) -> None:
     windows = [
-        window("plain", 16, 1000, rep=0), window("always-on", 16, 1200, rep=0),
+        window("plain", 16, 1000, rep=0),
+        window("always-on", 16, 1200, rep=0),
         window("specgate", 16, 1150, rep=0, steps_on=90, steps_off=0),  # on: over always-on
-        window("plain", 16, 1100, rep=1), window("always-on", 16, 1300, rep=1),
+        window("plain", 16, 1100, rep=1),
+        window("always-on", 16, 1300, rep=1),
         window("specgate", 16, 1045, rep=1, steps_on=0, steps_off=80),  # off: over plain
-        window("plain", 16, 1000, rep=2), window("always-on", 16, 1200, rep=2),
+        window("plain", 16, 1000, rep=2),
+        window("always-on", 16, 1200, rep=2),
         window("specgate", 16, 1100, rep=2, steps_on=40, steps_off=40),  # switched: no pair
-    ]  # fmt: skip
+    ]
     pairs = report.same_mode_pairs({"run": windows})
     assert [(p["rep"], p["mode"], p["ratio"]) for p in pairs] == [
-        (0, "on", round(1150 / 1200, 3)), (1, "off", 0.95)]  # fmt: skip
+        (0, "on", round(1150 / 1200, 3)),
+        (1, "off", 0.95),
+    ]
     # With the engine also measured directly, each routed window is paired with that one too.
     direct = [window("specgate-direct", 16, 1000, rep=r, steps_on=90, steps_off=0) for r in (0, 2)]
     pairs = report.same_mode_pairs({"run": windows + direct})
     assert [(p["rep"], p["mode"], p["ratio"]) for p in pairs if p["mode"] == "proxy"] == [
-        (0, "proxy", 1.15), (2, "proxy", 1.1)]  # fmt: skip
+        (0, "proxy", 1.15),
+        (2, "proxy", 1.1),
+    ]
     summary = report.geometric_summary([0.9, 1.0, 1.1, 1.0])
     assert summary["pairs"] == 4 and summary["geomean"] == round(0.99**0.25, 3)
     assert summary["p05"] < summary["geomean"] < summary["p95"]
@@ -207,8 +236,10 @@ def test_the_same_mode_table_gives_the_undisturbed_ratio_per_run_at_one_level_on
     routed server's undisturbed ratio appears where one run measured one level."""
 
     def speculating(c: int, rep: int, routed: float, static: float) -> list[dict[str, object]]:
-        return [window("always-on", c, static, rep=rep, steps_on=0, steps_off=0),
-                window("specgate", c, routed, rep=rep, steps_on=90, steps_off=0)]  # fmt: skip
+        return [
+            window("always-on", c, static, rep=rep, steps_on=0, steps_off=0),
+            window("specgate", c, routed, rep=rep, steps_on=90, steps_off=0),
+        ]
 
     one = [w for rep in range(4) for w in speculating(16, rep, 950 + rep, 1000 + rep)]
     two = [w for rep in range(4) for w in speculating(16 if rep % 2 else 32, rep, 900, 1000)]
@@ -224,15 +255,22 @@ def test_the_routed_pools_also_cover_only_the_jobs_after_the_fixes(report: Modul
     same-mode table pools the jobs from FIXED_ROUTED_PATH_JOB on as well as all of them."""
 
     def job(ratio: float) -> dict[str, object]:
-        windows = [w for rep in range(2) for w in (
-            window("always-on", 16, 1000, rep=rep, steps_on=0, steps_off=0),
-            window("specgate", 16, 1000 * ratio, rep=rep, steps_on=90, steps_off=0))]  # fmt: skip
+        windows = [
+            w
+            for rep in range(2)
+            for w in (
+                window("always-on", 16, 1000, rep=rep, steps_on=0, steps_off=0),
+                window("specgate", 16, 1000 * ratio, rep=rep, steps_on=90, steps_off=0),
+            )
+        ]
         return {"tp": 1, "temperature": 0.9, "predicted_accept_length": 3.0, "windows": windows}
 
     fixed = report.FIXED_ROUTED_PATH_JOB
-    results = {f"gpu-envelope-{fixed - 5}-old.json": job(0.8),
-               f"gpu-envelope-{fixed + 2}-new.json": job(0.95),
-               f"gpu-envelope-{fixed + 3}-newer.json": job(1.0)}  # fmt: skip
+    results = {
+        f"gpu-envelope-{fixed - 5}-old.json": job(0.8),
+        f"gpu-envelope-{fixed + 2}-new.json": job(0.95),
+        f"gpu-envelope-{fixed + 3}-newer.json": job(1.0),
+    }
     md, _, _ = report.run_section(results)
     assert "| on | always-on | >= 9 | all runs | 6 | " in md
     every = round((0.8 * 0.95 * 1.0) ** (1 / 3), 3)
@@ -248,16 +286,25 @@ def test_a_run_without_plain_gives_a_ratio_only_where_always_on_won_everywhere(
 ) -> None:
     """A job that measured always-on and the router but no plain (30 pairs at c = 2 and 4)
     still gives X_d' / max(X_a, X_b) where always-on beat plain in every job with both."""
-    with_plain = report.summarise([
-        window("plain", 2, 700), window("always-on", 2, 1100),
-        window("plain", 64, 7000), window("always-on", 64, 6900),
-    ])  # fmt: skip
+    with_plain = report.summarise(
+        [
+            window("plain", 2, 700),
+            window("always-on", 2, 1100),
+            window("plain", 64, 7000),
+            window("always-on", 64, 6900),
+        ]
+    )
     other = report.summarise([window("plain", 2, 650), window("always-on", 2, 1000)])
-    no_plain = report.summarise([
-        window("always-on", 2, 1000), window("specgate-probes", 2, 990),
-        window("always-on", 64, 6000), window("specgate-probes", 64, 5900),
-        window("always-on", 4, 1500), window("specgate-probes", 4, 1400),
-    ])  # fmt: skip
+    no_plain = report.summarise(
+        [
+            window("always-on", 2, 1000),
+            window("specgate-probes", 2, 990),
+            window("always-on", 64, 6000),
+            window("specgate-probes", 64, 5900),
+            window("always-on", 4, 1500),
+            window("specgate-probes", 4, 1400),
+        ]
+    )
     runs = {"a": with_plain, "b": other, "c": no_plain}
     wins = report.always_on_wins(runs)
     assert wins == {2}  # not 64 (plain won there), not 4 (no job measured both)
@@ -267,28 +314,36 @@ def test_a_run_without_plain_gives_a_ratio_only_where_always_on_won_everywhere(
 
 
 def test_off_variants_are_paired_window_by_window(report: ModuleType) -> None:
-    windows = [window(server, 64, rate, rep=rep)
-               for rep, rates in enumerate(((1000, 900, 800), (1200, 960, 1000)))
-               for server, rate in zip(("plain", "patched-off", "patched-off-upstream-extend"),
-                                       rates, strict=True)]  # fmt: skip
+    windows = [
+        window(server, 64, rate, rep=rep)
+        for rep, rates in enumerate(((1000, 900, 800), (1200, 960, 1000)))
+        for server, rate in zip(
+            ("plain", "patched-off", "patched-off-upstream-extend"), rates, strict=True
+        )
+    ]
     rows = {(r["server"], r["over"]): r for r in report.variant_pairs({"job": windows})}
     assert rows[("patched-off", "plain")]["geomean"] == round((0.9 * 0.8) ** 0.5, 3)
     assert rows[("patched-off", "patched-off-upstream-extend")]["geomean"] == round(
-        (900 / 800 * 960 / 1000) ** 0.5, 3)  # fmt: skip
+        (900 / 800 * 960 / 1000) ** 0.5, 3
+    )
     assert rows[("patched-off", "plain")]["pairs"] == 2
 
 
 def test_speculating_servers_are_paired_across_the_patch(report: ModuleType) -> None:
     """Always-on (the patched SGLang) over unpatched EAGLE-3, and upstream's adaptive server
     over always-on: whether the patch costs a speculating step (BENCHMARKS.md job 89)."""
-    windows = [window(server, 8, rate, rep=rep)
-               for rep, rates in enumerate(((900, 1000, 1100), (880, 1100, 990)))
-               for server, rate in zip(("always-on", "upstream-always-on", "upstream-0step"),
-                                       rates, strict=True)]  # fmt: skip
+    windows = [
+        window(server, 8, rate, rep=rep)
+        for rep, rates in enumerate(((900, 1000, 1100), (880, 1100, 990)))
+        for server, rate in zip(
+            ("always-on", "upstream-always-on", "upstream-0step"), rates, strict=True
+        )
+    ]
     rows = {(r["server"], r["over"]): r for r in report.variant_pairs({"job": windows})}
     assert rows[("always-on", "upstream-always-on")]["geomean"] == round((0.9 * 0.8) ** 0.5, 3)
     assert rows[("upstream-0step", "always-on")]["geomean"] == round(
-        (1100 / 900 * 990 / 880) ** 0.5, 3)  # fmt: skip
+        (1100 / 900 * 990 / 880) ** 0.5, 3
+    )
 
 
 def test_replicas_pair_process_k_with_process_k(report: ModuleType) -> None:
@@ -297,10 +352,12 @@ def test_replicas_pair_process_k_with_process_k(report: ModuleType) -> None:
     show how far two processes of the same code ran apart."""
     windows = []
     for rep in range(2):
-        windows += [window("plain", 16, 1000.0, rep=rep, replica=1),
-                    window("patched-off", 16, 900.0, rep=rep, replica=1),
-                    window("plain", 16, 500.0, rep=rep, replica=2),  # a slow process
-                    window("patched-off", 16, 500.0, rep=rep, replica=2)]  # fmt: skip
+        windows += [
+            window("plain", 16, 1000.0, rep=rep, replica=1),
+            window("patched-off", 16, 900.0, rep=rep, replica=1),
+            window("plain", 16, 500.0, rep=rep, replica=2),  # a slow process
+            window("patched-off", 16, 500.0, rep=rep, replica=2),
+        ]
     windows.append(window("patched-off", 16, 10.0, rep=2, replica=2))  # no plain-r2 beside it
     (pooled,) = report.variant_pairs({"job": windows})
     assert pooled["pairs"] == 4
@@ -319,14 +376,18 @@ def test_same_code_pairs_put_each_later_process_over_the_first(report: ModuleTyp
     distance from 1 is the floor under any ratio the job takes between two servers."""
     windows = []
     for rep in range(3):
-        windows += [window("plain", 64, 1000.0, rep=rep, replica=1),
-                    window("plain", 64, 900.0, rep=rep, replica=2),
-                    window("patched-off", 64, 800.0, rep=rep, replica=1),
-                    window("patched-off", 64, 800.0, rep=rep, replica=2)]  # fmt: skip
+        windows += [
+            window("plain", 64, 1000.0, rep=rep, replica=1),
+            window("plain", 64, 900.0, rep=rep, replica=2),
+            window("patched-off", 64, 800.0, rep=rep, replica=1),
+            window("patched-off", 64, 800.0, rep=rep, replica=2),
+        ]
     windows.append(window("plain", 16, 700.0, rep=0, replica=2))  # no first process there
     rows = report.same_code_pairs({"gpu-envelope-70-replicas.json": windows})
     assert [(r["server"], r["c"], r["replica"], r["pairs"], r["geomean"]) for r in rows] == [
-        ("patched-off", 64, 2, 3, 1.0), ("plain", 64, 2, 3, 0.9)]  # fmt: skip
+        ("patched-off", 64, 2, 3, 1.0),
+        ("plain", 64, 2, 3, 0.9),
+    ]
     assert report.same_code_pairs({"gpu-envelope-71-single.json": [window("plain", 4, 1.0)]}) == []
 
 
@@ -342,21 +403,28 @@ def test_every_run_with_off_and_plain_goes_into_the_history_in_job_order(
 
     eight = "Llama 8B-class (hidden 4096, 32 layers, GQA 32/8), synthetic pair, bf16"
     results = {
-        "gpu-envelope-58-long.json": {"new_tokens": [256, 512],
-                                      "windows": pairs(16, 1000, 960) + pairs(64, 1000, 950)},
+        "gpu-envelope-58-long.json": {
+            "new_tokens": [256, 512],
+            "windows": pairs(16, 1000, 960) + pairs(64, 1000, 950),
+        },
         "gpu-envelope-8-lean.json": {"windows": pairs(16, 1000, 900) + pairs(32, 1000, 800)},
         "gpu-envelope-11-tp2.json": {"tp": 2, "windows": pairs(16, 1000, 700)},
         "gpu-envelope-47-8b.json": {"shape": eight, "windows": pairs(64, 1000, 920)},
-    }  # fmt: skip
+    }
     variants = report.variant_pairs({name: r["windows"] for name, r in results.items()})
     rows = report.off_over_plain_history(results, variants)
     assert [(r["run"], r["c"], r["geomean"]) for r in rows] == [
-        ("8-lean", 16, 0.9), ("47-8b", 64, 0.92), ("58-long", 16, 0.96), ("58-long", 64, 0.95),
-    ]  # fmt: skip
+        ("8-lean", 16, 0.9),
+        ("47-8b", 64, 0.92),
+        ("58-long", 16, 0.96),
+        ("58-long", 64, 0.95),
+    ]
     assert [r["requests"] for r in rows] == [
-        "3B-class target, 64-192 new tokens", "8B-class target, 64-192 new tokens",
-        "3B-class target, 256-512 new tokens", "3B-class target, 256-512 new tokens",
-    ]  # fmt: skip
+        "3B-class target, 64-192 new tokens",
+        "8B-class target, 64-192 new tokens",
+        "3B-class target, 256-512 new tokens",
+        "3B-class target, 256-512 new tokens",
+    ]
     assert [r["lean_extend"] for r in rows] == [True, False, False, False]
     assert "| 58-long | 64 | 3B-class target, 256-512 new tokens | 1 | 0.95 | 0.95-0.95 |" in (
         report.off_over_plain_table(rows)
@@ -372,14 +440,26 @@ def test_the_gpus_clocks_are_set_beside_each_servers_tok_s(report: ModuleType) -
     seen and the correlation of tok/s with the SM clock; windows without it count nowhere."""
 
     def clocked(server: str, tok_s: float, sm: float, **kw: object) -> dict[str, object]:
-        return window(server, 16, tok_s, gpu_sm_mhz_mean=sm, gpu_sm_mhz_min=sm - 100,
-                      gpu_power_w_mean=400.0, gpu_util_mean=tok_s / 100,
-                      host_cpu_steal=0.02, **kw)  # fmt: skip
+        return window(
+            server,
+            16,
+            tok_s,
+            gpu_sm_mhz_mean=sm,
+            gpu_sm_mhz_min=sm - 100,
+            gpu_power_w_mean=400.0,
+            gpu_util_mean=tok_s / 100,
+            host_cpu_steal=0.02,
+            **kw,
+        )
 
-    windows = [clocked("always-on", 6000, 1980), clocked("always-on", 4000, 1500,
-                                                        gpu_clock_reasons=["0x04"]),
-               clocked("always-on", 5000, 1900), clocked("plain", 4000, 1980),
-               clocked("plain", 4100, 1980), window("plain", 16, 100)]  # fmt: skip
+    windows = [
+        clocked("always-on", 6000, 1980),
+        clocked("always-on", 4000, 1500, gpu_clock_reasons=["0x04"]),
+        clocked("always-on", 5000, 1900),
+        clocked("plain", 4000, 1980),
+        clocked("plain", 4100, 1980),
+        window("plain", 16, 100),
+    ]
     rows = report.gpu_clock_rows({"gpu-envelope-60-clocks.json": {"windows": windows}})
     by_server = {r["server"]: r for r in rows}
     assert by_server["always-on"]["r_tok_s_sm"] == 0.93
@@ -405,9 +485,11 @@ def test_the_undisturbed_ratio_compares_each_servers_upper_windows(report: Modul
     assert report.quantile([7], 0.8) == 7
     plain = [1000.0] * 10
     off = [950.0] * 7 + [600.0] * 3  # three windows in a slow spell
-    windows = [window(server, 16, rate, rep=rep)
-               for rep, (a, b) in enumerate(zip(off, plain, strict=True))
-               for server, rate in (("patched-off", a), ("plain", b))]  # fmt: skip
+    windows = [
+        window(server, 16, rate, rep=rep)
+        for rep, (a, b) in enumerate(zip(off, plain, strict=True))
+        for server, rate in (("patched-off", a), ("plain", b))
+    ]
     (row,) = report.variant_pairs({"job": windows})
     assert row["geomean"] < 0.85
     assert row["undisturbed"] == 0.95
@@ -432,8 +514,11 @@ def test_fitting_recovers_a_profile_from_its_own_curves(report: ModuleType) -> N
     reproduce them (the measured sweep is noisier; BENCHMARKS.md gives its error)."""
     truth = profiles.load("rtx-pro-6000-x8")
     accept = truth.mean_accept_length()
-    windows = [window(server, c, report.simulate(truth, server, c), accept=accept)
-               for server in ("plain", "always-on") for c in (1, 8, 64)]  # fmt: skip
+    windows = [
+        window(server, c, report.simulate(truth, server, c), accept=accept)
+        for server in ("plain", "always-on")
+        for c in (1, 8, 64)
+    ]
     stats = report.summarise(windows)
     start = report.with_costs(truth, [2 * getattr(truth.step, k) for k in report.FITTED])
     assert report.sim_error(start, stats)["mape"] > 0.2
@@ -447,9 +532,9 @@ def test_fitting_recovers_a_profile_from_its_own_curves(report: ModuleType) -> N
 def test_the_committed_report_matches_the_committed_sweep(
     report: ModuleType, tmp_path: Path
 ) -> None:
-    """Regenerating the report from bench/results/gpu-envelope-*.json gives the committed table."""
+    """Regenerating the report from lab/results/gpu-envelope-*.json gives the committed table."""
     assert report.main(["--out", str(tmp_path)]) == 0
-    committed = (ROOT / "bench" / "results" / "gpu_envelope.md").read_text()
+    committed = (ROOT / "lab" / "results" / "gpu_envelope.md").read_text()
     assert (tmp_path / "gpu_envelope.md").read_text() == committed
     summary = json.loads((tmp_path / "gpu_envelope.json").read_text())
     assert summary["simulator"]["mape"] == pytest.approx(0.048, abs=0.01)
@@ -458,7 +543,7 @@ def test_the_committed_report_matches_the_committed_sweep(
 
 
 def test_gpu_envelope_rehearsal(report: ModuleType, tmp_path: Path) -> None:
-    """bench/gpu_envelope.py's orchestration against simulated pods and the real router: every
+    """lab/bench/gpu_envelope.py's orchestration against simulated pods and the real router: every
     server measured at every level, the router in front of specgate, results saved. Two runs
     share the host at once, as on a two-GPU machine (one per GPU): the second with its own
     ports, a chosen server set and unpatched always-on."""
@@ -466,37 +551,91 @@ def test_gpu_envelope_rehearsal(report: ModuleType, tmp_path: Path) -> None:
 
     def run(out: Path, *extra: str) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            [sys.executable, str(ROOT / "bench" / "gpu_envelope.py"), "--engine", "sim", "--out",
-             str(out), "--repeat", "2", "--seconds", "1", "--warmup", "0.3", *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, "SPECGATE_UPSTREAM_SITE": "/opt/sglang-unpatched",
-                 "CUDA_VISIBLE_DEVICES": "0,1"},
-        )  # fmt: skip
+            [
+                sys.executable,
+                str(ROOT / "lab" / "bench" / "gpu_envelope.py"),
+                "--engine",
+                "sim",
+                "--out",
+                str(out),
+                "--repeat",
+                "2",
+                "--seconds",
+                "1",
+                "--warmup",
+                "0.3",
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={
+                **os.environ,
+                "SPECGATE_UPSTREAM_SITE": "/opt/sglang-unpatched",
+                "CUDA_VISIBLE_DEVICES": "0,1",
+            },
+        )
 
     # Six servers and a router on the first run's ports, four and a router on the second's.
-    envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
+    envelope = load_module(ROOT / "lab" / "bench" / "gpu_envelope.py", "gpu_envelope")
     first_base = free_port_base(6, offsets=[envelope.ROUTER_OFFSET])
     second_base = free_port_base(4, offsets=[envelope.ROUTER_OFFSET])
-    first = run(tmp_path / "first", "--port-base", str(first_base), "--levels", "1,4",
-                "--learn-seconds", "2", "--extra",
-                "patched-off,patched-8", "--extra-levels", "4", "--switch-first",
-                "--profile-levels", "8", "--profile-servers", "plain",
-                "--flush-cache")  # fmt: skip
-    second = run(tmp_path / "second", "--port-base", str(second_base), "--levels", "2",
-                 "--servers", "always-on,specgate-probes",
-                 "--extra", "upstream-always-on,patched-off-4",
-                 "--extra-levels", "2", "--tp", "2", "--direct-too",
-                 "--probe-interval", "90", "--busy-idle", "--new-tokens", "16,32",
-                 "--router-threshold", "146", "--client-keepalive",
-                 "--prefill-graph-tokens", "512", "--max-running", "64")  # fmt: skip
+    first = run(
+        tmp_path / "first",
+        "--port-base",
+        str(first_base),
+        "--levels",
+        "1,4",
+        "--learn-seconds",
+        "2",
+        "--extra",
+        "patched-off,patched-8",
+        "--extra-levels",
+        "4",
+        "--switch-first",
+        "--profile-levels",
+        "8",
+        "--profile-servers",
+        "plain",
+        "--flush-cache",
+    )
+    second = run(
+        tmp_path / "second",
+        "--port-base",
+        str(second_base),
+        "--levels",
+        "2",
+        "--servers",
+        "always-on,specgate-probes",
+        "--extra",
+        "upstream-always-on,patched-off-4",
+        "--extra-levels",
+        "2",
+        "--tp",
+        "2",
+        "--direct-too",
+        "--probe-interval",
+        "90",
+        "--busy-idle",
+        "--new-tokens",
+        "16,32",
+        "--router-threshold",
+        "146",
+        "--client-keepalive",
+        "--prefill-graph-tokens",
+        "512",
+        "--max-running",
+        "64",
+    )
     for proc in (first, second):
         output, _ = proc.communicate(timeout=240)
         assert proc.returncode == 0, output[-3000:]
 
     result = json.loads((tmp_path / "first" / "envelope.json").read_text())
     seen = {(w["server"], w["c"]) for w in result["windows"]}
-    assert seen == {(s, c) for s in ("plain", "always-on", "upstream-0step", "specgate")
-                    for c in (1, 4)} | {("patched-off", 4), ("patched-8", 4)}  # fmt: skip
+    assert seen == {
+        (s, c) for s in ("plain", "always-on", "upstream-0step", "specgate") for c in (1, 4)
+    } | {("patched-off", 4), ("patched-8", 4)}
     assert len(result["windows"]) == 2 * (4 * 2 + 2)
     assert result["switched_first"] is True
     assert result["patch_sha256"] == report.patch_sha256()  # which patch it measured
@@ -513,7 +652,7 @@ def test_gpu_envelope_rehearsal(report: ModuleType, tmp_path: Path) -> None:
     assert all(w["threshold"] == 8 and w["errors"] == 0 for w in specgate)
     assert all(w["tok_s"] > 0 for w in result["windows"])
     assert result["router_log"] and "error" not in result
-    # What the router's controller decided from, kept for bench/replay_control.py.
+    # What the router's controller decided from, kept for lab/bench/replay_control.py.
     exported = result["router_samples"]
     assert exported["control"]["threshold"] == 8 and exported["pods"][0]["samples"]
     # --flush-cache: every window began with its idle engine's prefix cache emptied.
@@ -528,12 +667,21 @@ def test_gpu_envelope_rehearsal(report: ModuleType, tmp_path: Path) -> None:
     # Each routed run keeps its router's threshold changes (a list, empty if none moved).
     assert all(isinstance(r["router_changes"], list) for r in (result, second_result))
     assert {(w["server"], w["c"]) for w in second_result["windows"]} == {
-        ("always-on", 2), ("specgate-probes", 2), ("specgate-probes-direct", 2),
-        ("upstream-always-on", 2), ("patched-off-4", 2)}  # fmt: skip
+        ("always-on", 2),
+        ("specgate-probes", 2),
+        ("specgate-probes-direct", 2),
+        ("upstream-always-on", 2),
+        ("patched-off-4", 2),
+    }
     ports = {name: s["port"] for name, s in second_result["servers"].items()}
     b = second_base
-    assert ports == {"always-on": b, "specgate-probes": b + 1, "upstream-always-on": b + 2,
-                     "patched-off-4": b + 3, "specgate-probes-direct": b + 1}  # fmt: skip
+    assert ports == {
+        "always-on": b,
+        "specgate-probes": b + 1,
+        "upstream-always-on": b + 2,
+        "patched-off-4": b + 3,
+        "specgate-probes-direct": b + 1,
+    }
     # The simulated patched-off-4 decodes four tokens a request per off step, as SGLang does
     # with --speculative-off-step-tokens 4 (fewer only at a request's end).
     # (A window's tokens a request per decode step: its "accept_length" field.)
@@ -554,7 +702,8 @@ def test_gpu_envelope_rehearsal(report: ModuleType, tmp_path: Path) -> None:
     assert second_result["probe_interval_seconds"] == 90
     assert "probeIntervalSeconds" not in (tmp_path / "first" / "router.yaml").read_text()
     assert second_result["servers"]["upstream-always-on"]["env"] == {
-        "PYTHONPATH": "/opt/sglang-unpatched"}  # fmt: skip
+        "PYTHONPATH": "/opt/sglang-unpatched"
+    }
     launched = [s for s in second_result["servers"].values() if "direct_of" not in s]
     assert launched and not any("--sleep-on-idle" in s["args"] for s in launched)
     # Another workload: recorded, and prefills replay SGLang's breakable graphs, not eager.
@@ -578,24 +727,51 @@ def test_gpu_envelope_rehearsal(report: ModuleType, tmp_path: Path) -> None:
         assert 1 <= w["router_in_flight_p50"] <= 2 and w["router_trace"]
         assert w["router_run_ms"] > 0 and "router_runqueue_ms" in w
     assert not any("router_trace" in w for w in direct)
-    assert all(isinstance(w["tcp"], dict) and w["time_wait_sockets"] >= 0
-               for w in result["windows"] + second_result["windows"])  # fmt: skip
+    assert all(
+        isinstance(w["tcp"], dict) and w["time_wait_sockets"] >= 0
+        for w in result["windows"] + second_result["windows"]
+    )
 
 
-def test_gpu_envelope_runs_replicas_each_in_its_own_window(report: ModuleType,
-                                                           tmp_path: Path) -> None:  # fmt: skip
+def test_gpu_envelope_runs_replicas_each_in_its_own_window(
+    report: ModuleType, tmp_path: Path
+) -> None:
     """--replicas 2 starts every server twice, with its own port and log, and gives each process
     its own window in every rotation; the windows say which process ran them."""
     import subprocess
 
     out = tmp_path / "replicas"
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "gpu_envelope.py"), "--engine", "sim", "--out",
-         str(out), "--servers", "always-on", "--extra", "patched-on", "--levels", "4",
-         "--extra-levels", "4", "--replicas", "2", "--repeat", "2", "--seconds", "0.5",
-         "--warmup", "0.2", "--port-base", str(free_port_base(4))],
-        capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "lab" / "bench" / "gpu_envelope.py"),
+            "--engine",
+            "sim",
+            "--out",
+            str(out),
+            "--servers",
+            "always-on",
+            "--extra",
+            "patched-on",
+            "--levels",
+            "4",
+            "--extra-levels",
+            "4",
+            "--replicas",
+            "2",
+            "--repeat",
+            "2",
+            "--seconds",
+            "0.5",
+            "--warmup",
+            "0.2",
+            "--port-base",
+            str(free_port_base(4)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads((out / "envelope.json").read_text())
     assert result["replicas"] == 2
@@ -618,44 +794,74 @@ def test_gpu_envelope_runs_replicas_each_in_its_own_window(report: ModuleType,
     ("args", "message"),
     [
         (["--servers", "plain,fast-mode"], "--servers/--extra: unknown ['fast-mode']"),
-        (["--servers", "plain,always-on", "--profile-levels", "64", "--profile-servers",
-          "patched-off"], "--profile-servers: ['patched-off'] not among"),
+        (
+            [
+                "--servers",
+                "plain,always-on",
+                "--profile-levels",
+                "64",
+                "--profile-servers",
+                "patched-off",
+            ],
+            "--profile-servers: ['patched-off'] not among",
+        ),
         # A learning phase shorter than the probing router's first-probe delay learns nothing.
-        (["--servers", "plain,specgate-probes", "--learn-seconds", "48"],
-         "--learn-seconds 48: specgate-probes' first probe comes 60 s after"),
-        (["--levels", "4,32", "--max-running", "16"],
-         "--max-running 16: below the largest client count the job runs (32)"),
+        (
+            ["--servers", "plain,specgate-probes", "--learn-seconds", "48"],
+            "--learn-seconds 48: specgate-probes' first probe comes 60 s after",
+        ),
+        (
+            ["--levels", "4,32", "--max-running", "16"],
+            "--max-running 16: below the largest client count the job runs (32)",
+        ),
         (["--new-tokens", "128"], "--new-tokens '128': give MIN,MAX"),
         (["--new-tokens", "192,64"], "need 1 <= MIN <= MAX"),
         (["--prefill-graph-tokens", "-1"], "--prefill-graph-tokens: 0 (eager prefills)"),
         (["--off-step-tokens", "5"], "--off-step-tokens 5: 1 to 4 (the engine's"),
         (["--off-step-tokens", "0"], "--off-step-tokens 0: 1 to 4"),
         (["--router-threshold", "146"], "--router-threshold 146: 0 to 128 for specgate"),
-        (["--servers", "specgate-probes", "--router-threshold", "-1"],
-         "--router-threshold -1: 0 to 256 for specgate-probes"),
+        (
+            ["--servers", "specgate-probes", "--router-threshold", "-1"],
+            "--router-threshold -1: 0 to 256 for specgate-probes",
+        ),
         (["--pin-cpus", "3/2"], "--pin-cpus '3/2': give K/N with 1 <= K <= N"),
         (["--pin-cpus", "1/4096"], "cannot give 4096 parts one each"),
-        (["--repeat", "4", "--freeze-gc-from-rep", "4"],
-         "--freeze-gc-from-rep 4: between 1 and --repeat - 1 (3)"),
+        (
+            ["--repeat", "4", "--freeze-gc-from-rep", "4"],
+            "--freeze-gc-from-rep 4: between 1 and --repeat - 1 (3)",
+        ),
         (["--freeze-gc-from-rep", "0"], "--freeze-gc-from-rep 0: between 1 and"),
         (["--pyspy", "/nonexistent/py-spy"], "--pyspy /nonexistent/py-spy: no such file"),
         (["--servers", "plain", "--replicas", "0"], "--replicas 0: 1 to 4"),
         # One router fronts one engine: a routed server cannot be started twice.
-        (["--servers", "plain,specgate", "--replicas", "2"],
-         "--replicas 2: not with specgate (one router"),
-        (["--servers", "always-on", "--extra", "patched-on", "--max-running", "1024"],
-         "--max-running 1024: patched-on speculates below 1024 running requests only"),
+        (
+            ["--servers", "plain,specgate", "--replicas", "2"],
+            "--replicas 2: not with specgate (one router",
+        ),
+        (
+            ["--servers", "always-on", "--extra", "patched-on", "--max-running", "1024"],
+            "--max-running 1024: patched-on speculates below 1024 running requests only",
+        ),
         (["--gc-stats"], "--pyspy, --gc-stats and --freeze-gc-from-rep need SGLang servers"),
     ],
-)  # fmt: skip
+)
 def test_gpu_envelope_refuses_bad_arguments(tmp_path: Path, args: list[str], message: str) -> None:
     import subprocess
 
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "gpu_envelope.py"), "--engine", "sim", "--out",
-         str(tmp_path), *args],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "lab" / "bench" / "gpu_envelope.py"),
+            "--engine",
+            "sim",
+            "--out",
+            str(tmp_path),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     assert message in done.stderr
 
@@ -667,14 +873,23 @@ def test_a_job_at_another_temperature_gets_a_section_of_its_own(
     not fill the sweep's table, even where it is the last job that measured a level."""
 
     def job(temperature: float, plain: float, always_on: float) -> dict[str, object]:
-        windows = [window("plain", 4, plain), window("always-on", 4, always_on, accept=3.0),
-                   window("specgate-probes", 4, always_on, steps_on=50, steps_off=0)]  # fmt: skip
-        return {"tp": 1, "temperature": temperature, "predicted_accept_length": 3.0,
-                "windows": windows}  # fmt: skip
+        windows = [
+            window("plain", 4, plain),
+            window("always-on", 4, always_on, accept=3.0),
+            window("specgate-probes", 4, always_on, steps_on=50, steps_off=0),
+        ]
+        return {
+            "tp": 1,
+            "temperature": temperature,
+            "predicted_accept_length": 3.0,
+            "windows": windows,
+        }
 
     inputs = []
-    for name, result in (("gpu-envelope-1-sweep.json", job(0.9, 1000, 1500)),
-                         ("gpu-envelope-2-weaker.json", job(1.0, 1200, 1100))):  # fmt: skip
+    for name, result in (
+        ("gpu-envelope-1-sweep.json", job(0.9, 1000, 1500)),
+        ("gpu-envelope-2-weaker.json", job(1.0, 1200, 1100)),
+    ):
         inputs.append(tmp_path / name)
         inputs[-1].write_text(json.dumps(result))
     out = tmp_path / "out"
@@ -698,22 +913,33 @@ def test_a_job_with_another_workload_gets_a_section_of_its_own(
     """Longer requests or prefill CUDA graphs shrink the prefills' share of a server's time,
     and emptied prefix caches spare evictions, so off over plain moves: such a job stays out
     of the sweep's table and the simulator's check, and says how its workload differs."""
-    envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
+    envelope = load_module(ROOT / "lab" / "bench" / "gpu_envelope.py", "gpu_envelope")
     assert report.SWEEP_NEW_TOKENS == envelope.NEW_TOKENS
 
     def job(plain: float, **workload: object) -> dict[str, object]:
-        windows = [window("plain", 4, plain), window("always-on", 4, 900, accept=3.0),
-                   window("specgate-probes", 4, plain, steps_on=0, steps_off=50)]  # fmt: skip
-        return {"tp": 1, "temperature": 0.9, "predicted_accept_length": 3.0,
-                "windows": windows, **workload}  # fmt: skip
+        windows = [
+            window("plain", 4, plain),
+            window("always-on", 4, 900, accept=3.0),
+            window("specgate-probes", 4, plain, steps_on=0, steps_off=50),
+        ]
+        return {
+            "tp": 1,
+            "temperature": 0.9,
+            "predicted_accept_length": 3.0,
+            "windows": windows,
+            **workload,
+        }
 
-    jobs = {"gpu-envelope-1-sweep.json": job(1000, new_tokens=[64, 192]),
-            "gpu-envelope-2-long.json": job(1500, new_tokens=[512, 1024]),
-            "gpu-envelope-3-graphs.json": job(1700, prefill_graph_tokens=2048),
-            "gpu-envelope-4-pinned.json": job(800, servers={
-                "plain": {"cpus": [4, 5, 6, 7]}, "always-on": {"cpus": [8, 9, 10]}}),
-            "gpu-envelope-5-flushed.json": job(1100, flush_cache=True),
-            "gpu-envelope-6-not-flushed.json": job(1000, flush_cache=False)}  # fmt: skip
+    jobs = {
+        "gpu-envelope-1-sweep.json": job(1000, new_tokens=[64, 192]),
+        "gpu-envelope-2-long.json": job(1500, new_tokens=[512, 1024]),
+        "gpu-envelope-3-graphs.json": job(1700, prefill_graph_tokens=2048),
+        "gpu-envelope-4-pinned.json": job(
+            800, servers={"plain": {"cpus": [4, 5, 6, 7]}, "always-on": {"cpus": [8, 9, 10]}}
+        ),
+        "gpu-envelope-5-flushed.json": job(1100, flush_cache=True),
+        "gpu-envelope-6-not-flushed.json": job(1000, flush_cache=False),
+    }
     for name, result in jobs.items():
         (tmp_path / name).write_text(json.dumps(result))
     out = tmp_path / "out"
@@ -741,11 +967,19 @@ def test_the_deployed_sweep_is_checked_against_its_own_profile(
     profile's error and a plot with its curves; a workload with no profile gets neither."""
     deployed = report.load_profile(report.DEPLOYED_PROFILE_PATH)
     levels = (1, 16, 128)
-    windows = [window(server, c, report.simulate(deployed, server, c) * scale, accept=accept)
-               for server, scale, accept in (("plain", 1.25, 1.0), ("always-on", 1.0, 3.3))
-               for c in levels]  # fmt: skip
-    job = {"tp": 1, "temperature": 0.9, "predicted_accept_length": 3.3,
-           "prefill_graph_tokens": 2048, "flush_cache": True, "windows": windows}  # fmt: skip
+    windows = [
+        window(server, c, report.simulate(deployed, server, c) * scale, accept=accept)
+        for server, scale, accept in (("plain", 1.25, 1.0), ("always-on", 1.0, 3.3))
+        for c in levels
+    ]
+    job = {
+        "tp": 1,
+        "temperature": 0.9,
+        "predicted_accept_length": 3.3,
+        "prefill_graph_tokens": 2048,
+        "flush_cache": True,
+        "windows": windows,
+    }
     other = {**job, "flush_cache": False}
     inputs = {report.DEPLOYED_FITTED_RUNS[0]: job, "gpu-envelope-31-graphs-only.json": other}
     for name, result in inputs.items():
@@ -761,7 +995,9 @@ def test_the_deployed_sweep_is_checked_against_its_own_profile(
     summary = json.loads((out / "gpu_envelope.json").read_text())
     check = summary[f"tp1_t0.9_{report.slug(report.DEPLOYED)}"]["simulator"]
     assert {p["server"]: p["error"] for p in check["points"] if p["c"] == 16} == {
-        "plain": -0.2, "always-on": 0.0}  # fmt: skip
+        "plain": -0.2,
+        "always-on": 0.0,
+    }
     assert (out / "gpu_envelope_deployed.png").stat().st_size > 20_000
 
 
@@ -775,17 +1011,30 @@ def test_the_four_token_sweep_is_checked_against_the_deployed_profiles_static_se
     levels = (1, 4)  # at or below the routed start threshold: no learning phase needed
 
     def job(scale: float, off_step_tokens: int, servers: tuple[str, ...]) -> dict[str, object]:
-        windows = [window(server, c, report.simulate(deployed, server, c) * scale,
-                          accept=1.0 if server == "plain" else 3.3)
-                   for server in servers for c in levels]  # fmt: skip
+        windows = [
+            window(
+                server,
+                c,
+                report.simulate(deployed, server, c) * scale,
+                accept=1.0 if server == "plain" else 3.3,
+            )
+            for server in servers
+            for c in levels
+        ]
         # The routed server (a table row needs one) and upstream's, which the simulator does
         # not model.
         windows += [window("specgate-probes", c, 600.0 * c, accept=3.3) for c in levels]
         if off_step_tokens == 1:
             windows += [window("upstream-0step", c, 500.0 * c, accept=3.3) for c in levels]
-        return {"tp": 1, "temperature": 0.9, "predicted_accept_length": 3.3,
-                "prefill_graph_tokens": 2048, "flush_cache": True,
-                "off_step_tokens": off_step_tokens, "windows": windows}  # fmt: skip
+        return {
+            "tp": 1,
+            "temperature": 0.9,
+            "predicted_accept_length": 3.3,
+            "prefill_graph_tokens": 2048,
+            "flush_cache": True,
+            "off_step_tokens": off_step_tokens,
+            "windows": windows,
+        }
 
     inputs = {
         "gpu-envelope-38-a.json": job(1.0, 1, ("plain", "always-on")),
@@ -815,8 +1064,10 @@ def test_a_run_whose_idle_servers_slept_is_told_apart(report: ModuleType) -> Non
     """A run counts as asleep only if every server it launched had --sleep-on-idle (the
     routed engine measured direct is no server of its own)."""
     server = {"port": 1, "gpu": "0", "env": {}}
-    asleep = {"a": {**server, "args": ["--tp-size", "1", "--sleep-on-idle"]},
-              "a-direct": {"port": 1, "gpu": "0", "direct_of": "a"}}  # fmt: skip
+    asleep = {
+        "a": {**server, "args": ["--tp-size", "1", "--sleep-on-idle"]},
+        "a-direct": {"port": 1, "gpu": "0", "direct_of": "a"},
+    }
     assert report.idle_servers_slept({"servers": asleep})
     half = {**asleep, "b": {**server, "args": ["--tp-size", "1"]}}
     assert not report.idle_servers_slept({"servers": half})
@@ -829,11 +1080,15 @@ def test_the_simulator_is_checked_at_a_held_out_acceptance(report: ModuleType) -
     fitted at: the profile moved to the group's accept length, always-on over plain simulated
     against measured within the group (so the host's speed cancels)."""
     base = profiles.load("h200-3b-synthetic")
-    stats = report.summarise([
-        window("plain", 32, 4800), window("always-on", 32, 4470, accept=2.31),
-        window("plain", 128, 10760), window("always-on", 128, 11670, accept=2.31),
-        window("always-on", 8, 2000, accept=2.31),  # no plain here: no row
-    ])  # fmt: skip
+    stats = report.summarise(
+        [
+            window("plain", 32, 4800),
+            window("always-on", 32, 4470, accept=2.31),
+            window("plain", 128, 10760),
+            window("always-on", 128, 11670, accept=2.31),
+            window("always-on", 8, 2000, accept=2.31),  # no plain here: no row
+        ]
+    )
     check = report.held_out_acceptance(base, stats)
     assert check["accept_length"] == 2.31
     assert [r["c"] for r in check["rows"]] == [32, 128]
@@ -855,25 +1110,61 @@ def test_the_report_splits_a_decode_step_by_what_the_scheduler_thread_did(
     rank-0 scheduler's main thread on a CPU, waiting for one, and blocked; other windows and
     runs left out."""
     windows = [
-        window("plain", 16, 4000, decode_steps=1000, scheduler_run_ms=[3000.0, 1.0],
-               scheduler_runqueue_ms=[100.0, 1.0]),
-        window("plain", 16, 4000, decode_steps=1000, scheduler_run_ms=[3200.0],
-               scheduler_runqueue_ms=[300.0]),
-        window("patched-off", 16, 3600, decode_steps=800, scheduler_run_ms=[3400.0],
-               scheduler_runqueue_ms=[0.0]),
+        window(
+            "plain",
+            16,
+            4000,
+            decode_steps=1000,
+            scheduler_run_ms=[3000.0, 1.0],
+            scheduler_runqueue_ms=[100.0, 1.0],
+        ),
+        window(
+            "plain",
+            16,
+            4000,
+            decode_steps=1000,
+            scheduler_run_ms=[3200.0],
+            scheduler_runqueue_ms=[300.0],
+        ),
+        window(
+            "patched-off",
+            16,
+            3600,
+            decode_steps=800,
+            scheduler_run_ms=[3400.0],
+            scheduler_runqueue_ms=[0.0],
+        ),
         window("always-on", 16, 6000),  # not timed
-    ]  # fmt: skip
+    ]
     run = {"seconds": 4.0, "tp": 1, "temperature": 0.9}
     untimed = [window("plain", 16, 4000)]
-    results = {"gpu-envelope-40-timed.json": {**run, "windows": windows},
-               "gpu-envelope-39-untimed.json": {**run, "windows": untimed}}  # fmt: skip
+    results = {
+        "gpu-envelope-40-timed.json": {**run, "windows": windows},
+        "gpu-envelope-39-untimed.json": {**run, "windows": untimed},
+    }
     rows = report.scheduler_per_step(results)
     assert rows == [
-        {"run": "gpu-envelope-40-timed.json", "server": "patched-off", "c": 16, "windows": 1,
-         "wall_ms": 5.0, "on_cpu_ms": 4.25, "runqueue_ms": 0.0, "blocked_ms": 0.75},
-        {"run": "gpu-envelope-40-timed.json", "server": "plain", "c": 16, "windows": 2,
-         "wall_ms": 4.0, "on_cpu_ms": 3.1, "runqueue_ms": 0.2, "blocked_ms": 0.7},
-    ]  # fmt: skip
+        {
+            "run": "gpu-envelope-40-timed.json",
+            "server": "patched-off",
+            "c": 16,
+            "windows": 1,
+            "wall_ms": 5.0,
+            "on_cpu_ms": 4.25,
+            "runqueue_ms": 0.0,
+            "blocked_ms": 0.75,
+        },
+        {
+            "run": "gpu-envelope-40-timed.json",
+            "server": "plain",
+            "c": 16,
+            "windows": 2,
+            "wall_ms": 4.0,
+            "on_cpu_ms": 3.1,
+            "runqueue_ms": 0.2,
+            "blocked_ms": 0.7,
+        },
+    ]
     md, figures, _ = report.run_section(results)
     assert "| 40-timed | plain | 16 | 2 | 4.0 | 3.1 | 0.2 | 0.7 |" in md
     assert figures["scheduler_per_step"] == rows
@@ -887,7 +1178,7 @@ def test_a_window_times_each_scheduler_main_thread(tmp_path: Path) -> None:
     """The SGLang schedulers under a launched server (any depth, by their process name; the
     detokenizer and unrelated processes left out), their main threads' CPU and run-queue time
     from schedstat, and a window's differences (none where a scheduler went away)."""
-    envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
+    envelope = load_module(ROOT / "lab" / "bench" / "gpu_envelope.py", "gpu_envelope")
     proc = tmp_path / "proc"
 
     def process(pid: int, ppid: int, comm: str, schedstat: str | None = None) -> None:
@@ -912,7 +1203,9 @@ def test_a_window_times_each_scheduler_main_thread(tmp_path: Path) -> None:
     (proc / "103" / "task" / "103" / "schedstat").write_text("8000000 2600000 50\n")
     after = envelope.scheduler_times([103, 105], proc)
     assert envelope.scheduler_deltas(before, after) == {
-        "scheduler_run_ms": [3.0, 0.0], "scheduler_runqueue_ms": [0.1, 0.0]}  # fmt: skip
+        "scheduler_run_ms": [3.0, 0.0],
+        "scheduler_runqueue_ms": [0.1, 0.0],
+    }
     assert envelope.scheduler_deltas(before, after[:1]) == {}
     assert envelope.scheduler_deltas([], []) == {}
 
@@ -920,7 +1213,7 @@ def test_a_window_times_each_scheduler_main_thread(tmp_path: Path) -> None:
 def test_a_windows_gpu_figures_come_from_its_own_gpus_samples_inside_it() -> None:
     """gpu_window(): the samples of the server's GPUs (by index or UUID) read inside the
     window; unreadable values and the idle clock reason left out; nothing without samples."""
-    envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
+    envelope = load_module(ROOT / "lab" / "bench" / "gpu_envelope.py", "gpu_envelope")
     fields = (*envelope.GPU_FIELDS, "clocks_throttle_reasons.active")
     lines = [  # t, line
         (0.5, "0, GPU-a, 1000, 3201, 300.0, 40, 90, 0x0000000000000000"),  # before the window
@@ -933,10 +1226,16 @@ def test_a_windows_gpu_figures_come_from_its_own_gpus_samples_inside_it() -> Non
     samples = [x for t, line in lines if (x := envelope.parse_smi_line(line, fields, t))]
     assert len(samples) == 5
     got = envelope.gpu_window(samples, ["0"], 1.0, 1.3)
-    assert got == {"gpu_samples": 3, "gpu_sm_mhz_mean": 1760.0, "gpu_sm_mhz_min": 1500.0,
-                   "gpu_mem_mhz_min": 3100.0, "gpu_power_w_mean": 500.0,
-                   "gpu_temp_c_max": 55.0, "gpu_util_mean": 98.0,
-                   "gpu_clock_reasons": ["0x0000000000000004"]}  # fmt: skip
+    assert got == {
+        "gpu_samples": 3,
+        "gpu_sm_mhz_mean": 1760.0,
+        "gpu_sm_mhz_min": 1500.0,
+        "gpu_mem_mhz_min": 3100.0,
+        "gpu_power_w_mean": 500.0,
+        "gpu_temp_c_max": 55.0,
+        "gpu_util_mean": 98.0,
+        "gpu_clock_reasons": ["0x0000000000000004"],
+    }
     assert envelope.gpu_window(samples, ["GPU-b"], 1.0, 1.3)["gpu_sm_mhz_min"] == 500.0
     assert envelope.gpu_window(samples, ["2"], 0.0, 9.0) == {}
 
@@ -960,7 +1259,7 @@ def test_gpu_telemetry_reads_nvidia_smi_through_the_job_and_stops_with_it(tmp_pa
     """One `nvidia-smi -lms` process read by a thread, started and stopped by its owner; a
     clock-reason field the driver refuses is swapped for the older name; no nvidia-smi at all
     records nothing and says why."""
-    envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
+    envelope = load_module(ROOT / "lab" / "bench" / "gpu_envelope.py", "gpu_envelope")
     smi = tmp_path / "nvidia-smi"
     smi.write_text(FAKE_SMI)
     smi.chmod(0o755)
@@ -986,7 +1285,7 @@ def test_gpu_telemetry_reads_nvidia_smi_through_the_job_and_stops_with_it(tmp_pa
 def test_a_window_counts_the_hosts_tcp_trouble(tmp_path: Path) -> None:
     """The TCP counters come from /proc/net/snmp and netstat's paired lines (names, then
     values); TIME_WAIT sockets are state 06 in /proc/net/tcp and tcp6."""
-    envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
+    envelope = load_module(ROOT / "lab" / "bench" / "gpu_envelope.py", "gpu_envelope")
     net = tmp_path / "net"
     net.mkdir()
     (net / "snmp").write_text(
@@ -998,12 +1297,21 @@ def test_a_window_counts_the_hosts_tcp_trouble(tmp_path: Path) -> None:
         "TcpExt: SyncookiesSent ListenOverflows ListenDrops TCPTimeouts\nTcpExt: 0 7 9 11\n"
     )
     assert envelope.tcp_counters(tmp_path) == {
-        "ActiveOpens": 120, "PassiveOpens": 118, "AttemptFails": 3, "EstabResets": 2,
-        "RetransSegs": 40, "ListenOverflows": 7, "ListenDrops": 9, "TCPTimeouts": 11}  # fmt: skip
+        "ActiveOpens": 120,
+        "PassiveOpens": 118,
+        "AttemptFails": 3,
+        "EstabResets": 2,
+        "RetransSegs": 40,
+        "ListenOverflows": 7,
+        "ListenDrops": 9,
+        "TCPTimeouts": 11,
+    }
     head = "  sl  local_address rem_address   st tx_queue rx_queue\n"
-    (net / "tcp").write_text(head + "   0: 0100007F:7A30 0100007F:D3B2 06 0:0\n"
-                             "   1: 0100007F:7A30 00000000:0000 0A 0:0\n"
-                             "   2: 0100007F:7A31 0100007F:D3B4 06 0:0\n")  # fmt: skip
+    (net / "tcp").write_text(
+        head + "   0: 0100007F:7A30 0100007F:D3B2 06 0:0\n"
+        "   1: 0100007F:7A30 00000000:0000 0A 0:0\n"
+        "   2: 0100007F:7A31 0100007F:D3B4 06 0:0\n"
+    )
     assert envelope.time_wait_sockets(tmp_path) == 2  # no tcp6 file: counted as none
     assert envelope.tcp_counters(tmp_path / "nowhere") == {}
 
@@ -1011,7 +1319,7 @@ def test_a_window_counts_the_hosts_tcp_trouble(tmp_path: Path) -> None:
 def test_a_window_measures_the_hosts_busy_and_stolen_cpu_time(tmp_path: Path) -> None:
     """/proc/stat's first line, all CPUs: the window's busy share and the share the hypervisor
     stole; nothing where it cannot be read or no time passed."""
-    envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
+    envelope = load_module(ROOT / "lab" / "bench" / "gpu_envelope.py", "gpu_envelope")
     stat = tmp_path / "stat"
     stat.write_text("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3\nintr 5\n")
     before = envelope.cpu_times(tmp_path)
@@ -1032,7 +1340,7 @@ def test_a_persistent_client_keeps_its_connection_and_reopens_a_closed_one() -> 
     import http.server
     import threading
 
-    envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
+    envelope = load_module(ROOT / "lab" / "bench" / "gpu_envelope.py", "gpu_envelope")
     connections: list[int] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -1073,7 +1381,7 @@ def test_a_persistent_client_keeps_its_connection_and_reopens_a_closed_one() -> 
 def test_pinning_deals_whole_physical_cores(tmp_path: Path) -> None:
     """--pin-cpus: sibling hardware threads (as sysfs lists them) stay together, a run's share
     is whole cores, and its slices (benchmark process first, then each server) never meet."""
-    envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
+    envelope = load_module(ROOT / "lab" / "bench" / "gpu_envelope.py", "gpu_envelope")
     assert envelope.parse_cpu_list("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
     sysfs = tmp_path / "cpu"
     for cpu in range(16):  # 8 cores, siblings n and n + 8, as on many x86 hosts
@@ -1088,8 +1396,11 @@ def test_pinning_deals_whole_physical_cores(tmp_path: Path) -> None:
     second = envelope.pin_plan("2/2", range(16), servers=3, sysfs=sysfs)
     assert first == [[0, 8], [1, 9], [2, 10], [3, 11]]
     assert second == [[4, 12], [5, 13], [6, 14], [7, 15]]
-    assert envelope.cpu_slices(cores, 3) == [[0, 1, 2, 8, 9, 10], [3, 4, 5, 11, 12, 13],
-                                             [6, 7, 14, 15]]  # fmt: skip
+    assert envelope.cpu_slices(cores, 3) == [
+        [0, 1, 2, 8, 9, 10],
+        [3, 4, 5, 11, 12, 13],
+        [6, 7, 14, 15],
+    ]
     with pytest.raises(ValueError, match="8 physical cores cannot give 9 parts"):
         envelope.cpu_slices(cores, 9)
     with pytest.raises(ValueError, match="give K/N"):
@@ -1101,17 +1412,24 @@ def test_a_pinned_server_and_its_children_run_on_their_cpus() -> None:
     server spawns (SGLang's scheduler) inherit it."""
     import subprocess
 
-    sys.path.insert(0, str(ROOT / "worker-image" / "gputest"))
+    sys.path.insert(0, str(ROOT / "lab" / "gpu"))
     try:
         import verify
     finally:
         sys.path.pop(0)
     one = min(os.sched_getaffinity(0))
-    code = ("import os, subprocess, sys; print(sorted(os.sched_getaffinity(0))); "
-            "subprocess.run([sys.executable, '-c', "
-            "'import os; print(sorted(os.sched_getaffinity(0)))'])")  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          preexec_fn=verify.pin_to([one]), timeout=60)  # fmt: skip
+    code = (
+        "import os, subprocess, sys; print(sorted(os.sched_getaffinity(0))); "
+        "subprocess.run([sys.executable, '-c', "
+        "'import os; print(sorted(os.sched_getaffinity(0)))'])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        preexec_fn=verify.pin_to([one]),
+        timeout=60,
+    )
     assert done.stdout.split() == [f"[{one}]", f"[{one}]"]
 
 
@@ -1122,7 +1440,7 @@ def test_threshold_changes_are_read_from_the_routers_own_log_lines() -> None:
 
     from specgate_router.main import JsonFormatter
 
-    envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
+    envelope = load_module(ROOT / "lab" / "bench" / "gpu_envelope.py", "gpu_envelope")
     formatter = JsonFormatter()
 
     def line(logger: str, msg: str, *args: object, at: float) -> str:
@@ -1131,31 +1449,50 @@ def test_threshold_changes_are_read_from_the_routers_own_log_lines() -> None:
         return formatter.format(record)
 
     origin = 1_800_000_000.0
-    log = "\n".join([
-        "INFO:     Started server process [7]",
-        "42",
-        line("specgate.router.access", "request done", at=origin + 3),
-        line("specgate.router", "threshold of %s: %s -> %s (%s)", "pod-0", 8, 4,
-             "speculation does not pay at the threshold (from 4)", at=origin + 12.4),
-        line("specgate.router", "configuration reloaded", at=origin + 13),
-        line("specgate.router", "threshold of %s: %s -> %s (%s)", "pod-0", 4, 10, "probe",
-             at=origin + 95),
-    ])  # fmt: skip
+    log = "\n".join(
+        [
+            "INFO:     Started server process [7]",
+            "42",
+            line("specgate.router.access", "request done", at=origin + 3),
+            line(
+                "specgate.router",
+                "threshold of %s: %s -> %s (%s)",
+                "pod-0",
+                8,
+                4,
+                "speculation does not pay at the threshold (from 4)",
+                at=origin + 12.4,
+            ),
+            line("specgate.router", "configuration reloaded", at=origin + 13),
+            line(
+                "specgate.router",
+                "threshold of %s: %s -> %s (%s)",
+                "pod-0",
+                4,
+                10,
+                "probe",
+                at=origin + 95,
+            ),
+        ]
+    )
     assert envelope.threshold_changes(log, origin) == [
-        {"t": 12, "change": "threshold of pod-0: 8 -> 4 "
-         "(speculation does not pay at the threshold (from 4))"},
+        {
+            "t": 12,
+            "change": "threshold of pod-0: 8 -> 4 "
+            "(speculation does not pay at the threshold (from 4))",
+        },
         {"t": 95, "change": "threshold of pod-0: 4 -> 10 (probe)"},
-    ]  # fmt: skip
+    ]
 
 
 def test_the_gc_probe_times_a_process_collections(tmp_path: Path) -> None:
-    """bench/gcstats/sitecustomize.py, first on PYTHONPATH, loads into a new interpreter and
+    """lab/bench/gcstats/sitecustomize.py, first on PYTHONPATH, loads into a new interpreter and
     writes its collections per generation; a window's differences come from two reads. Without
     SPECGATE_GC_STATS_DIR it writes nothing."""
     import os
     import subprocess
 
-    envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
+    envelope = load_module(ROOT / "lab" / "bench" / "gpu_envelope.py", "gpu_envelope")
     script = (
         "import gc, json, os, sys, time\n"
         "time.sleep(0.3)\n"
@@ -1165,10 +1502,18 @@ def test_the_gc_probe_times_a_process_collections(tmp_path: Path) -> None:
         "junk = [[i] for i in range(100000)]\n"
         "time.sleep(0.3)\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(envelope.GC_STATS),
-           "SPECGATE_GC_STATS_DIR": str(tmp_path)}  # fmt: skip
-    child = subprocess.Popen([sys.executable, "-c", script], env=env, text=True,
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(envelope.GC_STATS),
+        "SPECGATE_GC_STATS_DIR": str(tmp_path),
+    }
+    child = subprocess.Popen(
+        [sys.executable, "-c", script],
+        env=env,
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     assert child.stdout is not None and child.stdin is not None
     pid = int(child.stdout.readline())
     before = envelope.read_gc_stats(tmp_path, [pid, pid + 100_000])  # the second has no file
@@ -1198,14 +1543,23 @@ def test_the_gc_probe_times_a_process_collections(tmp_path: Path) -> None:
 def test_windows_after_the_gc_freeze_run_last_at_every_level() -> None:
     """Freezing cannot be undone: every level's frozen repeats come after all unfrozen ones,
     each part in the sweep's order."""
-    envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
+    envelope = load_module(ROOT / "lab" / "bench" / "gpu_envelope.py", "gpu_envelope")
     windows = [(c, rep, name) for c in (16, 64) for rep in range(3) for name in ("a", "b")]
     assert envelope.frozen_last(windows, None) == windows
     assert envelope.frozen_last(windows, 2) == [
-        (16, 0, "a"), (16, 0, "b"), (16, 1, "a"), (16, 1, "b"),
-        (64, 0, "a"), (64, 0, "b"), (64, 1, "a"), (64, 1, "b"),
-        (16, 2, "a"), (16, 2, "b"), (64, 2, "a"), (64, 2, "b"),
-    ]  # fmt: skip
+        (16, 0, "a"),
+        (16, 0, "b"),
+        (16, 1, "a"),
+        (16, 1, "b"),
+        (64, 0, "a"),
+        (64, 0, "b"),
+        (64, 1, "a"),
+        (64, 1, "b"),
+        (16, 2, "a"),
+        (16, 2, "b"),
+        (64, 2, "a"),
+        (64, 2, "b"),
+    ]
 
 
 def report_of(report: ModuleType, tmp_path: Path, name: str, job: dict[str, Any]) -> str:
@@ -1222,10 +1576,12 @@ def test_a_recorded_job_gets_its_own_section_and_frozen_windows_count_nowhere(
     """A job whose windows py-spy recorded ran on a perturbed host: its off-over-plain pairs
     go to a section of their own, never the sweep's. Windows after the GC freeze (job 45's,
     which measured the GC probe itself) are dropped before anything is computed."""
-    windows = [window("plain", 16, 1000, rep=0, pyspy="a.txt"),
-               window("patched-off", 16, 900, rep=0, pyspy="b.txt"),
-               window("plain", 16, 1000, rep=1, pyspy="c.txt", gc_frozen=True),
-               window("patched-off", 16, 100, rep=1, pyspy="d.txt", gc_frozen=True)]  # fmt: skip
+    windows = [
+        window("plain", 16, 1000, rep=0, pyspy="a.txt"),
+        window("patched-off", 16, 900, rep=0, pyspy="b.txt"),
+        window("plain", 16, 1000, rep=1, pyspy="c.txt", gc_frozen=True),
+        window("patched-off", 16, 100, rep=1, pyspy="d.txt", gc_frozen=True),
+    ]
     job = {"tp": 1, "temperature": 0.9, "predicted_accept_length": 3.0, "windows": windows}
     assert report.workload(job) == "py-spy recording each window's scheduler"
     assert [w["rep"] for w in report.measured_windows(job)] == [0, 0]
@@ -1238,7 +1594,7 @@ def test_a_recorded_job_gets_its_own_section_and_frozen_windows_count_nowhere(
 def test_a_job_on_another_target_shape_gets_its_own_section(report: ModuleType) -> None:
     """The sweep's 3B-class target leaves an H200's decode step to the host; the 8B-class one
     (gpu_envelope.py --shape 8b) to the GPU. A job on it never fills the sweep's table."""
-    envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
+    envelope = load_module(ROOT / "lab" / "bench" / "gpu_envelope.py", "gpu_envelope")
     assert envelope.shape_name("3b") == report.SWEEP_SHAPE
     eight = envelope.shape_name("8b")
     assert eight == "Llama 8B-class (hidden 4096, 32 layers, GQA 32/8), synthetic pair, bf16"
@@ -1266,7 +1622,7 @@ def test_each_scheduler_gets_a_physical_core_of_its_own(tmp_path: Path) -> None:
     """--scheduler-cores: the host's last physical cores, one per server, siblings left idle;
     every thread of every process under a server goes to the rest, except its scheduler's main
     thread, alone on its core's first hardware thread."""
-    envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
+    envelope = load_module(ROOT / "lab" / "bench" / "gpu_envelope.py", "gpu_envelope")
     sysfs = tmp_path / "cpu"
     for cpu in range(16):  # 8 cores, siblings n and n + 8
         topology = sysfs / f"cpu{cpu}" / "topology"
@@ -1298,8 +1654,7 @@ def test_each_scheduler_gets_a_physical_core_of_its_own(tmp_path: Path) -> None:
 
     done = envelope.pin_scheduler(100, [6, 14], rest, proc, setaffinity=setaffinity)
     assert calls == {100: rest, 101: rest, 103: [6], 104: rest, 107: rest, 108: rest}
-    assert done == {"scheduler": {"pid": 103, "cpu": 6, "idle_siblings": [14]},
-                    "threads_moved": 5}  # fmt: skip
+    assert done == {"scheduler": {"pid": 103, "cpu": 6, "idle_siblings": [14]}, "threads_moved": 5}
     assert envelope.process_tree(100, proc) == [100, 103, 104]
     calls.clear()  # odd-reps frees them again: every thread on every CPU
     freed = envelope.pin_scheduler(100, None, list(range(16)), proc, setaffinity=setaffinity)
@@ -1320,12 +1675,19 @@ def test_pinned_and_free_windows_of_one_job_are_reported_as_two_runs(
     """--scheduler-cores odd-reps (job 49): the free windows stay in the job's own run, with the
     recorded workload; the pinned ones become NAME-pinned, in the pinned workload's section.
     Neither mixes with the other's off-over-plain ratio."""
-    windows = [window("plain", 16, 1000, rep=0, scheduler_pinned=False),
-               window("patched-off", 16, 900, rep=0, scheduler_pinned=False),
-               window("plain", 16, 1000, rep=1, scheduler_pinned=True),
-               window("patched-off", 16, 500, rep=1, scheduler_pinned=True)]  # fmt: skip
-    job = {"tp": 1, "temperature": 0.9, "predicted_accept_length": 3.0, "windows": windows,
-           "scheduler_cores": {"plain": {"scheduler": {"pid": 1, "cpu": 7}}}}  # fmt: skip
+    windows = [
+        window("plain", 16, 1000, rep=0, scheduler_pinned=False),
+        window("patched-off", 16, 900, rep=0, scheduler_pinned=False),
+        window("plain", 16, 1000, rep=1, scheduler_pinned=True),
+        window("patched-off", 16, 500, rep=1, scheduler_pinned=True),
+    ]
+    job = {
+        "tp": 1,
+        "temperature": 0.9,
+        "predicted_accept_length": 3.0,
+        "windows": windows,
+        "scheduler_cores": {"plain": {"scheduler": {"pid": 1, "cpu": 7}}},
+    }
     split = report.split_by_pinning({"gpu-envelope-49-sc.json": job})
     free, pinned = split["gpu-envelope-49-sc.json"], split["gpu-envelope-49-sc-pinned.json"]
     assert [w["rep"] for w in free["windows"]] == [0, 0] and report.workload(free) == ""
@@ -1347,7 +1709,7 @@ def test_pinning_a_real_scheduler_moves_only_its_main_thread(tmp_path: Path) -> 
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         pytest.skip("needs two CPUs")
-    envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
+    envelope = load_module(ROOT / "lab" / "bench" / "gpu_envelope.py", "gpu_envelope")
     child = (
         "import threading, time\n"
         "open('/proc/self/comm', 'w').write('sglang::scheduler_TP0')\n"
@@ -1373,9 +1735,12 @@ def test_pinning_a_real_scheduler_moves_only_its_main_thread(tmp_path: Path) -> 
             return envelope.parse_cpu_list(line.split(":")[1])
 
         assert allowed(scheduler, scheduler) == [cpus[0]]
-        others = [(pid, int(t.name)) for pid in (server.pid, scheduler)
-                  for t in Path(f"/proc/{pid}/task").iterdir()
-                  if int(t.name) != scheduler]  # fmt: skip
+        others = [
+            (pid, int(t.name))
+            for pid in (server.pid, scheduler)
+            for t in Path(f"/proc/{pid}/task").iterdir()
+            if int(t.name) != scheduler
+        ]
         assert len(others) >= 2 and all(allowed(p, t) == cpus[1:] for p, t in others)
         assert done["threads_moved"] == len(others)
     finally:
@@ -1385,21 +1750,33 @@ def test_pinning_a_real_scheduler_moves_only_its_main_thread(tmp_path: Path) -> 
         server.wait(timeout=10)
 
 
-def test_the_patch_checksum_is_the_one_run_on_gpu_writes(report: ModuleType,
-                                                         tmp_path: Path) -> None:  # fmt: skip
+def test_the_patch_checksum_is_the_one_run_on_gpu_writes(
+    report: ModuleType, tmp_path: Path
+) -> None:
     import subprocess
 
     for name, text in (("0002-b.patch", "second\n"), ("0001-a.patch", "first\n")):
         (tmp_path / name).write_text(text)
     (tmp_path / "notes.txt").write_text("not a patch\n")
-    shell = subprocess.run(f"cat {tmp_path}/*.patch | sha256sum", shell=True, check=True,
-                           capture_output=True, text=True).stdout.split()[0]  # fmt: skip
+    shell = subprocess.run(
+        f"cat {tmp_path}/*.patch | sha256sum",
+        shell=True,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()[0]
     assert report.patch_sha256(tmp_path) == shell
     (tmp_path / "0001-a.patch").write_text("first, changed\n")
     assert report.patch_sha256(tmp_path) != shell
     # The tree's own patch, as run-on-gpu.sh's marker holds it.
-    tree = subprocess.run("cat worker-image/patches/*.patch | sha256sum", shell=True, cwd=ROOT,
-                          check=True, capture_output=True, text=True).stdout.split()[0]  # fmt: skip
+    tree = subprocess.run(
+        "cat worker-image/patches/*.patch | sha256sum",
+        shell=True,
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()[0]
     assert report.patch_sha256() == tree
 
 
@@ -1443,10 +1820,12 @@ def test_off_over_plain_pools_every_pair_of_the_patch_in_the_tree(report: Module
     def run(ratio_16: float, *, sha: str = "now", **extra: object) -> dict[str, object]:
         windows = []
         for rep in range(3):
-            windows += [window("plain", 16, 1000.0, rep=rep),
-                        window("patched-off", 16, 1000.0 * ratio_16, rep=rep),
-                        window("plain", 64, 2000.0, rep=rep),
-                        window("patched-off", 64, 1800.0, rep=rep)]  # fmt: skip
+            windows += [
+                window("plain", 16, 1000.0, rep=rep),
+                window("patched-off", 16, 1000.0 * ratio_16, rep=rep),
+                window("plain", 64, 2000.0, rep=rep),
+                window("patched-off", 64, 1800.0, rep=rep),
+            ]
         windows.append(window("patched-off", 16, 10.0, rep=9))  # no plain beside it: unpaired
         return {"windows": windows, "patch_sha256": sha, **extra}
 
@@ -1474,15 +1853,25 @@ def test_off_over_plain_pools_every_pair_of_the_patch_in_the_tree(report: Module
     # Another off server pools its own pairs: none here.
     assert report.off_over_plain_pooled(results, "now", "patched-off-4") == []
     assert "| patched-off | 256-512 new tokens a request | 64 | 95 |" in (
-        report.off_over_plain_pooled_table(rows))  # fmt: skip
+        report.off_over_plain_pooled_table(rows)
+    )
 
 
 def test_the_pooled_off_servers_are_plotted_side_by_side(
     report: ModuleType, tmp_path: Path
 ) -> None:
-    rows = [{"server": server, "workload": "", "c": c, "geomean": mean, "p05": mean - 0.03,
-             "p95": mean + 0.03} for server, mean in (("patched-off", 0.9), ("patched-off-4", 1.3))
-            for c in (16, 64)]  # fmt: skip
+    rows = [
+        {
+            "server": server,
+            "workload": "",
+            "c": c,
+            "geomean": mean,
+            "p05": mean - 0.03,
+            "p95": mean + 0.03,
+        }
+        for server, mean in (("patched-off", 0.9), ("patched-off-4", 1.3))
+        for c in (16, 64)
+    ]
     report.plot_off_over_plain_pooled(rows, tmp_path / "pooled.png")
     assert (tmp_path / "pooled.png").stat().st_size > 10_000
 

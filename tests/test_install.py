@@ -44,11 +44,17 @@ def test_operator_may_apply_every_child_it_renders() -> None:
 
     sdd = api.SpecDecodeDeployment.model_validate(minimal_resource())
     plural = {
-        "Secret": "secrets", "ServiceAccount": "serviceaccounts", "ConfigMap": "configmaps",
-        "Service": "services", "Deployment": "deployments",
-        "PodDisruptionBudget": "poddisruptionbudgets", "NetworkPolicy": "networkpolicies",
-        "Role": "roles", "RoleBinding": "rolebindings", "ServiceMonitor": "servicemonitors",
-    }  # fmt: skip
+        "Secret": "secrets",
+        "ServiceAccount": "serviceaccounts",
+        "ConfigMap": "configmaps",
+        "Service": "services",
+        "Deployment": "deployments",
+        "PodDisruptionBudget": "poddisruptionbudgets",
+        "NetworkPolicy": "networkpolicies",
+        "Role": "roles",
+        "RoleBinding": "rolebindings",
+        "ServiceMonitor": "servicemonitors",
+    }
     for m in render.render(sdd, opts, api_key="k"):
         group = m["apiVersion"].rpartition("/")[0]
         for verb in ("get", "create", "patch", "delete"):

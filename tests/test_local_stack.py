@@ -36,8 +36,14 @@ async def test_the_stacks_pods_decode_off_steps_of_the_configured_tokens() -> No
     """With the router holding speculation off, a request through it decodes on a pod four
     tokens a step: of 13 new tokens the prefill gives 1, then three decode steps 4 each (12
     steps with SGLang's one-token step)."""
-    cfg = StackConfig(pods=1, port=free_ports(1)[0], threshold=0, time_scale=20.0,
-                      off_step_tokens=4, control={"mode": "off"})  # fmt: skip
+    cfg = StackConfig(
+        pods=1,
+        port=free_ports(1)[0],
+        threshold=0,
+        time_scale=20.0,
+        off_step_tokens=4,
+        control={"mode": "off"},
+    )
     async with running_stack(cfg) as stack, httpx.AsyncClient(timeout=30) as http:
         assert stack.sims is not None
         body = {"model": cfg.model, "prompt": "hi", "max_tokens": 13, "ignore_eos": True}
@@ -51,23 +57,39 @@ async def test_the_stacks_pods_decode_off_steps_of_the_configured_tokens() -> No
 def test_specgate_up_serves_through_the_router_and_stops_on_ctrl_c() -> None:
     port = free_ports(1)[0]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "specgate.cli", "up", "--pods", "2", "--port", str(port),
-         "--time-scale", "20", "--off-step-tokens", "4"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "specgate.cli",
+            "up",
+            "--pods",
+            "2",
+            "--port",
+            str(port),
+            "--time-scale",
+            "20",
+            "--off-step-tokens",
+            "4",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
+    )
     try:
         assert proc.stdout is not None
         first = proc.stdout.readline()
         assert f"router (OpenAI API) at http://127.0.0.1:{port}/v1" in first, first
         engines = [proc.stdout.readline() for _ in range(2)]
         assert all("engine pod (sim) at http://127.0.0.1:" in line for line in engines), engines
-        body = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}],
-                "max_tokens": 8}  # fmt: skip
+        body = {
+            "model": "sim-model",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 8,
+        }
         deadline = time.monotonic() + 30
         while True:  # the router admits traffic once it has scraped its pods
-            resp = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body,
-                              timeout=30)  # fmt: skip
+            resp = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=30)
             if resp.status_code == 200 or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
@@ -89,7 +111,9 @@ def test_specgate_up_serves_through_the_router_and_stops_on_ctrl_c() -> None:
 def test_a_bad_off_step_setting_is_refused_naming_the_flag(command: str) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "specgate.cli", command, "--off-step-tokens", "0"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert "argument --off-step-tokens: 0: must be at least 1" in result.stderr

@@ -60,11 +60,20 @@ class OperatorProcess:
     async def start(self) -> None:
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "specgate.cli", "operator", "-n", "default",
-            "--resync-seconds", "1",
-            "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz",
-            env=env, stdout=self.log.open("a"), stderr=asyncio.subprocess.STDOUT,
-        )  # fmt: skip
+            sys.executable,
+            "-m",
+            "specgate.cli",
+            "operator",
+            "-n",
+            "default",
+            "--resync-seconds",
+            "1",
+            "--liveness",
+            f"http://127.0.0.1:{self.liveness_port}/healthz",
+            env=env,
+            stdout=self.log.open("a"),
+            stderr=asyncio.subprocess.STDOUT,
+        )
 
     async def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc is not None and self.proc.returncode is None:
@@ -139,8 +148,9 @@ async def test_children_come_only_after_the_finalizer(
     resourceVersions come from one counter, so its histories give the order."""
     await _create(cluster, minimal_resource())
     await wait_for(lambda: _all_children(cluster), what="all children")
-    histories = {(key[0].plural, key[2]): obj.history.raw
-                 for key, obj in cluster.emulator._objects.items()}  # fmt: skip
+    histories = {
+        (key[0].plural, key[2]): obj.history.raw for key, obj in cluster.emulator._objects.items()
+    }
     finalized = _first_version(
         histories["specdecodedeployments", "demo"],
         lambda v: FINALIZER in (v["metadata"].get("finalizers") or []),
@@ -154,9 +164,14 @@ async def test_a_json_patch_reaches_a_resource_that_has_no_status_yet(cluster: C
     anything wrote a status: the emulator must not give the resource a null status (the CRD
     schema rejects it, and kopf would take the 422 for a conflict and wait for another event)."""
     created = await _create(cluster, minimal_resource())
-    ops = [{"op": "test", "path": "/metadata/resourceVersion",
-            "value": created["metadata"]["resourceVersion"]},
-           {"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}]  # fmt: skip
+    ops = [
+        {
+            "op": "test",
+            "path": "/metadata/resourceVersion",
+            "value": created["metadata"]["resourceVersion"],
+        },
+        {"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]},
+    ]
     resp = await cluster.api.patch(
         f"{SDD_PATH}/demo", json=ops, headers={"Content-Type": "application/json-patch+json"}
     )
@@ -256,8 +271,14 @@ async def test_delete_leaves_nothing_behind(cluster: Cluster, operator: Operator
     await wait_for(all_gone, what="children and resource deleted")
     assert await cluster.get("/api/v1/namespaces/default/configmaps", "unrelated") is not None
     # Every call the operator made over the whole lifecycle is allowed by its ClusterRole.
-    verbs = {"list": "list", "watch": "watch", "fetch": "get", "create": "create",
-             "update": "patch", "delete": "delete"}  # fmt: skip
+    verbs = {
+        "list": "list",
+        "watch": "watch",
+        "fetch": "get",
+        "create": "create",
+        "update": "patch",
+        "delete": "delete",
+    }
     grants = granted(install.OPERATOR_RULES)
     made = set()
     for request in cluster.emulator._requests:  # kmock's request log

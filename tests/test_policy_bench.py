@@ -1,4 +1,4 @@
-"""bench/policy_at_scale.py on a small fleet. It runs in virtual time, so its figures do not
+"""lab/bench/policy_at_scale.py on a small fleet. It runs in virtual time, so its figures do not
 depend on this machine's speed and can be asserted; the full 64-pod run is the benchmark
 (BENCHMARKS.md)."""
 
@@ -15,7 +15,7 @@ from .conftest import ROOT, load_module
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    return load_module(ROOT / "bench" / "policy_at_scale.py", "policy_at_scale")
+    return load_module(ROOT / "lab" / "bench" / "policy_at_scale.py", "policy_at_scale")
 
 
 def test_small_fleet_run_writes_its_report_and_meets_the_policy_targets(
@@ -73,8 +73,15 @@ def test_a_steady_fleet_does_not_swing_its_thresholds(bench: ModuleType) -> None
     from specgate_sim.profile import load
 
     steady = PoolSettings(throughput_batch_per_pod=20)
-    outcome = bench.run(load(bench.PROFILE), bench.POLICIES[3], bench.constant(4, 24), pods=2,
-                        seconds=600, seed=9, pools=steady)  # fmt: skip
+    outcome = bench.run(
+        load(bench.PROFILE),
+        bench.POLICIES[3],
+        bench.constant(4, 24),
+        pods=2,
+        seconds=600,
+        seed=9,
+        pools=steady,
+    )
     # Learning moves it once or twice in the first 90 s (8 -> 11 -> 6: the fit widens past the
     # ramp's few plain batch sizes, then settles at the crossover); after that it holds.
     assert len(outcome.pushes) <= 2 * 2, outcome.pushes
@@ -84,11 +91,11 @@ def test_a_steady_fleet_does_not_swing_its_thresholds(bench: ModuleType) -> None
 def test_noisy_host_bench_runs_both_hosts_and_the_controller_keeps_its_modes(
     bench: ModuleType, tmp_path: Path
 ) -> None:
-    """bench/noisy_host.py on two pods: slow spells cost the static policies tokens at every
+    """lab/bench/noisy_host.py on two pods: slow spells cost the static policies tokens at every
     load, and far from the crossover specgate still runs the better mode on the noisy host as
     on the calm one. (Near it, a short run's learning phase can take another course on either
     host: at eight clients a pod the calm run speculated half its steps.)"""
-    noisy = load_module(ROOT / "bench" / "noisy_host.py", "noisy_host")
+    noisy = load_module(ROOT / "lab" / "bench" / "noisy_host.py", "noisy_host")
     assert noisy.main(["--pods", "2", "--minutes", "6", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "noisy_host.json").read_text())
     assert "specgate / better static" in (tmp_path / "noisy_host.md").read_text()

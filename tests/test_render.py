@@ -181,12 +181,19 @@ def test_every_spec_field_reaches_the_manifests(full: api.SpecDecodeDeployment) 
     # The router accepts what the operator renders.
     assert PoolSettings.model_validate(config["pools"]).latency_tpot_target_ms == 15.0
     assert config["control"] == {
-        "mode": "dynamic", "threshold": 12, "minThreshold": 2, "maxThreshold": 40,
-        "hysteresis": 3, "cooldownSeconds": 45, "probeIntervalSeconds": 900,
-    }  # fmt: skip
+        "mode": "dynamic",
+        "threshold": 12,
+        "minThreshold": 2,
+        "maxThreshold": 40,
+        "hysteresis": 3,
+        "cooldownSeconds": 45,
+        "probeIntervalSeconds": 900,
+    }
     assert config["discovery"]["kubernetes"] == {
-        "namespace": "default", "service": "demo-engine", "port": 31000,
-    }  # fmt: skip
+        "namespace": "default",
+        "service": "demo-engine",
+        "port": 31000,
+    }
     assert config["model"] == "llama"
     np = kinds[("NetworkPolicy", "demo-engine")]
     assert np["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 31000}]

@@ -1,5 +1,5 @@
 """The controller replayed over recorded samples (specgate_router.replay) and its command line
-(bench/replay_control.py). The router's export of the samples is tested over HTTP in
+(lab/bench/replay_control.py). The router's export of the samples is tested over HTTP in
 test_router_http.py, and a GPU envelope job keeping it in test_envelope_report.py."""
 
 from __future__ import annotations
@@ -21,9 +21,17 @@ from specgate_sim import profile as profiles
 from .conftest import ROOT, load_module
 
 PROFILE = profiles.load("rtx-pro-6000-x8")  # speculation pays up to batch 6
-PARAMS = ControlSettings(threshold=2, max_threshold=64, hysteresis=0, cooldown_seconds=1,
-                         scrape_interval_seconds=0.5, stale_after_seconds=2, min_samples=3,
-                         probe_interval_seconds=6, probe_seconds=1)  # fmt: skip
+PARAMS = ControlSettings(
+    threshold=2,
+    max_threshold=64,
+    hysteresis=0,
+    cooldown_seconds=1,
+    scrape_interval_seconds=0.5,
+    stale_after_seconds=2,
+    min_samples=3,
+    probe_interval_seconds=6,
+    probe_seconds=1,
+)
 LOAD = [(0, 1), (3, 2), (6, 4), (10, 3), (14, 8), (18, 12), (22, 6), (26, 5), (30, 16)]
 """(from second, batch): loads that hold long enough to probe, then fits up and down, then one
 held far above the threshold (a probe that goes back)."""
@@ -48,8 +56,9 @@ def live_run(seconds: float = 50.0) -> tuple[list[control.Sample], list[replay.C
             on = contract.speculates(batch, decision.threshold)
             tok_s = PROFILE.steady_throughput(batch, on) * noise.uniform(0.97, 1.03)
             samples.append(control.Sample(now, batch, tok_s, 1.0 if on else 0.0))
-        decision = control.decide(samples=samples, previous=decision, now=now, fresh=True,
-                                  params=PARAMS, own=samples)  # fmt: skip
+        decision = control.decide(
+            samples=samples, previous=decision, now=now, fresh=True, params=PARAMS, own=samples
+        )
         if decision.threshold != changes[-1].threshold:
             changes.append(replay.Change(now, decision.threshold, decision.reason))
     return samples, changes
@@ -77,12 +86,17 @@ def test_a_pod_whose_samples_stop_goes_stale_and_keeps_its_threshold() -> None:
     the last change (5 s) cools down until 15 s: by then the replayed pod is stale and keeps
     2. Were its metrics still fresh it would move."""
     batches = [1, 2, 3, 4, 5] * 3
-    samples = [control.Sample(5 + 0.25 * i, b, PROFILE.steady_throughput(b, b <= 2),
-                              1.0 if b <= 2 else 0.0) for i, b in enumerate(batches)]  # fmt: skip
+    samples = [
+        control.Sample(
+            5 + 0.25 * i, b, PROFILE.steady_throughput(b, b <= 2), 1.0 if b <= 2 else 0.0
+        )
+        for i, b in enumerate(batches)
+    ]
     params = PARAMS.model_copy(update={"cooldown_seconds": 10, "probe_interval_seconds": 0})
     start = control.Decision(2, "moved here", changed_at=5.0)
     assert replay.replay(samples, params=params, start=start, until=30.0) == [
-        replay.Change(5.0, 2, "moved here")]  # fmt: skip
+        replay.Change(5.0, 2, "moved here")
+    ]
     fresh = params.model_copy(update={"stale_after_seconds": 100})
     moved = replay.replay(samples, params=fresh, start=start, until=30.0)
     assert [(c.at, c.threshold) for c in moved] == [(5.0, 2), (15.0, 5)]
@@ -98,8 +112,9 @@ def test_a_replay_skips_stale_stretches_without_changing_a_decision() -> None:
         now = step * PARAMS.scrape_interval_seconds
         visible = [s for s in samples if s.at <= now]
         fresh = now - visible[-1].at <= PARAMS.stale_after_seconds
-        decision = control.decide(samples=visible, previous=decision, now=now, fresh=fresh,
-                                  params=PARAMS, own=visible)  # fmt: skip
+        decision = control.decide(
+            samples=visible, previous=decision, now=now, fresh=fresh, params=PARAMS, own=visible
+        )
         if not expected or decision.threshold != expected[-1].threshold:
             expected.append(replay.Change(now, decision.threshold, decision.reason))
     got = replay.replay(samples, params=PARAMS)
@@ -112,17 +127,22 @@ def test_sample_rows_round_trip_and_bad_rows_are_named() -> None:
     rows = replay.sample_rows(samples)
     back = replay.samples_from_rows(rows)
     assert [(s.at, s.batch) for s in back] == [(s.at, s.batch) for s in samples]
-    assert all(math.isclose(a.tokens_per_second, b.tokens_per_second, abs_tol=0.05)
-               for a, b in zip(back, samples, strict=True))  # fmt: skip
+    assert all(
+        math.isclose(a.tokens_per_second, b.tokens_per_second, abs_tol=0.05)
+        for a, b in zip(back, samples, strict=True)
+    )
     with pytest.raises(ValueError, match=r"sample row 1: \[1, 2\] is not \[at, batch"):
         replay.samples_from_rows([[0, 1, 2, 1], [1, 2]])
 
 
 def export(*names: str) -> dict[str, object]:
     samples = replay.sample_rows(live_run()[0])
-    return {"now": 50.0, "fields": list(replay.SAMPLE_FIELDS),
-            "control": PARAMS.model_dump(by_alias=True),
-            "pods": [{"name": n, "threshold": 2, "samples": samples} for n in names]}  # fmt: skip
+    return {
+        "now": 50.0,
+        "fields": list(replay.SAMPLE_FIELDS),
+        "control": PARAMS.model_dump(by_alias=True),
+        "pods": [{"name": n, "threshold": 2, "samples": samples} for n in names],
+    }
 
 
 def test_an_export_names_the_pod_to_replay() -> None:
@@ -138,19 +158,33 @@ def test_an_export_names_the_pod_to_replay() -> None:
 
 @pytest.fixture(scope="module")
 def cli() -> ModuleType:
-    return load_module(ROOT / "bench" / "replay_control.py", "replay_control")
+    return load_module(ROOT / "lab" / "bench" / "replay_control.py", "replay_control")
 
 
 def test_the_command_line_replays_a_job_under_its_settings_and_others(
     cli: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    job = {"router_samples": export("127.0.0.1:30302"),
-           "router_changes": [{"t": 191.0, "change": "threshold of x: 2 -> 6 (...)"}]}  # fmt: skip
+    job = {
+        "router_samples": export("127.0.0.1:30302"),
+        "router_changes": [{"t": 191.0, "change": "threshold of x: 2 -> 6 (...)"}],
+    }
     path = tmp_path / "gpu-envelope-99-x.json"
     path.write_text(json.dumps(job))
     png = tmp_path / "replay.png"
-    assert cli.main([str(path), "--set", "minSamples=1000", "--set", "probeIntervalSeconds=0",
-                     "--plot", str(png)]) == 0  # fmt: skip
+    assert (
+        cli.main(
+            [
+                str(path),
+                "--set",
+                "minSamples=1000",
+                "--set",
+                "probeIntervalSeconds=0",
+                "--plot",
+                str(png),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     recorded, strict = out.split("replay, minSamples=1000, probeIntervalSeconds=0: ")
     assert "replay, the recorded settings (threshold 2 (0-64), hysteresis 0" in recorded
@@ -171,9 +205,12 @@ def test_the_command_line_replays_a_job_under_its_settings_and_others(
     ],
 )
 def test_the_command_line_names_what_is_wrong(
-    cli: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-    args: list[str], message: str,
-) -> None:  # fmt: skip
+    cli: ModuleType,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    message: str,
+) -> None:
     path = tmp_path / "samples.json"
     path.write_text(json.dumps(export("a")))
     with pytest.raises(SystemExit) as exited:

@@ -49,10 +49,15 @@ async def router(settings: dict[str, Any], identity: str) -> AsyncIterator[Route
 
 def lease_settings(backends: list[str]) -> dict[str, Any]:
     return {
-        "model": "m", "backends": backends,
-        "leaderElection": {"leaseName": "demo-router-leader", "namespace": "default",
-                           "leaseSeconds": 2, "renewSeconds": 0.3},
-    }  # fmt: skip
+        "model": "m",
+        "backends": backends,
+        "leaderElection": {
+            "leaseName": "demo-router-leader",
+            "namespace": "default",
+            "leaseSeconds": 2,
+            "renewSeconds": 0.3,
+        },
+    }
 
 
 async def test_lease_acquire_renew_and_takeover(kubeconfig: Cluster) -> None:
@@ -99,45 +104,66 @@ async def _async(value: Any) -> Any:
 async def test_endpointslice_discovery_routes_to_ready_pods_only(kubeconfig: Cluster) -> None:
     port = free_ports(1)[0]
     prof = profiles.load("rtx-pro-6000-x8")
-    ready = SimCluster(prof, 1, base_port=port, host="127.0.0.2",
-                       settings=PodSettings(model="m", time_scale=10))  # fmt: skip
-    later = SimCluster(prof, 1, base_port=port, host="127.0.0.3",
-                       settings=PodSettings(model="m", time_scale=10))  # fmt: skip
+    ready = SimCluster(
+        prof, 1, base_port=port, host="127.0.0.2", settings=PodSettings(model="m", time_scale=10)
+    )
+    later = SimCluster(
+        prof, 1, base_port=port, host="127.0.0.3", settings=PodSettings(model="m", time_scale=10)
+    )
 
     def endpoint(ip: str, name: str, is_ready: bool) -> dict[str, Any]:
-        return {"addresses": [ip], "conditions": {"ready": is_ready},
-                "targetRef": {"kind": "Pod", "name": name, "namespace": "default"}}  # fmt: skip
+        return {
+            "addresses": [ip],
+            "conditions": {"ready": is_ready},
+            "targetRef": {"kind": "Pod", "name": name, "namespace": "default"},
+        }
 
     slice_ = {
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": "demo-engine-abc", "namespace": "default",
-                     "labels": {"kubernetes.io/service-name": "demo-engine"}},
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": "demo-engine-abc",
+            "namespace": "default",
+            "labels": {"kubernetes.io/service-name": "demo-engine"},
+        },
         "addressType": "IPv4",
         "ports": [{"name": "http", "port": port}],
-        "endpoints": [endpoint("127.0.0.2", "engine-0", True),
-                      endpoint("127.0.0.3", "engine-1", False)],
-    }  # fmt: skip
+        "endpoints": [
+            endpoint("127.0.0.2", "engine-0", True),
+            endpoint("127.0.0.3", "engine-1", False),
+        ],
+    }
     path = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices"
     assert (await kubeconfig.api.post(path, json=slice_)).status_code == 201
-    settings = {"model": "m",
-                "discovery": {"kubernetes": {"namespace": "default", "service": "demo-engine",
-                                             "port": port}},
-                "control": {"scrapeIntervalSeconds": 0.1}}  # fmt: skip
+    settings = {
+        "model": "m",
+        "discovery": {
+            "kubernetes": {"namespace": "default", "service": "demo-engine", "port": port}
+        },
+        "control": {"scrapeIntervalSeconds": 0.1},
+    }
     async with ready, later, router(settings, "r") as state:
         await wait_for(lambda: _async(set(state.pods) == {"engine-0"}), what="ready pod found")
-        patch = {"endpoints": [endpoint("127.0.0.2", "engine-0", True),
-                               endpoint("127.0.0.3", "engine-1", True)]}  # fmt: skip
+        patch = {
+            "endpoints": [
+                endpoint("127.0.0.2", "engine-0", True),
+                endpoint("127.0.0.3", "engine-1", True),
+            ]
+        }
         resp = await kubeconfig.api.patch(
             f"{path}/demo-engine-abc",
             json=patch,
             headers={"Content-Type": "application/merge-patch+json"},
         )
         assert resp.status_code == 200
-        await wait_for(lambda: _async(set(state.pods) == {"engine-0", "engine-1"}),
-                       what="watch added the newly ready pod")  # fmt: skip
+        await wait_for(
+            lambda: _async(set(state.pods) == {"engine-0", "engine-1"}),
+            what="watch added the newly ready pod",
+        )
         assert state.pods["engine-1"].url == f"http://127.0.0.3:{port}"
-        await wait_for(lambda: _async(all(p.healthy for p in state.pods.values())),
-                       what="both scraped")  # fmt: skip
+        await wait_for(
+            lambda: _async(all(p.healthy for p in state.pods.values())), what="both scraped"
+        )
         resp = await kubeconfig.api.delete(f"{path}/demo-engine-abc")
         await wait_for(lambda: _async(not state.pods), what="pods dropped with the slice")
 
@@ -147,10 +173,11 @@ async def test_router_publishes_pod_state_to_the_resource(kubeconfig: Cluster) -
     prof = profiles.load("rtx-pro-6000-x8")
     async with SimCluster(prof, 2, settings=PodSettings(model="m", threshold=5)) as pods:
         settings = {
-            "model": "m", "backends": pods.urls,
+            "model": "m",
+            "backends": pods.urls,
             "control": {"scrapeIntervalSeconds": 0.1},
             "statusTarget": {"namespace": "default", "name": "demo", "intervalSeconds": 0.3},
-        }  # fmt: skip
+        }
         async with router(settings, "r"):
 
             async def published() -> dict[str, Any] | None:
@@ -166,15 +193,24 @@ async def test_router_publishes_pod_state_to_the_resource(kubeconfig: Cluster) -
 
 
 async def test_ready_endpoints_is_pure() -> None:
-    slices = [{"endpoints": [
-        {"addresses": ["10.0.0.1"], "conditions": {"ready": True}, "targetRef": {"name": "a"}},
-        {"addresses": ["10.0.0.2"], "conditions": {"ready": False}},
-        {"addresses": ["fd00::3"], "conditions": {"ready": True, "terminating": False}},
-        {"addresses": ["10.0.0.4"], "conditions": {"ready": True, "terminating": True}},
-    ]}]  # fmt: skip
+    slices = [
+        {
+            "endpoints": [
+                {
+                    "addresses": ["10.0.0.1"],
+                    "conditions": {"ready": True},
+                    "targetRef": {"name": "a"},
+                },
+                {"addresses": ["10.0.0.2"], "conditions": {"ready": False}},
+                {"addresses": ["fd00::3"], "conditions": {"ready": True, "terminating": False}},
+                {"addresses": ["10.0.0.4"], "conditions": {"ready": True, "terminating": True}},
+            ]
+        }
+    ]
     assert router_cluster.ready_endpoints(slices, 30000) == {
-        "a": "http://10.0.0.1:30000", "fd00::3": "http://[fd00::3]:30000",
-    }  # fmt: skip
+        "a": "http://10.0.0.1:30000",
+        "fd00::3": "http://[fd00::3]:30000",
+    }
 
 
 def test_threshold_summary() -> None:

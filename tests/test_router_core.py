@@ -60,28 +60,40 @@ def test_controller_converges_to_the_true_crossover(start: int) -> None:
     for step in range(10):
         # Measured at the pod's current threshold, after its last change.
         samples = analytic_samples(decision.threshold or 1, start=1000.0 * step)
-        decision = control.decide(samples=samples, previous=decision, now=1000.0 * (step + 1),
-                                  fresh=True, params=PARAMS)  # fmt: skip
+        decision = control.decide(
+            samples=samples, previous=decision, now=1000.0 * (step + 1), fresh=True, params=PARAMS
+        )
     assert decision.threshold == PROFILE.crossover_batch()
 
 
 def test_the_h200_learning_run_moves_the_threshold_up() -> None:
-    """Replayed from the GPU envelope's learning phase (bench/results/gpu-envelope-2-high-c.log):
+    """Replayed from the GPU envelope's learning phase (lab/results/gpu-envelope-2-high-c.log):
     closed loops of 4 and 8 clients speculating, 12-48 plain, threshold 8. The engine ran at a
     mean batch of 0.96c, so only one batch size fell on each side of the threshold's window
     and the router kept 8 for the whole run, while EAGLE-3 out-ran plain decoding at every
     batch measured. The window now widens until it can fit; the noisy plain line (16 clients
     slower than 12) is steeper than the speculating one, and speculation is cheaper at the
     boundary, so the threshold moves up."""
-    measured = [(3.84, 1714.3, 1.0), (7.7, 2713.2, 1.0), (11.82, 1980.0, 0.0),
-                (15.83, 1824.9, 0.0), (23.75, 2252.6, 0.0), (31.69, 3336.1, 0.0),
-                (47.56, 4455.0, 0.0)]  # fmt: skip
+    measured = [
+        (3.84, 1714.3, 1.0),
+        (7.7, 2713.2, 1.0),
+        (11.82, 1980.0, 0.0),
+        (15.83, 1824.9, 0.0),
+        (23.75, 2252.6, 0.0),
+        (31.69, 3336.1, 0.0),
+        (47.56, 4455.0, 0.0),
+    ]
     samples = scraped(measured, 5)  # a 3 s window: about 5 scrapes
     params = ControlSettings(threshold=8, max_threshold=128, cooldown_seconds=5, hysteresis=1)
     estimate, why = control.estimate_threshold(samples, current=8, now=20.0, params=params)
     assert estimate is not None and estimate > 8, why
-    decision = control.decide(samples=samples, previous=control.Decision(8, "", -math.inf),
-                              now=20.0, fresh=True, params=params)  # fmt: skip
+    decision = control.decide(
+        samples=samples,
+        previous=control.Decision(8, "", -math.inf),
+        now=20.0,
+        fresh=True,
+        params=params,
+    )
     assert decision.threshold == estimate == 16  # 15.83 clients ran mostly at batch 16
 
 
@@ -91,17 +103,29 @@ def test_an_engine_capped_at_16_running_requests_speculates_at_16() -> None:
     16 clients up ran at a mean batch of 15.8. Speculation paid at every batch measured; the
     threshold went to 15 (15.8 rounded down), which ran the pod plain at 16 and mixed at
     15-16, giving no samples to correct it: 0.73x always-on at 16 clients."""
-    measured = [(3.87, 1982.1, 1.0), (7.77, 3456.3, 1.0), (11.81, 3058.8, 0.0),
-                (15.83, 4374.3, 0.0), (15.83, 4577.7, 0.0), (15.84, 4881.3, 0.0)]  # fmt: skip
+    measured = [
+        (3.87, 1982.1, 1.0),
+        (7.77, 3456.3, 1.0),
+        (11.81, 3058.8, 0.0),
+        (15.83, 4374.3, 0.0),
+        (15.83, 4577.7, 0.0),
+        (15.84, 4881.3, 0.0),
+    ]
     samples = scraped(measured, 5)
     params = ControlSettings(threshold=8, max_threshold=256, cooldown_seconds=5, hysteresis=1)
-    decision = control.decide(samples=samples, previous=control.Decision(8, "", -math.inf),
-                              now=20.0, fresh=True, params=params)  # fmt: skip
+    decision = control.decide(
+        samples=samples,
+        previous=control.Decision(8, "", -math.inf),
+        now=20.0,
+        fresh=True,
+        params=params,
+    )
     assert decision.threshold == 16, decision.reason
     # At 16 the pod speculates at its cap and holds there: no plain samples above 16 to fit.
     held = samples + [control.Sample(20 + i * 0.5, 15.83, 6500.0, 1.0) for i in range(20)]
-    later = control.decide(samples=held, own=held, previous=decision, now=30.0, fresh=True,
-                           params=params)  # fmt: skip
+    later = control.decide(
+        samples=held, own=held, previous=decision, now=30.0, fresh=True, params=params
+    )
     assert later.threshold == 16 and later.probe is None, later.reason
 
 
@@ -114,26 +138,36 @@ def test_plain_decoding_read_far_below_its_samples_does_not_halve_the_threshold(
     loads never run: job 44 sat at 4 for 80 s, though always-on ran 1.27x plain at 8 clients.
     Plain measured three batch sizes above the boundary cannot say speculation loses at it:
     the pod keeps 8."""
-    measured = [(3.92, 1362.0, 1.0), (7.77, 3109.0, 1.0),
-                (11.77, 3923.0, 0.0), (15.8, 3407.0, 0.0)]  # fmt: skip
+    measured = [(3.92, 1362.0, 1.0), (7.77, 3109.0, 1.0), (11.77, 3923.0, 0.0), (15.8, 3407.0, 0.0)]
     samples = scraped(measured, 6)
     params = ControlSettings(threshold=8, max_threshold=256, cooldown_seconds=5, hysteresis=1)
-    decision = control.decide(samples=samples, previous=control.Decision(8, "", -math.inf),
-                              now=15.0, fresh=True, params=params)  # fmt: skip
+    decision = control.decide(
+        samples=samples,
+        previous=control.Decision(8, "", -math.inf),
+        now=15.0,
+        fresh=True,
+        params=params,
+    )
     assert decision.threshold == 8, decision.reason
     assert "too far from" in decision.reason
     # Plain measured near the boundary, and faster there than speculating: the threshold may
     # still come down.
     near = samples + [control.Sample(15 + i * 0.5, 9.8, 4800.0, 0.0) for i in range(6)]
-    lower = control.decide(samples=near, previous=control.Decision(8, "", -math.inf),
-                           now=20.0, fresh=True, params=params)  # fmt: skip
+    lower = control.decide(
+        samples=near,
+        previous=control.Decision(8, "", -math.inf),
+        now=20.0,
+        fresh=True,
+        params=params,
+    )
     assert lower.threshold < 8, lower.reason
 
 
 def test_each_move_is_at_most_a_halving_or_doubling() -> None:
     decision = control.Decision(64, "initial", -math.inf)
-    decision = control.decide(samples=analytic_samples(64), previous=decision, now=1.0,
-                              fresh=True, params=PARAMS)  # fmt: skip
+    decision = control.decide(
+        samples=analytic_samples(64), previous=decision, now=1.0, fresh=True, params=PARAMS
+    )
     assert decision.threshold == 32
 
 
@@ -145,16 +179,18 @@ def test_not_enough_samples_keeps_the_initial_threshold() -> None:
 
 def test_stale_metrics_produce_no_decision() -> None:
     previous = control.Decision(16, "x", -math.inf)
-    decision = control.decide(samples=analytic_samples(16), previous=previous, now=5.0,
-                              fresh=False, params=PARAMS)  # fmt: skip
+    decision = control.decide(
+        samples=analytic_samples(16), previous=previous, now=5.0, fresh=False, params=PARAMS
+    )
     assert decision.threshold == 16 and "stale" in decision.reason
 
 
 def test_hysteresis_holds_a_near_estimate() -> None:
     params = ControlSettings(hysteresis=2, cooldown_seconds=0)
     previous = control.Decision(8, "x", -math.inf)  # estimate from samples near 8 is 6
-    decision = control.decide(samples=analytic_samples(8), previous=previous, now=1.0,
-                              fresh=True, params=params)  # fmt: skip
+    decision = control.decide(
+        samples=analytic_samples(8), previous=previous, now=1.0, fresh=True, params=params
+    )
     assert decision.threshold == 8 and "hysteresis" in decision.reason
 
 
@@ -162,17 +198,20 @@ def test_cooldown_delays_a_change() -> None:
     params = ControlSettings(hysteresis=0, cooldown_seconds=30)
     previous = control.Decision(16, "x", 100.0)
     samples = analytic_samples(16, start=100.0)
-    held = control.decide(samples=samples, previous=previous, now=110.0, fresh=True,
-                          params=params)  # fmt: skip
+    held = control.decide(samples=samples, previous=previous, now=110.0, fresh=True, params=params)
     assert held.threshold == 16 and "cooling down" in held.reason
-    moved = control.decide(samples=samples, previous=previous, now=131.0, fresh=True,
-                           params=params)  # fmt: skip
+    moved = control.decide(samples=samples, previous=previous, now=131.0, fresh=True, params=params)
     assert moved.threshold == 8 and moved.changed_at == 131.0
 
 
-def run_estimates(by_threshold: dict[int, int], start: control.Decision, steps: int,
-                  params: ControlSettings, *,
-                  measured: bool = True) -> list[int | None]:  # fmt: skip
+def run_estimates(
+    by_threshold: dict[int, int],
+    start: control.Decision,
+    steps: int,
+    params: ControlSettings,
+    *,
+    measured: bool = True,
+) -> list[int | None]:
     """The thresholds a pod takes, a cooldown apart, when each threshold's window estimates
     what `by_threshold` says (the fit itself is tested above), from samples taken in the
     cooldown before each decision (`measured`) or all before the first."""
@@ -181,10 +220,12 @@ def run_estimates(by_threshold: dict[int, int], start: control.Decision, steps: 
         now = params.cooldown_seconds * (step + 1)
         at = now - 0.5 if measured else -1.0
         times = (at,) * params.min_samples
-        estimates = {t: control.Estimate(e, f"estimate {e}", times)
-                     for t, e in by_threshold.items()}  # fmt: skip
-        decision = control.decide(samples=[], previous=decision, now=now, fresh=True,
-                                  params=params, estimates=estimates)  # fmt: skip
+        estimates = {
+            t: control.Estimate(e, f"estimate {e}", times) for t, e in by_threshold.items()
+        }
+        decision = control.decide(
+            samples=[], previous=decision, now=now, fresh=True, params=params, estimates=estimates
+        )
         taken.append(decision.threshold)
     return taken
 
@@ -194,8 +235,9 @@ def test_windows_that_read_the_crossover_on_each_others_side_settle_between_them
     12.5, from 12 it read 10.9, and the pod swapped them every cooldown. A move back the way
     the last came goes halfway, here within hysteresis: the pod stays."""
     params = ControlSettings(hysteresis=1, cooldown_seconds=5)
-    taken = run_estimates({8: 12, 10: 12, 11: 12, 12: 10}, control.Decision(8, "x", -math.inf),
-                          20, params)  # fmt: skip
+    taken = run_estimates(
+        {8: 12, 10: 12, 11: 12, 12: 10}, control.Decision(8, "x", -math.inf), 20, params
+    )
     changes = sum(1 for a, b in itertools.pairwise([8, *taken]) if a != b)
     assert taken[0] == 12 and changes <= 2 and len(set(taken[2:])) == 1, taken
     assert 10 <= taken[-1] <= 12, taken
@@ -228,11 +270,14 @@ def test_a_load_holding_away_from_the_threshold_gives_no_new_evidence() -> None:
     (8: the profile's crossover is 6) waits for samples near 16; once they come, it moves."""
     params = ControlSettings(hysteresis=0, cooldown_seconds=5)
     before = analytic_samples(16, start=0.0)
-    away = [control.Sample(100.0 + i, 32.0, PROFILE.steady_throughput(32, False), 0.0)
-            for i in range(20)]  # fmt: skip
+    away = [
+        control.Sample(100.0 + i, 32.0, PROFILE.steady_throughput(32, False), 0.0)
+        for i in range(20)
+    ]
     previous = control.Decision(16, "x", 100.0, moved=+1)
-    held = control.decide(samples=before + away, previous=previous, now=130.0, fresh=True,
-                          params=params)  # fmt: skip
+    held = control.decide(
+        samples=before + away, previous=previous, now=130.0, fresh=True, params=params
+    )
     assert held.threshold == 16 and "holding: 0 samples near 16" in held.reason, held.reason
     near = before + away + analytic_samples(16, start=120.0)
     moved = control.decide(samples=near, previous=previous, now=200.0, fresh=True, params=params)
@@ -240,19 +285,26 @@ def test_a_load_holding_away_from_the_threshold_gives_no_new_evidence() -> None:
 
 
 def test_bounds_from_the_resource_are_respected() -> None:
-    params = ControlSettings(threshold=12, min_threshold=10, max_threshold=20, hysteresis=0,
-                             cooldown_seconds=0)  # fmt: skip
+    params = ControlSettings(
+        threshold=12, min_threshold=10, max_threshold=20, hysteresis=0, cooldown_seconds=0
+    )
     initial = control.initial_decision(params)
-    decision = control.decide(samples=analytic_samples(12), previous=initial, now=1.0,
-                              fresh=True, params=params)  # fmt: skip
+    decision = control.decide(
+        samples=analytic_samples(12), previous=initial, now=1.0, fresh=True, params=params
+    )
     assert decision.threshold == 10  # the estimate (6) is below minThreshold
 
 
 @pytest.mark.parametrize(("mode", "value"), [("alwaysOn", None), ("off", 0)])
 def test_fixed_modes_ignore_the_estimate(mode: str, value: int | None) -> None:
     params = ControlSettings(mode=mode)  # type: ignore[arg-type]
-    decision = control.decide(samples=analytic_samples(8), previous=control.Decision(8, "", 0),
-                              now=1.0, fresh=True, params=params)  # fmt: skip
+    decision = control.decide(
+        samples=analytic_samples(8),
+        previous=control.Decision(8, "", 0),
+        now=1.0,
+        fresh=True,
+        params=params,
+    )
     assert decision.threshold == value
 
 
@@ -288,8 +340,12 @@ def test_a_sample_comes_from_the_engines_per_step_decode_moments() -> None:
             ]
         }
 
-    p = PodState("p", "http://p", EngineClient("http://p", None),  # type: ignore[arg-type]
-                 control.Decision(16, "", -math.inf))  # fmt: skip
+    p = PodState(
+        "p",
+        "http://p",
+        EngineClient("http://p", None),  # type: ignore[arg-type]
+        control.Decision(16, "", -math.inf),
+    )
     p.record(Scrape(10.0, EngineLoad.from_response(loads(100, 800, 2000))))
     p.record(Scrape(10.5, EngineLoad.from_response(loads(150, 1150, 2600))))
     (sample,) = p.samples
@@ -345,21 +401,36 @@ def _closed_loop_with_controller(
         if now >= next_scrape:
             next_scrape += 0.5
             st = core.stats
-            cur = (now, len(core.running), st.decode_moments[5], st.decode_steps_on,
-                   st.decode_steps_off, st.decode_moments[0], st.decode_moments[1])  # fmt: skip
+            cur = (
+                now,
+                len(core.running),
+                st.decode_moments[5],
+                st.decode_steps_on,
+                st.decode_steps_off,
+                st.decode_moments[0],
+                st.decode_moments[1],
+            )
             if prev is not None:
                 steps = cur[5] - prev[5]
-                s = control.sample_between(t0=prev[0], t1=cur[0], batch0=prev[1], batch1=cur[1],
-                                           tokens0=prev[2], tokens1=cur[2], steps_on0=prev[3],
-                                           steps_on1=cur[3], steps_off0=prev[4],
-                                           steps_off1=cur[4],
-                                           mean_batch=(cur[6] - prev[6]) / steps if steps
-                                           else None)  # fmt: skip
+                s = control.sample_between(
+                    t0=prev[0],
+                    t1=cur[0],
+                    batch0=prev[1],
+                    batch1=cur[1],
+                    tokens0=prev[2],
+                    tokens1=cur[2],
+                    steps_on0=prev[3],
+                    steps_on1=cur[3],
+                    steps_off0=prev[4],
+                    steps_off1=cur[4],
+                    mean_batch=(cur[6] - prev[6]) / steps if steps else None,
+                )
                 if s:
                     samples.append(s)
             prev = cur
-            new = control.decide(samples=samples, previous=decision, now=now, fresh=True,
-                                 params=params, own=samples)  # fmt: skip
+            new = control.decide(
+                samples=samples, previous=decision, now=now, fresh=True, params=params, own=samples
+            )
             if new.threshold != decision.threshold:
                 changes.append((now, new.threshold))
                 core.set_threshold(new.threshold)
@@ -370,13 +441,13 @@ def _closed_loop_with_controller(
 def test_the_envelope_learning_phase_climbs_on_the_h200_profile(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """bench/gpu_envelope.py's learning phase (3 s per client count) on the simulator profile
+    """lab/bench/gpu_envelope.py's learning phase (3 s per client count) on the simulator profile
     fitted to the H200 sweeps, where speculation pays up to batch 128: the fit climbs in
     doubling steps from 8 to 64 within 30 s and holds there for the rest of three minutes.
     Above 64 it sees plain decoding only at 91-96 clients, too far to compare at the boundary:
     on a profile refitted to all four GPU jobs (batch exponent 0.34) the fit read such a line
     at the boundary and swung 64 -> 32 -> 64 every cooldown, until that was ruled out."""
-    envelope = load_module(ROOT / "bench" / "gpu_envelope.py", "gpu_envelope")
+    envelope = load_module(ROOT / "lab" / "bench" / "gpu_envelope.py", "gpu_envelope")
     monkeypatch.setitem(globals(), "PROFILE", profiles.load("h200-3b-synthetic"))
     pattern = envelope.LEARN_PATTERN
     schedule = [(3.0 * i, pattern[i % len(pattern)]) for i in range(60)]
@@ -427,12 +498,23 @@ def test_no_flapping_while_load_oscillates_around_the_threshold() -> None:
     ],
 )
 def test_latency_pool_size(
-    pods: int, latency: float, throughput: float, threshold: int, lo: float, hi: float,
+    pods: int,
+    latency: float,
+    throughput: float,
+    threshold: int,
+    lo: float,
+    hi: float,
     expected: int,
-) -> None:  # fmt: skip
-    size = control.latency_pool_size(pods, latency, throughput, threshold=threshold,
-                                     min_fraction=lo, max_fraction=hi,
-                                     throughput_batch_per_pod=32)  # fmt: skip
+) -> None:
+    size = control.latency_pool_size(
+        pods,
+        latency,
+        throughput,
+        threshold=threshold,
+        min_fraction=lo,
+        max_fraction=hi,
+        throughput_batch_per_pod=32,
+    )
     assert size == expected
 
 
@@ -451,12 +533,29 @@ def settings(**kw: Any) -> RouterSettings:
     return RouterSettings.model_validate({"backends": ["http://x"], **kw})
 
 
-def pod(name: str, *, running: int = 0, threshold: int | None = 8, pool: str = "mixed",
-        at: float = 100.0, healthy: bool = True, max_running: int = 64) -> PodState:  # fmt: skip
-    load = EngineLoad(running=running, waiting=0, max_running=max_running, threshold=threshold,
-                      threshold_known=True)  # fmt: skip
-    p = PodState(name, f"http://{name}", EngineClient(f"http://{name}", None),  # type: ignore[arg-type]
-                 control.Decision(threshold, "", -math.inf))  # fmt: skip
+def pod(
+    name: str,
+    *,
+    running: int = 0,
+    threshold: int | None = 8,
+    pool: str = "mixed",
+    at: float = 100.0,
+    healthy: bool = True,
+    max_running: int = 64,
+) -> PodState:
+    load = EngineLoad(
+        running=running,
+        waiting=0,
+        max_running=max_running,
+        threshold=threshold,
+        threshold_known=True,
+    )
+    p = PodState(
+        name,
+        f"http://{name}",
+        EngineClient(f"http://{name}", None),  # type: ignore[arg-type]
+        control.Decision(threshold, "", -math.inf),
+    )
     p.record(Scrape(at, load))
     p.healthy, p.pool = healthy, pool  # type: ignore[assignment]
     return p
@@ -514,8 +613,10 @@ def test_throughput_traffic_prefers_the_throughput_pool_even_when_fuller() -> No
 
 def test_load_breaks_class_ties_and_equal_scores_are_random() -> None:
     a, b = pod("a", running=1), pod("b", running=1)
-    picks = {placement.choose([a, b], ctx(), rng=random.Random(seed)).name  # type: ignore[union-attr]
-             for seed in range(20)}  # fmt: skip
+    picks = {
+        placement.choose([a, b], ctx(), rng=random.Random(seed)).name  # type: ignore[union-attr]
+        for seed in range(20)
+    }
     assert picks == {"a", "b"}
     c = pod("c", running=0)
     assert placement.choose([a, c], ctx(), rng=random.Random(0)) is c
@@ -541,8 +642,10 @@ def test_breaker_opens_then_half_opens_for_one_trial() -> None:
 
 
 def test_classification_order() -> None:
-    s = settings(classRules={"apiKeys": {"batch-key": "throughput"},
-                             "throughputAboveMaxTokens": 1000}, defaultClass="latency")  # fmt: skip
+    s = settings(
+        classRules={"apiKeys": {"batch-key": "throughput"}, "throughputAboveMaxTokens": 1000},
+        defaultClass="latency",
+    )
     assert requests.classify({"x-specgate-class": "Throughput"}, 10, s) == "throughput"
     assert requests.classify({"authorization": "Bearer batch-key"}, 10, s) == "throughput"
     assert requests.classify({}, 5000, s) == "throughput"
@@ -577,14 +680,18 @@ def test_malformed_requests_are_rejected(path: str, body: bytes, fragment: str) 
 
 def test_unknown_model_is_404() -> None:
     with pytest.raises(ModelNotFound):
-        requests.parse("/v1/completions", b'{"model": "other", "prompt": "x"}', {},
-                       settings(model="m"))  # fmt: skip
+        requests.parse(
+            "/v1/completions", b'{"model": "other", "prompt": "x"}', {}, settings(model="m")
+        )
 
 
 def test_streams_ask_the_engine_for_usage_and_remember_the_client_did_not() -> None:
-    routed = requests.parse("/v1/chat/completions",
-                            b'{"messages": [{"role": "user", "content": "x"}], "stream": true}',
-                            {}, settings(model="m"))  # fmt: skip
+    routed = requests.parse(
+        "/v1/chat/completions",
+        b'{"messages": [{"role": "user", "content": "x"}], "stream": true}',
+        {},
+        settings(model="m"),
+    )
     assert b'"include_usage": true' in routed.body and not routed.client_wants_usage
     body = b'{"prompt": "x", "stream": true, "stream_options": {"include_usage": true}}'
     asked = requests.parse("/v1/completions", body, {}, settings(model="m"))
@@ -617,8 +724,9 @@ def test_settings_errors_name_the_field(tmp_path: Any) -> None:
 
 
 def test_engine_key_comes_from_the_environment() -> None:
-    s = load(None, overrides={"backends": ["http://a"]},
-             environ={"SPECGATE_ENGINE_API_KEY": "sekret"})  # fmt: skip
+    s = load(
+        None, overrides={"backends": ["http://a"]}, environ={"SPECGATE_ENGINE_API_KEY": "sekret"}
+    )
     assert s.engine_api_key == "sekret" and "sekret" not in repr(s)
 
 
@@ -636,17 +744,28 @@ def test_pooled_samples_are_the_newest_and_bounded() -> None:
 
 def test_pods_sharing_estimates_decide_as_if_alone() -> None:
     params = ControlSettings(threshold=8, cooldown_seconds=0, hysteresis=0, min_samples=2)
-    samples = [control.Sample(float(t), float(b), tps, 1.0 if on else 0.0)
-               for t, (b, tps, on) in enumerate([(5, 300, True), (6, 330, True), (7, 340, True),
-                                                (9, 400, False), (10, 440, False),
-                                                (11, 480, False)])]  # fmt: skip
+    samples = [
+        control.Sample(float(t), float(b), tps, 1.0 if on else 0.0)
+        for t, (b, tps, on) in enumerate(
+            [
+                (5, 300, True),
+                (6, 330, True),
+                (7, 340, True),
+                (9, 400, False),
+                (10, 440, False),
+                (11, 480, False),
+            ]
+        )
+    ]
     start = control.initial_decision(params)
     alone = control.decide(samples=samples, previous=start, now=10, fresh=True, params=params)
     shared: dict[int, control.Estimate] = {}
-    first = control.decide(samples=samples, previous=start, now=10, fresh=True, params=params,
-                           estimates=shared)  # fmt: skip
-    second = control.decide(samples=[], previous=start, now=10, fresh=True, params=params,
-                            estimates=shared)  # fmt: skip
+    first = control.decide(
+        samples=samples, previous=start, now=10, fresh=True, params=params, estimates=shared
+    )
+    second = control.decide(
+        samples=[], previous=start, now=10, fresh=True, params=params, estimates=shared
+    )
     assert alone == first == second  # the second pod reused the first one's fit
     assert list(shared) == [8]
 
@@ -673,9 +792,15 @@ def test_latency_batch_meets_the_tpot_target_from_the_speculating_line() -> None
 
 def test_a_tpot_target_sizes_the_latency_pool() -> None:
     pods = [f"p{i}" for i in range(8)]
-    kw = {"latency_load": 16.0, "throughput_load": 64.0, "previous": set(),
-          "default_threshold": 8, "min_fraction": 0.0, "max_fraction": 1.0,
-          "throughput_batch_per_pod": 24}  # fmt: skip
+    kw = {
+        "latency_load": 16.0,
+        "throughput_load": 64.0,
+        "previous": set(),
+        "default_threshold": 8,
+        "min_fraction": 0.0,
+        "max_fraction": 1.0,
+        "throughput_batch_per_pod": 24,
+    }
     assert len(control.plan_latency_pool(pods, [5] * 8, **kw) or ()) == 4  # 16 at 5 per pod
     assert len(control.plan_latency_pool(pods, [5] * 8, latency_batch=4, **kw) or ()) == 4
     # At 2 per pod the latency traffic needs 8 pods; the throughput traffic leaves 5: no pool.
@@ -730,18 +855,22 @@ def test_probes_that_change_nothing_back_off() -> None:
 
 
 def test_no_probes_when_turned_off() -> None:
-    params = ControlSettings(threshold=20, max_threshold=256,
-                             **{**PROBING, "probe_interval_seconds": 0})  # fmt: skip
+    params = ControlSettings(
+        threshold=20, max_threshold=256, **{**PROBING, "probe_interval_seconds": 0}
+    )
     changes, _ = _closed_loop_with_controller([(0.0, 40)], params, seconds=60)
     assert changes == []
 
 
-def steady(batch: float, speculating: bool, *, start: float, end: float,
-           per_request: float = 10.0) -> list[control.Sample]:  # fmt: skip
+def steady(
+    batch: float, speculating: bool, *, start: float, end: float, per_request: float = 10.0
+) -> list[control.Sample]:
     """One pod's samples every 0.5 s at one batch in one mode, `per_request` tok/s each."""
     n = round((end - start) / 0.5)
-    return [control.Sample(start + 0.5 * i, batch, per_request * batch, float(speculating))
-            for i in range(1, n + 1)]  # fmt: skip
+    return [
+        control.Sample(start + 0.5 * i, batch, per_request * batch, float(speculating))
+        for i in range(1, n + 1)
+    ]
 
 
 def test_only_one_pod_of_a_deployment_probes_at_a_time() -> None:
@@ -763,12 +892,19 @@ def test_a_mode_measured_at_the_batch_decides_without_a_probe() -> None:
     start = control.Decision(8, "initial", -math.inf)
     plain = steady(48, False, start=60, end=70)
     earlier = steady(48, True, start=40, end=50, per_request=20.0)
-    decision = control.decide(samples=earlier + plain, own=earlier + plain, now=70, fresh=True,
-                              params=params, previous=start)  # fmt: skip
+    decision = control.decide(
+        samples=earlier + plain,
+        own=earlier + plain,
+        now=70,
+        fresh=True,
+        params=params,
+        previous=start,
+    )
     assert decision.probe is None and decision.threshold == 56, decision
     assert "2.00x" in decision.reason
-    sibling = control.decide(samples=plain + earlier, own=plain, now=70, fresh=True,
-                             params=params, previous=start)  # fmt: skip
+    sibling = control.decide(
+        samples=plain + earlier, own=plain, now=70, fresh=True, params=params, previous=start
+    )
     assert sibling.probe is not None, sibling
 
 
@@ -787,21 +923,35 @@ def test_a_probe_whose_load_moves_a_little_goes_back_and_backs_off() -> None:
     open-loop batch by itself. The probe waits out its time and counts as inconclusive."""
     params = ControlSettings(threshold=8, max_threshold=128, **PROBING)
     own = steady(48, False, start=0, end=10)
-    started = control.decide(samples=own, own=own, now=10, fresh=True, params=params,
-                             previous=control.Decision(8, "initial", -math.inf))  # fmt: skip
+    started = control.decide(
+        samples=own,
+        own=own,
+        now=10,
+        fresh=True,
+        params=params,
+        previous=control.Decision(8, "initial", -math.inf),
+    )
     assert started.probe is not None and started.threshold == 56
     during = own + steady(38, True, start=10, end=30)
-    held = control.decide(samples=during, own=during, now=15, fresh=True, params=params,
-                          previous=started)  # fmt: skip
+    held = control.decide(
+        samples=during, own=during, now=15, fresh=True, params=params, previous=started
+    )
     assert held.threshold == 56 and held.probe == started.probe
-    ended = control.decide(samples=during, own=during, now=10 + 4 * params.probe_seconds + 1,
-                           fresh=True, params=params, previous=held)  # fmt: skip
+    ended = control.decide(
+        samples=during,
+        own=during,
+        now=10 + 4 * params.probe_seconds + 1,
+        fresh=True,
+        params=params,
+        previous=held,
+    )
     assert ended.threshold == 8 and ended.probe is None and ended.probe_wait == 2.0
     assert "inconclusive" in ended.reason
     # Down to 20 (the clients left), the probe ends at once and keeps the wait.
     left = own + steady(20, True, start=10, end=30)
-    moved = control.decide(samples=left, own=left, now=15, fresh=True, params=params,
-                           previous=started)  # fmt: skip
+    moved = control.decide(
+        samples=left, own=left, now=15, fresh=True, params=params, previous=started
+    )
     assert moved.threshold == 8 and moved.probe is None and moved.probe_wait == 1.0
     assert "moved to batch 20" in moved.reason
 
@@ -812,11 +962,9 @@ def test_a_pods_first_probe_waits_one_interval_and_the_load_must_hold_a_cooldown
     params = ControlSettings(threshold=8, max_threshold=128, **PROBING)  # cooldown 5 s
     own = steady(48, False, start=0, end=40)
     start = control.initial_decision(params, now=0.0)
-    early = control.decide(samples=own, own=own, now=20, fresh=True, params=params,
-                           previous=start)  # fmt: skip
+    early = control.decide(samples=own, own=own, now=20, fresh=True, params=params, previous=start)
     assert early.probe is None and early.threshold == 8
-    late = control.decide(samples=own, own=own, now=31, fresh=True, params=params,
-                          previous=start)  # fmt: skip
+    late = control.decide(samples=own, own=own, now=31, fresh=True, params=params, previous=start)
     assert late.probe is not None
     moment = steady(48, False, start=27, end=31)  # 4 s of it, against a 5-s cooldown
     assert control.steady_batch(moment, now=31, params=params) is None
@@ -831,24 +979,37 @@ def test_a_probe_whose_load_comes_back_elsewhere_ends_early_and_keeps_its_wait()
     params = ControlSettings(threshold=8, max_threshold=128, **PROBING)  # cooldown 5 s
     held = steady(63, False, start=0, end=3)
     start = control.Decision(8, "initial", -math.inf)
-    assert control.decide(samples=held, own=held, now=3, fresh=True, params=params,
-                          previous=start).probe is None  # 3 s is not a cooldown  # fmt: skip
-    probing = control.decide(samples=held, own=held, now=4.5, fresh=True, params=params,
-                             previous=start)  # fmt: skip
+    assert (
+        control.decide(
+            samples=held, own=held, now=3, fresh=True, params=params, previous=start
+        ).probe
+        is None
+    )  # 3 s is not a cooldown
+    probing = control.decide(
+        samples=held, own=held, now=4.5, fresh=True, params=params, previous=start
+    )
     assert probing.probe is not None and probing.threshold == math.ceil(63 * 1.15 + 1e-9)
     two = held + steady(32, True, start=8, end=9)  # speculating: threshold 73 >= 32
-    early = control.decide(samples=two, own=two, now=9.0, fresh=True, params=params,
-                           previous=probing)  # fmt: skip
+    early = control.decide(
+        samples=two, own=two, now=9.0, fresh=True, params=params, previous=probing
+    )
     assert early.probe is not None, "two samples at 32 do not yet say the load moved"
     back = held + steady(32, True, start=8, end=10)
-    ended = control.decide(samples=back, own=back, now=10, fresh=True, params=params,
-                           previous=probing)  # fmt: skip
+    ended = control.decide(
+        samples=back, own=back, now=10, fresh=True, params=params, previous=probing
+    )
     assert ended.probe is None and ended.threshold == 8 and ended.changed_at == 10
     assert ended.probe_wait == probing.probe_wait == 1.0
     assert "the load moved to batch 32" in ended.reason
     # The same probe with the load gone altogether waits out its time and backs off.
-    gone = control.decide(samples=held, own=held, now=4.5 + 4 * params.probe_seconds + 1,
-                          fresh=True, params=params, previous=probing)  # fmt: skip
+    gone = control.decide(
+        samples=held,
+        own=held,
+        now=4.5 + 4 * params.probe_seconds + 1,
+        fresh=True,
+        params=params,
+        previous=probing,
+    )
     assert gone.threshold == 8 and gone.probe_wait == 2.0 and "inconclusive" in gone.reason
 
 
@@ -856,8 +1017,9 @@ def test_probe_outcome_names_what_the_router_counts() -> None:
     params = ControlSettings(threshold=8, max_threshold=128, **PROBING)
     own = steady(48, False, start=0, end=10)
     start = control.Decision(8, "initial", -math.inf)
-    probing = control.decide(samples=own, own=own, now=10, fresh=True, params=params,
-                             previous=start)  # fmt: skip
+    probing = control.decide(
+        samples=own, own=own, now=10, fresh=True, params=params, previous=start
+    )
     assert control.probe_outcome(start, probing) == ("speculation", "started")
     assert control.probe_outcome(probing, probing) is None
     kept = control.Decision(probing.threshold, "kept", 20)

@@ -36,8 +36,13 @@ CHAT = "/v1/chat/completions"
 
 
 def chat(max_tokens: int = 16, stream: bool = False, **extra: object) -> dict[str, object]:
-    return {"model": "m", "messages": [{"role": "user", "content": "hello"}],
-            "max_tokens": max_tokens, "stream": stream, **extra}  # fmt: skip
+    return {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+        **extra,
+    }
 
 
 def router_settings(urls: list[str], **extra: object) -> dict[str, object]:
@@ -45,11 +50,15 @@ def router_settings(urls: list[str], **extra: object) -> dict[str, object]:
         "model": "m",
         "backends": urls,
         "engineApiKey": KEY,
-        "control": {"scrapeIntervalSeconds": 0.1, "staleAfterSeconds": 0.6,
-                    "staggerSeconds": 0, "cooldownSeconds": 0},
+        "control": {
+            "scrapeIntervalSeconds": 0.1,
+            "staleAfterSeconds": 0.6,
+            "staggerSeconds": 0,
+            "cooldownSeconds": 0,
+        },
         "resilience": {"backoffBaseSeconds": 0.01, "breakerOpenSeconds": 1.0},
         **extra,
-    }  # fmt: skip
+    }
 
 
 @pytest.fixture
@@ -136,8 +145,10 @@ async def test_control_and_access_lines_come_on_loggers_of_their_own(
         async with run_router(settings) as r:
             assert (await http.post(r.url + CHAT, json=chat())).status_code == 200
             for _ in range(100):
-                if any(rec.name == "specgate.router" and "threshold of" in rec.getMessage()
-                       for rec in caplog.records):  # fmt: skip
+                if any(
+                    rec.name == "specgate.router" and "threshold of" in rec.getMessage()
+                    for rec in caplog.records
+                ):
                     break
                 await asyncio.sleep(0.05)
     control = [rec.getMessage() for rec in caplog.records if rec.name == "specgate.router"]
@@ -173,8 +184,12 @@ async def test_latency_and_throughput_traffic_go_to_their_pools(http: httpx.Asyn
     3 s were "mixed" in about one run in five."""
     async with sims(2, time_scale=2.0, threshold=4) as pods:
         settings = router_settings(pods.urls, pools={"classMixWindowSeconds": 1.0})
-        settings["control"] = {**settings["control"], "threshold": 4,  # type: ignore[dict-item]
-                               "minThreshold": 4, "maxThreshold": 4}  # fmt: skip
+        settings["control"] = {
+            **settings["control"],
+            "threshold": 4,  # type: ignore[dict-item]
+            "minThreshold": 4,
+            "maxThreshold": 4,
+        }
         async with run_router(settings) as r:
             placed: list[tuple[float, str, str]] = []
             stop_at = asyncio.get_running_loop().time() + 4.0
@@ -182,8 +197,9 @@ async def test_latency_and_throughput_traffic_go_to_their_pools(http: httpx.Asyn
             async def client(cls: str) -> None:
                 loop = asyncio.get_running_loop()
                 while loop.time() < stop_at:
-                    resp = await http.post(r.url + CHAT, json=chat(20),
-                                           headers={"x-specgate-class": cls})  # fmt: skip
+                    resp = await http.post(
+                        r.url + CHAT, json=chat(20), headers={"x-specgate-class": cls}
+                    )
                     assert resp.status_code == 200
                     placed.append((loop.time(), cls, resp.headers["x-specgate-pod"]))
 
@@ -231,9 +247,11 @@ async def test_a_pod_killed_under_load_loses_no_request(http: httpx.AsyncClient)
 
         async def one(i: int) -> str:
             status, events = await stream_events(
-                http, r.url + CHAT, chat(max_tokens=120, stream=True),
+                http,
+                r.url + CHAT,
+                chat(max_tokens=120, stream=True),
                 headers={"x-request-id": f"req-{i}"},
-            )  # fmt: skip
+            )
             if status != 200:
                 return f"http-{status}"
             if any(is_error_event(e) for _, e in events):
@@ -279,8 +297,9 @@ async def test_a_single_pods_dropped_connection_is_retried_on_it(http: httpx.Asy
                 return True
             return False
 
-        async with run_router(router_settings(pods.urls),
-                              engine_http=FaultyEngineHttp(drop_first)) as r:  # fmt: skip
+        async with run_router(
+            router_settings(pods.urls), engine_http=FaultyEngineHttp(drop_first)
+        ) as r:
             resp = await http.post(r.url + CHAT, json=chat(4))
             assert resp.status_code == 200, resp.text
             assert dropped == [pods.urls[0] + CHAT]
@@ -307,16 +326,21 @@ async def test_all_pods_down_gives_503_with_retry_after(http: httpx.AsyncClient)
         (CHAT, b'{"model": "other", "messages": [{"role": "user", "content": "x"}]}', 404),
         ("/v1/completions", b'{"model": "m", "prompt": "x", "max_tokens": -1}', 400),
         ("/generate", b'{"sampling_params": {"max_new_tokens": 3}}', 400),
-        (CHAT, b'{"model": "m", "messages": [{"role": "user", "content": "x"}], '
-               b'"max_tokens": 1000000}', 400),
+        (
+            CHAT,
+            b'{"model": "m", "messages": [{"role": "user", "content": "x"}], '
+            b'"max_tokens": 1000000}',
+            400,
+        ),
     ],
-)  # fmt: skip
+)
 async def test_malformed_requests_get_4xx_in_openai_shape(
     path: str, body: bytes, status: int, http: httpx.AsyncClient
 ) -> None:
     async with sims(1) as pods, run_router(router_settings(pods.urls)) as r:
-        resp = await http.post(r.url + path, content=body,
-                               headers={"content-type": "application/json"})  # fmt: skip
+        resp = await http.post(
+            r.url + path, content=body, headers={"content-type": "application/json"}
+        )
     assert resp.status_code == status
     assert resp.json().get("error", {}).get("message") or resp.json().get("message")
 
@@ -374,8 +398,9 @@ async def test_shutdown_drains_in_flight_streams(http: httpx.AsyncClient) -> Non
 
 async def test_observability_endpoints(http: httpx.AsyncClient) -> None:
     async with sims(2) as pods, run_router(router_settings(pods.urls)) as r:
-        resp = await http.post(r.url + CHAT, json=chat(8, stream=True),
-                               headers={"x-request-id": "abc-123"})  # fmt: skip
+        resp = await http.post(
+            r.url + CHAT, json=chat(8, stream=True), headers={"x-request-id": "abc-123"}
+        )
         assert resp.headers["x-request-id"] == "abc-123"
         await http.post(
             r.url + "/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 5}}
@@ -385,12 +410,18 @@ async def test_observability_endpoints(http: httpx.AsyncClient) -> None:
         models = (await http.get(r.url + "/v1/models")).json()
         assert models["data"][0]["id"] == "m"
         metrics = (await http.get(r.url + "/metrics")).text
-        for name in ("specgate_router_requests_total", "specgate_router_ttft_seconds_bucket",
-                     "specgate_router_tpot_seconds_bucket", "specgate_pod_batch",
-                     "specgate_pod_threshold", "specgate_pod_speculating",
-                     "specgate_pod_accept_length", "specgate_pod_scrape_age_seconds",
-                     "specgate_pod_circuit_open",
-                     "specgate_router_output_tokens_total"):  # fmt: skip
+        for name in (
+            "specgate_router_requests_total",
+            "specgate_router_ttft_seconds_bucket",
+            "specgate_router_tpot_seconds_bucket",
+            "specgate_pod_batch",
+            "specgate_pod_threshold",
+            "specgate_pod_speculating",
+            "specgate_pod_accept_length",
+            "specgate_pod_scrape_age_seconds",
+            "specgate_pod_circuit_open",
+            "specgate_router_output_tokens_total",
+        ):
             assert name in metrics, name
         assert 'specgate_router_output_tokens_total{traffic_class="latency"} 13.0' in metrics
         view = (await http.get(r.url + "/specgate/pods")).json()
@@ -432,8 +463,12 @@ async def test_metrics_endpoint_lists_every_pod_gauge(http: httpx.AsyncClient) -
     async with sims(1) as pods, run_router(router_settings(pods.urls)) as r:
         resp = await http.get(r.url + "/metrics")
     assert resp.status_code == 200
-    for name in ("specgate_pod_gen_throughput", "specgate_pod_in_flight", "specgate_pod_pool",
-                 "specgate_pod_healthy"):  # fmt: skip
+    for name in (
+        "specgate_pod_gen_throughput",
+        "specgate_pod_in_flight",
+        "specgate_pod_pool",
+        "specgate_pod_healthy",
+    ):
         assert f"{name}{{engine_pod=" in resp.text, name
 
 
@@ -443,9 +478,15 @@ async def test_a_pod_held_away_from_its_threshold_is_probed(http: httpx.AsyncCli
     measured, and counts both ends in specgate_probes_total."""
     async with sims(1, time_scale=10.0, threshold=2) as pods:
         settings = router_settings(pods.urls)
-        settings["control"] = {**settings["control"], "threshold": 2,  # type: ignore[dict-item]
-                               "maxThreshold": 64, "cooldownSeconds": 0.5, "minSamples": 3,
-                               "probeIntervalSeconds": 1, "probeSeconds": 0.5}  # fmt: skip
+        settings["control"] = {
+            **settings["control"],
+            "threshold": 2,  # type: ignore[dict-item]
+            "maxThreshold": 64,
+            "cooldownSeconds": 0.5,
+            "minSamples": 3,
+            "probeIntervalSeconds": 1,
+            "probeSeconds": 0.5,
+        }
         async with (
             run_router(settings) as r,
             closed_loop(http, r.url + CHAT, 8, chat(max_tokens=200)),
@@ -455,8 +496,11 @@ async def test_a_pod_held_away_from_its_threshold_is_probed(http: httpx.AsyncCli
             for _ in range(200):
                 await asyncio.sleep(0.1)
                 metrics = (await http.get(r.url + "/metrics")).text
-                ended = [o for o in ("kept", "back")
-                         if f'mode="speculation",outcome="{o}"}} 1.0' in metrics]  # fmt: skip
+                ended = [
+                    o
+                    for o in ("kept", "back")
+                    if f'mode="speculation",outcome="{o}"}} 1.0' in metrics
+                ]
                 if ended:
                     view = (await http.get(r.url + "/specgate/pods")).json()["pods"][0]
                     break

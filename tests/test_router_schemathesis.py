@@ -56,8 +56,13 @@ def test_router_never_answers_5xx(live_router: str) -> None:
     # its per-operation strategies are driven with hypothesis directly.
     schema = schemathesis.openapi.from_url(live_router + "/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert {op.path for op in operations} >= {"/v1/chat/completions", "/v1/completions",
-                                              "/generate", "/v1/models", "/readyz"}  # fmt: skip
+    assert {op.path for op in operations} >= {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/generate",
+        "/v1/models",
+        "/readyz",
+    }
     seen: list[int] = []
     for operation in operations:
 

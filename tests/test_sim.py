@@ -34,9 +34,12 @@ def test_profile_reproduces_its_source_figures_within_10_percent(name: str) -> N
     assert prof.targets, f"profile {name} names no source figures"
     for target in prof.targets:
         measured = closed_loop_throughput(
-            prof, target.concurrency, threshold=None if target.speculating else 0,
-            output_tokens=target.output_tokens, prompt_tokens=target.prompt_tokens,
-        )  # fmt: skip
+            prof,
+            target.concurrency,
+            threshold=None if target.speculating else 0,
+            output_tokens=target.output_tokens,
+            prompt_tokens=target.prompt_tokens,
+        )
         error = abs(measured - target.tok_s) / target.tok_s
         assert error <= 0.10, f"{name}: {target.what}: {measured:.1f} vs {target.tok_s}"
 
@@ -129,8 +132,10 @@ def test_slow_spells_stretch_the_hosts_part_of_a_step_for_their_share_of_the_tim
     deployed = profiles.load("h200-3b-synthetic-deployed")
     spells = HostSpells(slowdown=3.0, fast_seconds=0.2, slow_seconds=0.2)
     for on in (True, False):
-        noisy, calm = (EngineCore(deployed, threshold=None if on else 0, seed=9, host_spells=h)
-                       for h in (spells, None))  # fmt: skip
+        noisy, calm = (
+            EngineCore(deployed, threshold=None if on else 0, seed=9, host_spells=h)
+            for h in (spells, None)
+        )
         for core in (noisy, calm):
             for i in range(8):
                 core.add(SimRequest(f"r{i}", 16, 10**9, 0.0))
@@ -150,10 +155,15 @@ def test_slow_spells_stretch_the_hosts_part_of_a_step_for_their_share_of_the_tim
     assert deployed.host_time(True) > deployed.host_time(False) == deployed.step.overhead_s
     # Closed loop: throughput falls by the slow share's stretch; slowdown 1 changes nothing.
     calm_tok_s = closed_loop_throughput(deployed, 8, threshold=None, requests_per_client=200)
-    assert closed_loop_throughput(deployed, 8, threshold=None, requests_per_client=200,
-                                  host_spells=HostSpells(1.0)) == calm_tok_s  # fmt: skip
-    noisy_tok_s = closed_loop_throughput(deployed, 8, threshold=None, requests_per_client=200,
-                                         host_spells=HostSpells(2.0, 0.6, 0.4))  # fmt: skip
+    assert (
+        closed_loop_throughput(
+            deployed, 8, threshold=None, requests_per_client=200, host_spells=HostSpells(1.0)
+        )
+        == calm_tok_s
+    )
+    noisy_tok_s = closed_loop_throughput(
+        deployed, 8, threshold=None, requests_per_client=200, host_spells=HostSpells(2.0, 0.6, 0.4)
+    )
     step_s = deployed.step_time(8, True)
     expected = 0.6 + 0.4 * step_s / (step_s + deployed.host_time(True))
     assert noisy_tok_s / calm_tok_s == pytest.approx(expected, abs=0.05)
@@ -272,8 +282,13 @@ async def test_metrics_parse_with_prometheus_parser(
     assert (steps, batch, generated) == (19, 19, 19) and step_us > 0
     assert metrics["sglang:spec_decode_steps_total{mode=on}"] == 0
     assert metrics["sglang:time_to_first_token_seconds_count"] == 1
-    for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:gen_throughput",
-                 "sglang:token_usage", "sglang:spec_accept_length"):  # fmt: skip
+    for name in (
+        "sglang:num_running_reqs",
+        "sglang:num_queue_reqs",
+        "sglang:gen_throughput",
+        "sglang:token_usage",
+        "sglang:spec_accept_length",
+    ):
         assert name in metrics
 
 
@@ -300,10 +315,11 @@ async def test_generate_stream_and_openai_shapes(pods: SimCluster, http: httpx.A
     headers = {"Authorization": f"Bearer {KEY}"}
     url = pods.urls[0]
     async with http.stream(
-        "POST", url + "/generate",
+        "POST",
+        url + "/generate",
         json={"text": "hello there", "sampling_params": {"max_new_tokens": 12}, "stream": True},
         headers=headers,
-    ) as resp:  # fmt: skip
+    ) as resp:
         events = [line async for line in resp.aiter_lines() if line.startswith("data: ")]
     assert events[-1] == "data: [DONE]"
     last = json.loads(events[-2][6:])
@@ -312,21 +328,30 @@ async def test_generate_stream_and_openai_shapes(pods: SimCluster, http: httpx.A
 
     resp = await http.post(
         url + "/v1/chat/completions",
-        json={"model": "sim-llama", "messages": [{"role": "user", "content": "hi"}],
-              "max_tokens": 5},
+        json={
+            "model": "sim-llama",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 5,
+        },
         headers=headers,
-    )  # fmt: skip
+    )
     chat = resp.json()
     assert chat["object"] == "chat.completion"
     assert chat["choices"][0]["message"]["role"] == "assistant"
     assert chat["usage"]["completion_tokens"] == 5
 
     async with http.stream(
-        "POST", url + "/v1/completions",
-        json={"model": "sim-llama", "prompt": "x", "max_tokens": 7, "stream": True,
-              "stream_options": {"include_usage": True}},
+        "POST",
+        url + "/v1/completions",
+        json={
+            "model": "sim-llama",
+            "prompt": "x",
+            "max_tokens": 7,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
         headers=headers,
-    ) as resp:  # fmt: skip
+    ) as resp:
         chunks = [line[6:] async for line in resp.aiter_lines() if line.startswith("data: ")]
     assert chunks[-1] == "[DONE]"
     usage = json.loads(chunks[-2])["usage"]
@@ -406,7 +431,7 @@ async def test_flush_cache_only_when_idle(
     pods: SimCluster, http: httpx.AsyncClient, engine_http: EngineHttp
 ) -> None:
     """SGLang's /flush_cache: 400 while requests run, 200 once idle, waiting up to ?timeout
-    seconds for that (bench/gpu_envelope.py --flush-cache calls it between windows)."""
+    seconds for that (lab/bench/gpu_envelope.py --flush-cache calls it between windows)."""
     headers = {"Authorization": f"Bearer {KEY}"}
     url = pods.urls[0]
     body = {"input_ids": [1] * 8, "sampling_params": {"max_new_tokens": 400}}

@@ -35,13 +35,19 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for source in _build_stage_copies():
         path = ROOT / source.rstrip("/")
         if path.is_dir():
-            shutil.copytree(path, context / path.name,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))  # fmt: skip
+            shutil.copytree(
+                path,
+                context / path.name,
+                ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"),
+            )
         else:
             shutil.copy(path, context / path.name)
     out = tmp_path_factory.mktemp("wheels")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out),
-                    str(context)], check=True, timeout=300)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(context)],
+        check=True,
+        timeout=300,
+    )
     (built,) = out.glob("specgate-*.whl")
     return built
 
@@ -64,19 +70,41 @@ def test_the_image_runs_the_operator_and_router_commands_from_the_wheel_alone(
     """Installed on its own (no repository on the path), the wheel answers the commands the
     chart and the operator's router Deployments run."""
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
-                    str(target), str(wheel)], check=True, timeout=300)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        check=True,
+        timeout=300,
+    )
     env = {**os.environ, "PYTHONPATH": str(target)}
-    code = "\n".join([
-        "import sys, specgate_router",
-        f"assert specgate_router.__file__.startswith({str(target)!r}), specgate_router.__file__",
-        "from specgate.cli import main",
-        "sys.argv = ['specgate', *sys.argv[1:]]",
-        "main()",
-    ])  # fmt: skip
+    code = "\n".join(
+        [
+            "import sys, specgate_router",
+            f"assert specgate_router.__file__.startswith({str(target)!r}), "
+            "specgate_router.__file__",
+            "from specgate.cli import main",
+            "sys.argv = ['specgate', *sys.argv[1:]]",
+            "main()",
+        ]
+    )
     for command in (["operator", "--help"], ["router", "--help"]):
-        done = subprocess.run([sys.executable, "-c", code, *command], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", code, *command],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 0, done.stderr[-2000:]
         assert "usage" in done.stdout.lower()
 
@@ -96,6 +124,9 @@ def test_the_image_user_is_the_one_its_pods_run_as() -> None:
 def test_the_docker_context_lets_in_what_the_build_copies() -> None:
     """.dockerignore excludes everything but the build's sources: a COPY of an excluded path
     would fail the build."""
-    allowed = {line[1:].rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines()
-               if line.startswith("!")}  # fmt: skip
+    allowed = {
+        line[1:].rstrip("/")
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.startswith("!")
+    }
     assert {s.rstrip("/") for s in _build_stage_copies()} <= allowed

@@ -19,10 +19,13 @@ def deployment(
         "metadata": {"generation": generation},
         "spec": {"replicas": replicas},
         "status": {
-            "observedGeneration": observed, "replicas": replicas, "updatedReplicas": replicas,
-            "readyReplicas": ready, "conditions": conditions or [],
+            "observedGeneration": observed,
+            "replicas": replicas,
+            "updatedReplicas": replicas,
+            "readyReplicas": ready,
+            "conditions": conditions or [],
         },
-    }  # fmt: skip
+    }
 
 
 def observed(
@@ -32,8 +35,14 @@ def observed(
     problem: tuple[str, str] | None = None,
     replicas: int = 2,
 ) -> status.Observed:
-    return status.Observed(generation=3, desired_replicas=replicas, engine=engine, router=router,
-                           router_endpoint="http://r", problem=problem)  # fmt: skip
+    return status.Observed(
+        generation=3,
+        desired_replicas=replicas,
+        engine=engine,
+        router=router,
+        router_endpoint="http://r",
+        problem=problem,
+    )
 
 
 def by_type(conds: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -71,14 +80,23 @@ def test_reconcile_problem_degrades() -> None:
         )
     )
     assert conds["Degraded"] == {
-        "type": "Degraded", "status": "True", "reason": "SecretNotFound", "message": "no key",
-    }  # fmt: skip
+        "type": "Degraded",
+        "status": "True",
+        "reason": "SecretNotFound",
+        "message": "no key",
+    }
     assert conds["Ready"]["status"] == "False"
 
 
 def test_stuck_rollout_degrades() -> None:
-    stuck = [{"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
-              "message": "ReplicaSet has timed out progressing"}]  # fmt: skip
+    stuck = [
+        {
+            "type": "Progressing",
+            "status": "False",
+            "reason": "ProgressDeadlineExceeded",
+            "message": "ReplicaSet has timed out progressing",
+        }
+    ]
     conds = by_type(
         status.desired_conditions(observed(deployment(2, 0, conditions=stuck), deployment(1, 1)))
     )
@@ -87,17 +105,23 @@ def test_stuck_rollout_degrades() -> None:
 
 def test_transition_time_changes_only_when_status_flips() -> None:
     first = status.merge_conditions(
-        [], [{"type": "Ready", "status": "False", "reason": "A", "message": ""}],
-        now="t1", generation=1,
-    )  # fmt: skip
+        [],
+        [{"type": "Ready", "status": "False", "reason": "A", "message": ""}],
+        now="t1",
+        generation=1,
+    )
     same = status.merge_conditions(
-        first, [{"type": "Ready", "status": "False", "reason": "B", "message": "x"}],
-        now="t2", generation=2,
-    )  # fmt: skip
+        first,
+        [{"type": "Ready", "status": "False", "reason": "B", "message": "x"}],
+        now="t2",
+        generation=2,
+    )
     flipped = status.merge_conditions(
-        same, [{"type": "Ready", "status": "True", "reason": "C", "message": ""}],
-        now="t3", generation=3,
-    )  # fmt: skip
+        same,
+        [{"type": "Ready", "status": "True", "reason": "C", "message": ""}],
+        now="t3",
+        generation=3,
+    )
     assert by_type(first)["Ready"]["lastTransitionTime"] == "t1"
     assert by_type(same)["Ready"]["lastTransitionTime"] == "t1"
     assert by_type(same)["Ready"]["reason"] == "B"
@@ -108,9 +132,12 @@ def test_router_condition_is_seeded_then_preserved() -> None:
     seeded = by_type(status.merge_conditions([], [], now="t", generation=1))
     assert seeded["SpeculationControlled"]["status"] == "Unknown"
     router_said = {
-        "type": "SpeculationControlled", "status": "True", "reason": "ThresholdsPushed",
-        "message": "3 pods", "lastTransitionTime": "t0",
-    }  # fmt: skip
+        "type": "SpeculationControlled",
+        "status": "True",
+        "reason": "ThresholdsPushed",
+        "message": "3 pods",
+        "lastTransitionTime": "t0",
+    }
     merged = by_type(status.merge_conditions([router_said], [], now="t9", generation=2))
     assert merged["SpeculationControlled"] == router_said
 

@@ -1,8 +1,8 @@
 """The worker-image patch, checked on the CPU: it applies cleanly to the pinned SGLang 0.5.17
 wheel and compiles, and the pure logic it adds agrees with specgate's control contract.
 
-The GPU half (runtime control, output identity, speed) is worker-image/gputest/, run on a GPU
-machine; its results are in worker-image/GPU-RESULTS.md.
+The GPU half (runtime control, output identity, speed) is lab/gpu/, run on a GPU
+machine; its results are in lab/GPU-NOTEBOOK.md.
 """
 
 from __future__ import annotations
@@ -36,16 +36,31 @@ def patched_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     WHEELS.mkdir(parents=True, exist_ok=True)
     if not list(WHEELS.glob("sglang-0.5.17-*.whl")):
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-             "sglang==0.5.17", "-d", str(WHEELS)],
-            check=True, timeout=600,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-deps",
+                "--only-binary=:all:",
+                "sglang==0.5.17",
+                "-d",
+                str(WHEELS),
+            ],
+            check=True,
+            timeout=600,
+        )
     (wheel,) = WHEELS.glob("sglang-0.5.17-*.whl")
     site = tmp_path_factory.mktemp("site")
     with zipfile.ZipFile(wheel) as zf:
         zf.extractall(site)
-    result = subprocess.run(["bash", str(ROOT / "worker-image" / "apply-patch.sh"), str(site)],
-                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    result = subprocess.run(
+        ["bash", str(ROOT / "worker-image" / "apply-patch.sh"), str(site)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "patched and compiled" in result.stdout
     return site
@@ -76,16 +91,28 @@ def _module(site: Path) -> ModuleType:
 
 
 CASES: list[tuple[Any, Any]] = [
-    (None, None), (0, 0), (3, 3), (4096, 4096), (-1, "error"), (2.5, "error"), (4.0, "error"),
-    ("3", "error"), (True, "error"), (False, "error"), ([4], "error"), (1 << 21, "error"),
-]  # fmt: skip
+    (None, None),
+    (0, 0),
+    (3, 3),
+    (4096, 4096),
+    (-1, "error"),
+    (2.5, "error"),
+    (4.0, "error"),
+    ("3", "error"),
+    (True, "error"),
+    (False, "error"),
+    ([4], "error"),
+    (1 << 21, "error"),
+]
 
 
 @pytest.mark.parametrize(("value", "expected"), CASES)
 def test_patch_validates_like_the_contract(value: Any, expected: Any, patched_site: Path) -> None:
     module = _module(patched_site)
-    for parse, error in ((module.parse_threshold, module.ThresholdError),
-                         (contract.parse_threshold, contract.ThresholdError)):  # fmt: skip
+    for parse, error in (
+        (module.parse_threshold, module.ThresholdError),
+        (contract.parse_threshold, contract.ThresholdError),
+    ):
         if expected == "error":
             with pytest.raises(error):
                 parse(value)
@@ -120,8 +147,13 @@ def test_controller_switches_states_by_batch(patched_site: Path) -> None:
     ctrl = module.ThresholdController(worker, 4)
     ctrl.register(type("State", (), {"speculative_num_steps": 3})())
     ctrl.init_states(cuda_graph_bs=[1, 2, 4])
-    assert [ctrl.activate_step_by_batch(b) for b in (2, 4, 5, 8, 3)] == [True, True, False,
-                                                                         False, True]  # fmt: skip
+    assert [ctrl.activate_step_by_batch(b) for b in (2, 4, 5, 8, 3)] == [
+        True,
+        True,
+        False,
+        False,
+        True,
+    ]
     assert worker.applied == [0, 3]  # switched only when the mode changed
     assert (ctrl.decode_steps_on, ctrl.decode_steps_off) == (3, 2)
     ctrl.set_threshold(None)
@@ -132,9 +164,17 @@ def test_controller_switches_states_by_batch(patched_site: Path) -> None:
 
 
 OFF_STEP_TOKEN_CASES: list[tuple[Any, Any]] = [
-    (1, 1), (2, 2), (4, 4), (0, "error"), (5, "error"), (-1, "error"), (2.0, "error"),
-    ("2", "error"), (True, "error"), (None, "error"),
-]  # fmt: skip
+    (1, 1),
+    (2, 2),
+    (4, 4),
+    (0, "error"),
+    (5, "error"),
+    (-1, "error"),
+    (2.0, "error"),
+    ("2", "error"),
+    (True, "error"),
+    (None, "error"),
+]
 
 
 @pytest.mark.parametrize(("value", "expected"), OFF_STEP_TOKEN_CASES)
@@ -157,12 +197,20 @@ def test_an_off_step_decodes_several_tokens_only_where_nothing_needs_each_one_fi
     patched_site: Path,
 ) -> None:
     module = _module(patched_site)
-    free = {"lagged_off": True, "penalties": False, "custom_logit_processor": False,
-            "return_hidden_states": False}  # fmt: skip
+    free = {
+        "lagged_off": True,
+        "penalties": False,
+        "custom_logit_processor": False,
+        "return_hidden_states": False,
+    }
     assert module.off_step_tokens(4, **free) == 4
     assert module.off_step_tokens(1, **free) == 1
-    blockers = (("lagged_off", False), ("penalties", True), ("custom_logit_processor", True),
-                ("return_hidden_states", True))  # fmt: skip
+    blockers = (
+        ("lagged_off", False),
+        ("penalties", True),
+        ("custom_logit_processor", True),
+        ("return_hidden_states", True),
+    )
     for blocker, value in blockers:
         assert module.off_step_tokens(4, **{**free, blocker: value}) == 1, blocker
 
@@ -179,14 +227,20 @@ def test_an_off_step_of_several_tokens_hands_the_scheduler_a_verify_shaped_resul
     plain = _function(worker, "EAGLEWorkerV2._forward_plain_decode")
     (loop,) = [n for n in ast.walk(plain) if isinstance(n, ast.For)]
     assert ast.unparse(loop.iter) == "range(tokens)"
-    stepped = {ast.unparse(n.targets[0]): ast.unparse(n.value) for n in ast.walk(loop)
-               if isinstance(n, ast.Assign)}  # fmt: skip
+    stepped = {
+        ast.unparse(n.targets[0]): ast.unparse(n.value)
+        for n in ast.walk(loop)
+        if isinstance(n, ast.Assign)
+    }
     assert stepped["forward_batch.input_ids"] == "sampled[-1]"
     assert stepped["forward_batch.positions"] == "forward_batch.positions + 1"
     assert stepped["forward_batch.seq_lens"] == "forward_batch.seq_lens + 1"
     assert stepped["forward_batch.out_cache_loc"] == "slots[i]"
-    after = {ast.unparse(n.targets[0]): ast.unparse(n.value) for n in plain.body
-             if isinstance(n, ast.Assign)}  # fmt: skip
+    after = {
+        ast.unparse(n.targets[0]): ast.unparse(n.value)
+        for n in plain.body
+        if isinstance(n, ast.Assign)
+    }
     assert after["result.speculative_num_draft_tokens"] == "tokens"
     assert after["result.accept_lens"] == "self._int32_constant(tokens, bs)"
     assert after["result.new_seq_lens"] == "forward_batch.seq_lens"
@@ -196,12 +250,19 @@ def test_an_off_step_of_several_tokens_hands_the_scheduler_a_verify_shaped_resul
     assert ast.unparse(decided.args[0]) == "self._off_step_tokens"
     processor = srt / "managers" / "scheduler_components" / "batch_result_processor.py"
     resolve = _function(processor, "SchedulerBatchResultProcessor._resolve_spec_v2_tokens")
-    (fast,) = [n for n in resolve.body if isinstance(n, ast.If)
-               and "result.speculating is False" in ast.unparse(n.test)
-               and "stride == 1" in ast.unparse(n.test)]  # fmt: skip
+    (fast,) = [
+        n
+        for n in resolve.body
+        if isinstance(n, ast.If)
+        and "result.speculating is False" in ast.unparse(n.test)
+        and "stride == 1" in ast.unparse(n.test)
+    ]
     assert "req.kv_committed_len += stride" in ast.unparse(fast)
-    (uncounted,) = [n for n in resolve.body if isinstance(n, ast.If)
-                    and ast.unparse(n.test) == "result.speculating is False"]  # fmt: skip
+    (uncounted,) = [
+        n
+        for n in resolve.body
+        if isinstance(n, ast.If) and ast.unparse(n.test) == "result.speculating is False"
+    ]
     assert "result.num_correct_drafts = 0" in ast.unparse(uncounted.body)
     assert "result.num_off_step_extra_tokens = (stride - 1) * len(batch.reqs)" in ast.unparse(fast)
 
@@ -221,11 +282,13 @@ def test_an_off_step_of_several_tokens_counts_every_token_it_generated(
     (stats,) = _calls(decode, "report_decode_stats")
     counted = {kw.arg: ast.unparse(kw.value) for kw in stats.keywords}
     assert counted["num_correct_drafts"] == (
-        "result.num_correct_drafts + result.num_off_step_extra_tokens")  # fmt: skip
+        "result.num_correct_drafts + result.num_off_step_extra_tokens"
+    )
     counters = _function(srt / "managers" / "scheduler.py", "Scheduler._record_step_counters")
     (moment,) = _calls(counters, "_accumulate_decode_moment")
     assert ast.unparse(moment.args[3]) == (
-        "batch_size + result.num_correct_drafts + result.num_off_step_extra_tokens")  # fmt: skip
+        "batch_size + result.num_correct_drafts + result.num_off_step_extra_tokens"
+    )
 
 
 def test_off_step_tokens_are_checked_at_start_up_after_the_algorithm_defaults(
@@ -313,7 +376,7 @@ def test_dockerfile_pins_the_base_and_applies_the_patch() -> None:
 
 
 def _gputest_module(name: str) -> ModuleType:
-    return load_module(ROOT / "worker-image" / "gputest" / f"{name}.py", name)
+    return load_module(ROOT / "lab" / "gpu" / f"{name}.py", name)
 
 
 def test_server_flags_set_weights_memory_and_caps() -> None:
@@ -325,8 +388,13 @@ def test_server_flags_set_weights_memory_and_caps() -> None:
     assert dummy[dummy.index("--mem-fraction-static") + 1] == "0.25"
     assert dummy[dummy.index("--cuda-graph-max-bs-decode") + 1] == "16"  # COMMON's default
     assert "--max-running-requests" not in dummy
-    real = verify.server_flags(Path("/m/target"), mem_fraction=0.3, max_running=128,
-                               max_graph_batch=128, dummy_weights=False)  # fmt: skip
+    real = verify.server_flags(
+        Path("/m/target"),
+        mem_fraction=0.3,
+        max_running=128,
+        max_graph_batch=128,
+        dummy_weights=False,
+    )
     assert "--load-format" not in real and "dummy" not in real
     assert real[real.index("--cuda-graph-max-bs-decode") + 1] == "128"
     assert real[real.index("--max-running-requests") + 1] == "128"
@@ -334,8 +402,9 @@ def test_server_flags_set_weights_memory_and_caps() -> None:
     assert verify.COMMON[verify.COMMON.index("--mem-fraction-static") + 1] == "0.35"  # unchanged
     # Idle schedulers sleep only where asked (the benchmarks that run servers side by side).
     assert "--sleep-on-idle" not in dummy and "--sleep-on-idle" not in verify.COMMON
-    assert "--sleep-on-idle" in verify.server_flags(Path("/m"), mem_fraction=0.2,
-                                                    sleep_on_idle=True)  # fmt: skip
+    assert "--sleep-on-idle" in verify.server_flags(
+        Path("/m"), mem_fraction=0.2, sleep_on_idle=True
+    )
 
 
 def test_synthetic_pair_acceptance_by_construction() -> None:
@@ -365,9 +434,7 @@ def test_recovery_judge_on_the_recorded_gpu_run() -> None:
     for sibling in ("verify", "synthetic", "speed"):  # what recovery.py imports beside it
         _gputest_module(sibling)
     recovery = _gputest_module("recovery")
-    log = (
-        ROOT / "worker-image" / "gputest" / "results" / "recovery-2026-11-30-2xh200.log"
-    ).read_text()
+    log = (ROOT / "lab" / "gpu" / "results" / "recovery-2026-11-30-2xh200.log").read_text()
     runs = recovery.windows_from_log(log)
     assert len(runs) == 6  # two servers x three temperatures
     for windows in runs.values():
@@ -396,8 +463,11 @@ def test_draftkv_flip_point_and_judge() -> None:
     assert synthetic.context_flip(200, 16.0, 2048, 1024) > 119  # a louder context holds longer
     assert synthetic.context_flip(200, 0.0, 2048, 1024) == 0.0  # no context: never proposes A
     assert synthetic.context_flip(1, 8.0, 2048, 1024) == 0.0  # one A: B wins at once
-    runs = {"control": {"accept_length": 1.05}, "early": {"accept_length": 1.1},
-            "synced": {"accept_length": 3.98}}  # fmt: skip
+    runs = {
+        "control": {"accept_length": 1.05},
+        "early": {"accept_length": 1.1},
+        "synced": {"accept_length": 3.98},
+    }
     assert draftkv.judge(runs)
     assert not draftkv.judge({**runs, "synced": {"accept_length": 1.2}})  # off steps not written
     assert not draftkv.judge({**runs, "control": {"accept_length": 3.9}})  # draft ignores context
@@ -411,8 +481,17 @@ def test_draftkv_flip_point_and_judge() -> None:
     assert len({2, layers // 2, layers - 3}) == 3
 
 
-LEAN_OK = dict(enabled=True, graph_runner=True, width=1, topk=1, rejection_sampling=False,
-               dsa_seed=False, canary=False, mlp_sync=False, hip=False)  # fmt: skip
+LEAN_OK = dict(
+    enabled=True,
+    graph_runner=True,
+    width=1,
+    topk=1,
+    rejection_sampling=False,
+    dsa_seed=False,
+    canary=False,
+    mlp_sync=False,
+    hip=False,
+)
 
 
 @pytest.mark.parametrize(
@@ -436,8 +515,9 @@ def test_lean_off_extend_only_where_it_holds(
     assert blockers == ([] if reason is None else [reason])
 
 
-LAGGED_OK = dict(enabled=True, eagle3_one_layer=True, plain_kv_pool=True, dcp=False,
-                 mixed_chunk=False, hip=False)  # fmt: skip
+LAGGED_OK = dict(
+    enabled=True, eagle3_one_layer=True, plain_kv_pool=True, dcp=False, mixed_chunk=False, hip=False
+)
 
 
 @pytest.mark.parametrize(
@@ -459,10 +539,20 @@ def test_lagged_draft_kv_only_where_it_holds(
     assert blockers == ([] if reason is None else [reason])
 
 
-KV_ONLY_PREFILL_OK = dict(enabled=True, lagged_off=True, full_prefill_done=True, overlap=True,
-                          plain_extend=True, logprob=False, grammar=False, multimodal=False,
-                          next_batch=40, max_running=64, threshold=8,
-                          max_lagged_batch=64)  # fmt: skip
+KV_ONLY_PREFILL_OK = dict(
+    enabled=True,
+    lagged_off=True,
+    full_prefill_done=True,
+    overlap=True,
+    plain_extend=True,
+    logprob=False,
+    grammar=False,
+    multimodal=False,
+    next_batch=40,
+    max_running=64,
+    threshold=8,
+    max_lagged_batch=64,
+)
 
 
 @pytest.mark.parametrize(
@@ -510,15 +600,21 @@ def test_prefills_are_counted_by_what_they_ran_of_the_draft(patched_site: Path) 
     srt = patched_site / "sglang" / "srt"
     worker = srt / "speculative" / "eagle_worker_v2.py"
     entry = _function(worker, "EAGLEWorkerV2.forward_batch_generation")
-    (kv_only,) = [n for n in ast.walk(entry) if isinstance(n, ast.If)
-                  and ast.unparse(n.test).startswith("self._draft_kv_only_prefill(")]  # fmt: skip
+    (kv_only,) = [
+        n
+        for n in ast.walk(entry)
+        if isinstance(n, ast.If) and ast.unparse(n.test).startswith("self._draft_kv_only_prefill(")
+    ]
     body = [ast.unparse(n) for n in kv_only.body]
     assert "self.threshold_controller.prefills_draft_kv_only += 1" in body
     assert body[-1] == "return batch_output"
     (full,) = _calls(entry, "_draft_extend_for_prefill")
     full_counter = "self.threshold_controller.prefills_full_draft"
-    counted = [n for n in ast.walk(entry) if isinstance(n, ast.AugAssign)
-               and ast.unparse(n.target) == full_counter]  # fmt: skip
+    counted = [
+        n
+        for n in ast.walk(entry)
+        if isinstance(n, ast.AugAssign) and ast.unparse(n.target) == full_counter
+    ]
     assert len(counted) == 1 and counted[0].lineno > full.lineno
     snapshot = (srt / "managers" / "load_snapshot.py").read_text()
     assert "prefills_draft_kv_only: Optional[int] = None" in snapshot
@@ -540,31 +636,41 @@ def test_a_step_that_takes_one_slot_a_request_writes_them_as_plain_decoding_does
     (alloc,) = _calls(prepare, "alloc_for_spec_decode")
     passed = {kw.arg: ast.unparse(kw.value) for kw in alloc.keywords}
     assert passed["slots_each"] == "slots_each or 0"
-    flags = [ast.unparse(n) for n in ast.walk(prepare) if isinstance(n, ast.Assign)
-             and ast.unparse(n.targets[0]) == "slots_each"]  # fmt: skip
+    flags = [
+        ast.unparse(n)
+        for n in ast.walk(prepare)
+        if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "slots_each"
+    ]
     assert flags == ["slots_each = None", "slots_each = nxt - cur", "slots_each = 0"]
     allocation = _function(srt / "mem_cache" / "allocation.py", "alloc_for_spec_decode")
-    (one,) = [n for n in ast.walk(allocation) if isinstance(n, ast.If)
-              and ast.unparse(n.test) == "slots_each == 1"]  # fmt: skip
+    (one,) = [
+        n
+        for n in ast.walk(allocation)
+        if isinstance(n, ast.If) and ast.unparse(n.test) == "slots_each == 1"
+    ]
     assert [ast.unparse(n) for n in one.body] == [
         "req_to_token_pool.req_to_token[req_pool_indices, cur_kv_lens.long()] = "
-        "out_cache_loc.to(torch.int32)"]  # fmt: skip
+        "out_cache_loc.to(torch.int32)"
+    ]
     (several,) = one.orelse
     assert isinstance(several, ast.If) and ast.unparse(several.test) == "slots_each > 1"
     assert ast.unparse(several.body[-1]).endswith(
-        "= out_cache_loc.to(torch.int32).view(-1, slots_each)")  # fmt: skip
+        "= out_cache_loc.to(torch.int32).view(-1, slots_each)"
+    )
     assert _calls(several.orelse[0], "assign_req_to_token_pool_func")
 
 
-def _uniform_store(req_to_token: Any, rows: list[int], cur: list[int], out: list[int],
-                   k: int) -> None:  # fmt: skip
+def _uniform_store(
+    req_to_token: Any, rows: list[int], cur: list[int], out: list[int], k: int
+) -> None:
     """The patch's k-slots-each store, in NumPy, whose advanced indexing torch's follows."""
     rows_a, cur_a, out_a = np.array(rows), np.array(cur), np.array(out)
     req_to_token[rows_a[:, None], cur_a[:, None] + np.arange(k)] = out_a.reshape(-1, k)
 
 
-def _assign_kernel(req_to_token: list[list[int]], rows: list[int], cur: list[int],
-                   nxt: list[int], out: list[int]) -> None:  # fmt: skip
+def _assign_kernel(
+    req_to_token: list[list[int]], rows: list[int], cur: list[int], nxt: list[int], out: list[int]
+) -> None:
     """assign_req_to_token_pool's semantics: request i's slots are out_cache_loc from the sum
     of the earlier requests' (nxt - cur), written at cur .. nxt - 1 of its row."""
     offset = 0
@@ -589,7 +695,8 @@ def test_the_uniform_store_writes_what_the_triton_kernel_writes(k: int) -> None:
     slots = got[rows_a[None, :], cur_a[None, :] + np.arange(k)[:, None]]
     assert slots.shape == (k, len(rows)) and slots.flags["C_CONTIGUOUS"]
     assert [slots[i].tolist() for i in range(k)] == [
-        [out[j * k + i] for j in range(len(rows))] for i in range(k)]  # fmt: skip
+        [out[j * k + i] for j in range(len(rows))] for i in range(k)
+    ]
 
 
 def test_a_draft_kv_only_prefill_leaves_a_catch_up_and_no_proposal(patched_site: Path) -> None:
@@ -604,13 +711,21 @@ def test_a_draft_kv_only_prefill_leaves_a_catch_up_and_no_proposal(patched_site:
     assert decided.lineno < full.lineno
     write = _function(worker, "EAGLEWorkerV2._write_prompt_draft_kv")
     assert _calls(write, "keep") and _calls(write, "write")
-    assert any(isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "self._lag_pending"
-               and ast.unparse(n.value) == "True" for n in ast.walk(write))  # fmt: skip
+    assert any(
+        isinstance(n, ast.Assign)
+        and ast.unparse(n.targets[0]) == "self._lag_pending"
+        and ast.unparse(n.value) == "True"
+        for n in ast.walk(write)
+    )
     (made,) = _calls(write, "EagleDraftInput")
     assert {kw.arg for kw in made.keywords} >= {"bonus_tokens"}
     assert not {"topk_p", "topk_index", "hidden_states"} & {kw.arg for kw in made.keywords}
-    done = [n for n in ast.walk(entry) if isinstance(n, ast.Assign)
-            and ast.unparse(n.targets[0]) == "self._full_draft_prefill_done"]  # fmt: skip
+    done = [
+        n
+        for n in ast.walk(entry)
+        if isinstance(n, ast.Assign)
+        and ast.unparse(n.targets[0]) == "self._full_draft_prefill_done"
+    ]
     assert len(done) == 1 and done[0].lineno > full.lineno
 
 
@@ -623,19 +738,25 @@ def test_a_lagged_off_step_hands_back_host_accept_lengths(patched_site: Path) ->
     srt = patched_site / "sglang" / "srt"
     worker = srt / "speculative" / "eagle_worker_v2.py"
     off = _function(worker, "EAGLEWorkerV2._forward_plain_decode_and_extend")
-    (lagged,) = [n for n in ast.walk(off) if isinstance(n, ast.If)
-                 and ast.unparse(n.test) == "lagged_off"]  # fmt: skip
-    (handed,) = [n for n in lagged.body if isinstance(n, ast.Assign)
-                 and ast.unparse(n.targets[0]) == "batch_output.accept_lens"]  # fmt: skip
+    (lagged,) = [
+        n for n in ast.walk(off) if isinstance(n, ast.If) and ast.unparse(n.test) == "lagged_off"
+    ]
+    (handed,) = [
+        n
+        for n in lagged.body
+        if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "batch_output.accept_lens"
+    ]
     assert ast.unparse(handed.value).replace("\n", "").replace(" ", "") == (
-        "self._host_constant(tokens,target_batch.batch_size)")  # fmt: skip
+        "self._host_constant(tokens,target_batch.batch_size)"
+    )
     assert isinstance(lagged.body[-1], ast.Return)
     constant = ast.unparse(_function(worker, "EAGLEWorkerV2._host_constant"))
     assert "torch.full((n,), value, dtype=torch.int32)" in constant
     assert "device" not in constant
     d2h = ast.parse((srt / "managers" / "utils.py").read_text())
-    (async_d2h,) = [n for n in d2h.body
-                    if isinstance(n, ast.FunctionDef) and n.name == "_async_d2h"]  # fmt: skip
+    (async_d2h,) = [
+        n for n in d2h.body if isinstance(n, ast.FunctionDef) and n.name == "_async_d2h"
+    ]
     (passes,) = [n for n in async_d2h.body if isinstance(n, ast.If)]
     assert ast.unparse(passes) == "if not t.is_cuda:\n    return t.to('cpu', non_blocking=True)"
 
@@ -648,11 +769,17 @@ def test_the_worker_passes_every_blocker_check(blockers: str, patched_site: Path
     """The worker decides each off-step path with a pure function of keyword flags; a flag it
     does not pass would stop the server at start-up, on a GPU. Every one is passed."""
     spec = patched_site / "sglang" / "srt" / "speculative"
-    (function,) = [n for n in ast.walk(ast.parse((spec / "spec_threshold.py").read_text()))
-                   if isinstance(n, ast.FunctionDef) and n.name == blockers]  # fmt: skip
+    (function,) = [
+        n
+        for n in ast.walk(ast.parse((spec / "spec_threshold.py").read_text()))
+        if isinstance(n, ast.FunctionDef) and n.name == blockers
+    ]
     worker = ast.parse((spec / "eagle_worker_v2.py").read_text())
-    (call,) = [n for n in ast.walk(worker) if isinstance(n, ast.Call)
-               and isinstance(n.func, ast.Name) and n.func.id == blockers]  # fmt: skip
+    (call,) = [
+        n
+        for n in ast.walk(worker)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == blockers
+    ]
     assert {kw.arg for kw in call.keywords} == {a.arg for a in function.args.kwonlyargs}
 
 
@@ -661,9 +788,14 @@ def _assigned_attrs(source: Path, class_name: str) -> set[str]:
     names = set()
     for node in ast.walk(ast.parse(source.read_text())):
         if isinstance(node, ast.ClassDef) and node.name == class_name:
-            names |= {sub.attr for sub in ast.walk(node) if isinstance(sub, ast.Attribute)
-                      and isinstance(sub.ctx, ast.Store) and isinstance(sub.value, ast.Name)
-                      and sub.value.id == "self"}  # fmt: skip
+            names |= {
+                sub.attr
+                for sub in ast.walk(node)
+                if isinstance(sub, ast.Attribute)
+                and isinstance(sub.ctx, ast.Store)
+                and isinstance(sub.value, ast.Name)
+                and sub.value.id == "self"
+            }
     return names
 
 
@@ -689,14 +821,21 @@ def test_the_patch_adds_no_stream_sync_through_scalar_index_assignment(patched_s
         upstream_worker = zf.read("sglang/srt/speculative/eagle_worker_v2.py").decode()
 
     def methods(source: str) -> dict[str, ast.FunctionDef]:
-        return {f"{c.name}.{f.name}": f for c in ast.walk(ast.parse(source))
-                if isinstance(c, ast.ClassDef) for f in c.body
-                if isinstance(f, ast.FunctionDef)}  # fmt: skip
+        return {
+            f"{c.name}.{f.name}": f
+            for c in ast.walk(ast.parse(source))
+            if isinstance(c, ast.ClassDef)
+            for f in c.body
+            if isinstance(f, ast.FunctionDef)
+        }
 
     speculative = patched_site / "sglang" / "srt" / "speculative"
     before = {name: ast.dump(f) for name, f in methods(upstream_worker).items()}
-    changed = [f for name, f in methods((speculative / "eagle_worker_v2.py").read_text()).items()
-               if before.get(name) != ast.dump(f)]  # fmt: skip
+    changed = [
+        f
+        for name, f in methods((speculative / "eagle_worker_v2.py").read_text()).items()
+        if before.get(name) != ast.dump(f)
+    ]
     writer = methods((speculative / "lagged_draft_kv.py").read_text())
     assert "EAGLEWorkerV2._catch_up_lagged_draft_kv" in {f"EAGLEWorkerV2.{f.name}" for f in changed}
     assert {"LaggedDraftKvWriter.forget", "LaggedDraftKvWriter.keep"} <= set(writer)
@@ -729,18 +868,28 @@ def test_lagged_draft_kv_write_reads_what_the_eagle3_draft_has(patched_site: Pat
         assert reads <= defined, f"{name}: {sorted(reads - defined)} not defined by SGLang"
     # The decode runner calls capture_hook(runner, out, forward_batch, num_tokens).
     runner = srt / "model_executor" / "runner" / "decode_cuda_graph_runner.py"
-    (call,) = [n for n in ast.walk(ast.parse(runner.read_text())) if isinstance(n, ast.Call)
-               and isinstance(n.func, ast.Name) and n.func.id == "capture_hook"]  # fmt: skip
-    hook = _function_args(srt / "speculative" / "lagged_draft_kv.py",
-                          "LaggedDraftKvWriter.capture_hook")  # fmt: skip
+    (call,) = [
+        n
+        for n in ast.walk(ast.parse(runner.read_text()))
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "capture_hook"
+    ]
+    hook = _function_args(
+        srt / "speculative" / "lagged_draft_kv.py", "LaggedDraftKvWriter.capture_hook"
+    )
     assert len(hook) == 1 + len(call.args)  # self, then what the runner passes (itself first)
 
 
 def _calls(func: ast.FunctionDef, name: str) -> list[ast.Call]:
     """Calls of self.<name>(...) or <name>(...) in a function, in source order."""
-    found = [n for n in ast.walk(func) if isinstance(n, ast.Call) and (
-        (isinstance(n.func, ast.Attribute) and n.func.attr == name)
-        or (isinstance(n.func, ast.Name) and n.func.id == name))]  # fmt: skip
+    found = [
+        n
+        for n in ast.walk(func)
+        if isinstance(n, ast.Call)
+        and (
+            (isinstance(n.func, ast.Attribute) and n.func.attr == name)
+            or (isinstance(n.func, ast.Name) and n.func.id == name)
+        )
+    ]
     return sorted(found, key=lambda n: (n.lineno, n.col_offset))
 
 
@@ -767,8 +916,9 @@ def test_the_lagged_off_step_is_decided_while_the_batch_is_still_a_decode_batch(
     run_batch = _function(srt / "managers" / "scheduler.py", "Scheduler.run_batch")
     overlap_resolve = _calls(run_batch, "resolve_forward_inputs")[0]
     assert "bonus_only" in {kw.arg for kw in overlap_resolve.keywords}
-    assert any(isinstance(n, ast.Constant) and n.value == "lagged_off_step"
-               for n in ast.walk(run_batch))  # fmt: skip
+    assert any(
+        isinstance(n, ast.Constant) and n.value == "lagged_off_step" for n in ast.walk(run_batch)
+    )
 
 
 def test_only_a_speculation_off_step_tells_the_next_step_its_lengths(patched_site: Path) -> None:
@@ -784,8 +934,9 @@ def test_only_a_speculation_off_step_tells_the_next_step_its_lengths(patched_sit
     def host_lengths(call: ast.Call) -> bool:
         return "new_seq_lens_cpu" in {kw.arg for kw in call.keywords}
 
-    (off_publish,) = _calls(_function(worker, "EAGLEWorkerV2._forward_plain_decode_and_extend"),
-                            "on_publish")  # fmt: skip
+    (off_publish,) = _calls(
+        _function(worker, "EAGLEWorkerV2._forward_plain_decode_and_extend"), "on_publish"
+    )
     assert host_lengths(off_publish)
     entry = _function(worker, "EAGLEWorkerV2.forward_batch_generation")
     prefill_publish, speculating_publish = _calls(entry, "on_publish")
@@ -794,8 +945,11 @@ def test_only_a_speculation_off_step_tells_the_next_step_its_lengths(patched_sit
     assert host_lengths(prefill_publish)
     assert not host_lengths(speculating_publish)
     run_batch = _function(srt / "managers" / "scheduler.py", "Scheduler.run_batch")
-    (partial_publish,) = [call for call in _calls(run_batch, "partial")
-                          if ast.unparse(call.args[0]) == "self.future_map.publish"]  # fmt: skip
+    (partial_publish,) = [
+        call
+        for call in _calls(run_batch, "partial")
+        if ast.unparse(call.args[0]) == "self.future_map.publish"
+    ]
     assert "indices_cpu" in {kw.arg for kw in partial_publish.keywords}
 
 
@@ -826,7 +980,13 @@ def test_prompt_kv_write_replays_a_graph_per_token_bucket(patched_site: Path) ->
     assert module.prompt_kv_graph_buckets(0) == []
     bucket = module.prompt_kv_bucket
     assert [bucket(n, buckets) for n in (1, 16, 17, 1024, 1025, 2048)] == [
-        16, 16, 32, 1024, 2048, 2048]  # fmt: skip
+        16,
+        16,
+        32,
+        1024,
+        2048,
+        2048,
+    ]
     assert bucket(2049, buckets) is None and bucket(0, buckets) is None
     assert bucket(5, []) is None
 
@@ -837,14 +997,18 @@ def test_prompt_kv_write_replays_a_graph_per_token_bucket(patched_site: Path) ->
     assert graph_write.lineno < eager_write.lineno  # the graph first, kernel by kernel after
     # With a graph, the host builds one array and launches only the copies and the replay:
     # the shift, the tails' scatter and the keep are inside the graph.
-    (graph_branch,) = [n for n in ast.walk(worker) if isinstance(n, ast.If)
-                       and ast.unparse(n.test) == "size is not None"]  # fmt: skip
+    (graph_branch,) = [
+        n
+        for n in ast.walk(worker)
+        if isinstance(n, ast.If) and ast.unparse(n.test) == "size is not None"
+    ]
     graph_side = ast.Module(body=graph_branch.body, type_ignores=[])
     assert "prompt_kv_graph_inputs(" in ast.unparse(graph_side)
     assert "keep(" not in ast.unparse(graph_side) and "empty_like" not in ast.unparse(graph_side)
     assert "keep(" in ast.unparse(ast.Module(body=graph_branch.orelse, type_ignores=[]))
-    capture = _function(speculative / "eagle_worker_v2.py",
-                        "EAGLEWorkerV2._capture_prompt_kv_graphs")  # fmt: skip
+    capture = _function(
+        speculative / "eagle_worker_v2.py", "EAGLEWorkerV2._capture_prompt_kv_graphs"
+    )
     refusals = ast.unparse(capture)
     for reason in ("PROMPT_KV_GRAPHS_ENV", "Backend.DISABLED", "world_size > 1"):
         assert reason in refusals
@@ -876,9 +1040,11 @@ def test_prompt_kv_graph_inputs_pad_into_harmless_rows(patched_site: Path) -> No
     inputs = _module(patched_site).prompt_kv_graph_inputs
     rng = np.random.default_rng(7)
     for size, prefix_lens, extend_lens in [
-        (16, [0, 5, 2], [3, 2, 4]), (16, [3], [16]), (32, [0] * 17, [1] * 17),
+        (16, [0, 5, 2], [3, 2, 4]),
+        (16, [3], [16]),
+        (32, [0] * 17, [1] * 17),
         (64, [10, 0], [30, 1]),
-    ]:  # fmt: skip
+    ]:
         count, total = len(extend_lens), sum(extend_lens)
         rows = list(rng.choice(np.arange(1, 100), size=count, replace=False))
         meta = inputs(prefix_lens, extend_lens, rows, size)
@@ -933,11 +1099,13 @@ def test_decode_lengths_reach_the_gpu_in_one_copy_from_pinned_memory(patched_sit
         for node in ast.parse(source.read_text()).body
         if isinstance(node, ast.FunctionDef) and node.name == "eagle_prepare_for_decode"
     ]
-    made = [call for call in _calls(func, "tensor")
-            if "pin_memory" in {kw.arg for kw in call.keywords}]  # fmt: skip
+    made = [
+        call for call in _calls(func, "tensor") if "pin_memory" in {kw.arg for kw in call.keywords}
+    ]
     assert len(made) == 1
-    copies = [call for call in _calls(func, "to")
-              if any(kw.arg == "non_blocking" for kw in call.keywords)]  # fmt: skip
+    copies = [
+        call for call in _calls(func, "to") if any(kw.arg == "non_blocking" for kw in call.keywords)
+    ]
     assert [ast.unparse(call.func) for call in copies] == ["kv_lens_cpu.to"]
 
 
@@ -948,9 +1116,14 @@ def _reads_of(func: ast.FunctionDef, name: str) -> set[str]:
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
             if node.value.id == name and isinstance(node.ctx, ast.Load):
                 reads.add(node.attr)
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-              and node.func.id == "getattr" and isinstance(node.args[0], ast.Name)
-              and node.args[0].id == name and isinstance(node.args[1], ast.Constant)):  # fmt: skip
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "getattr"
+            and isinstance(node.args[0], ast.Name)
+            and node.args[0].id == name
+            and isinstance(node.args[1], ast.Constant)
+        ):
             reads.add(node.args[1].value)
     return reads
 
@@ -961,12 +1134,17 @@ def test_lean_draft_extend_gives_the_graph_runner_all_it_reads(patched_site: Pat
     not a ForwardBatch. Every field execute reads must be in it, so an SGLang update that reads
     one more fails here, not on a GPU."""
     spec = patched_site / "sglang" / "srt" / "speculative"
-    execute = _function(spec / "eagle_draft_extend_cuda_graph_runner.py",
-                        "EAGLEDraftExtendCudaGraphRunner.execute")  # fmt: skip
+    execute = _function(
+        spec / "eagle_draft_extend_cuda_graph_runner.py", "EAGLEDraftExtendCudaGraphRunner.execute"
+    )
     lean = _function(spec / "eagle_worker_v2.py", "EAGLEWorkerV2._replay_draft_extend")
-    (namespace,) = [n for n in ast.walk(lean) if isinstance(n, ast.Call)
-                    and isinstance(n.func, ast.Name)
-                    and n.func.id == "SimpleNamespace"]  # fmt: skip
+    (namespace,) = [
+        n
+        for n in ast.walk(lean)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Name)
+        and n.func.id == "SimpleNamespace"
+    ]
     given = {kw.arg for kw in namespace.keywords}
     # Read only when DP attention gathers MLP inputs, which the lean path excludes.
     only_with_mlp_gather = {"global_num_tokens_cpu"}
@@ -976,12 +1154,22 @@ def test_lean_draft_extend_gives_the_graph_runner_all_it_reads(patched_site: Pat
     # or ones execute sets itself before reading.
     (draft_input,) = [kw.value for kw in namespace.keywords if kw.arg == "spec_info"]
     set_by_lean = {kw.arg for kw in draft_input.keywords}
-    spec_reads = {n.attr for n in ast.walk(execute) if isinstance(n, ast.Attribute)
-                  and isinstance(n.value, ast.Attribute) and n.value.attr == "spec_info"
-                  and isinstance(n.ctx, ast.Load)}  # fmt: skip
-    set_by_execute = {n.attr for n in ast.walk(execute) if isinstance(n, ast.Attribute)
-                      and isinstance(n.value, ast.Attribute) and n.value.attr == "spec_info"
-                      and isinstance(n.ctx, ast.Store)}  # fmt: skip
+    spec_reads = {
+        n.attr
+        for n in ast.walk(execute)
+        if isinstance(n, ast.Attribute)
+        and isinstance(n.value, ast.Attribute)
+        and n.value.attr == "spec_info"
+        and isinstance(n.ctx, ast.Load)
+    }
+    set_by_execute = {
+        n.attr
+        for n in ast.walk(execute)
+        if isinstance(n, ast.Attribute)
+        and isinstance(n.value, ast.Attribute)
+        and n.value.attr == "spec_info"
+        and isinstance(n.ctx, ast.Store)
+    }
     assert spec_reads <= set_by_lean | set_by_execute, spec_reads - set_by_lean - set_by_execute
 
 
@@ -1112,10 +1300,18 @@ def test_profile_summary_puts_gpu_time_per_step_side_by_side(
     summary = _gputest_module("profile_summary")
 
     def trace(folder: str, kernels: list[tuple[str, int, int]]) -> None:
-        events = [{"ph": "X", "cat": "kernel", "name": n, "ts": ts, "dur": dur}
-                  for n, ts, dur in kernels]  # fmt: skip
-        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 0,
-                       "dur": 1_000_000})  # host side: not GPU time  # fmt: skip
+        events = [
+            {"ph": "X", "cat": "kernel", "name": n, "ts": ts, "dur": dur} for n, ts, dur in kernels
+        ]
+        events.append(
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": "cudaLaunchKernel",
+                "ts": 0,
+                "dur": 1_000_000,
+            }
+        )  # host side: not GPU time
         (tmp_path / folder).mkdir()
         with gzip.open(tmp_path / folder / "rank0.trace.json.gz", "wt") as fh:
             json.dump({"traceEvents": events}, fh)
@@ -1138,11 +1334,17 @@ def test_profile_summary_puts_gpu_time_per_step_side_by_side(
     assert "| 350 | 325 | **GPU busy** |" in sixteen
     rows = [line for line in sixteen.splitlines() if line.endswith("` |")]
     # attn and kv_write differ from plain by 50 us a step, gemm not at all.
-    assert rows == ["| 50.0 | 0.0 | `attn` |", "| 0.0 | 50.0 | `kv_write` |",
-                    "| 300.0 | 300.0 | `gemm` |"]  # fmt: skip
+    assert rows == [
+        "| 50.0 | 0.0 | `attn` |",
+        "| 0.0 | 50.0 | `kv_write` |",
+        "| 300.0 | 300.0 | `gemm` |",
+    ]
     assert "| plain | |" in out.split("## c = 64")[1]
     assert summary.by_level({"c = 128": 0, "c = 16": 0, "c = 64": 0}) == [
-        "c = 16", "c = 64", "c = 128"]  # fmt: skip
+        "c = 16",
+        "c = 64",
+        "c = 128",
+    ]
     # --plot: each server's GPU time over plain's by kernel family, one panel per level.
     png = tmp_path / "gpu.png"
     summary.print_gpu_per_step(traces, steps=2, top=5, plot=png)
@@ -1166,8 +1368,7 @@ def test_profile_summary_splits_the_scheduler_thread_by_kind_of_step(tmp_path: P
     summary = _gputest_module("profile_summary")
 
     def span(name: str, ts: int, dur: int, tid: int = 1) -> dict[str, object]:
-        return {"ph": "X", "cat": "user_annotation", "name": name, "ts": ts, "dur": dur,
-                "tid": tid}  # fmt: skip
+        return {"ph": "X", "cat": "user_annotation", "name": name, "ts": ts, "dur": dur, "tid": tid}
 
     events = [
         span("scheduler.run_batch", 0, 300),  # the profiler starting: no step inside
@@ -1204,7 +1405,7 @@ def test_speed_script_orchestration_without_a_gpu(
     """speed.py's bookkeeping with the servers faked: which servers run, in which order the
     windows go, medians, ratios to plain, and the upstream-extend server's environment. What it
     measures on a GPU is in GPU-RESULTS.md."""
-    monkeypatch.syspath_prepend(str(ROOT / "worker-image" / "gputest"))
+    monkeypatch.syspath_prepend(str(ROOT / "lab" / "gpu"))
     speed = _gputest_module("speed")
     started: list[tuple[str, dict[str, str] | None]] = []
     fractions: list[str] = []
@@ -1216,8 +1417,9 @@ def test_speed_script_orchestration_without_a_gpu(
         def wait(self, timeout: float) -> int:
             return 0
 
-    def fake_start(name: str, args: list[str], port: int, logs: Path,
-                   env: dict[str, str] | None = None) -> Proc:  # fmt: skip
+    def fake_start(
+        name: str, args: list[str], port: int, logs: Path, env: dict[str, str] | None = None
+    ) -> Proc:
         started.append((name, env))
         fractions.append(args[args.index("--mem-fraction-static") + 1])
         return Proc()
@@ -1231,8 +1433,17 @@ def test_speed_script_orchestration_without_a_gpu(
     monkeypatch.setattr(speed, "closed_loop", fake_loop)
     monkeypatch.setattr(speed, "spec_loads", lambda port: {"accept_length": 1.0})
     monkeypatch.setattr(speed.time, "sleep", lambda s: None)
-    argv = ["speed.py", "--out", str(tmp_path), "--only", "plain,patched-off-upstream-extend",
-            "--concurrency", "16", "--repeat", "3"]  # fmt: skip
+    argv = [
+        "speed.py",
+        "--out",
+        str(tmp_path),
+        "--only",
+        "plain,patched-off-upstream-extend",
+        "--concurrency",
+        "16",
+        "--repeat",
+        "3",
+    ]
     if interleave:
         argv.append("--interleave")
     monkeypatch.setattr(sys, "argv", argv)
@@ -1270,31 +1481,37 @@ mkdir -p "$2"
 case "$3" in
   verify) echo '{{"all_passed": true}}' > "$2/results.json" ;;
   draftkv) echo '{{"passed": true}}' > "$2/draftkv.json" ;;
-  bench/gpu_envelope.py) echo '{{"windows": []}}' > "$2/envelope.json"; echo log > "$2/plain.log" ;;
+  lab/bench/gpu_envelope.py)
+    echo '{{"windows": []}}' > "$2/envelope.json"; echo log > "$2/plain.log" ;;
 esac
-""")  # fmt: skip
+""")
     for script in (smi, runner):
         script.chmod(0o755)
     out = tmp_path / "out"
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OFF_STEP_RUN": str(runner)}
     if gpus == 1:  # the checks' arguments can be chosen; by default prefill graphs as deployed
         env["OFF_STEP_CHECK_ARGS"] = "--checks control"
-    result = subprocess.run(["bash", str(ROOT / "worker-image" / "gputest" / "off-step-2gpu.sh"),
-                             "site.tar.xz", str(out)], capture_output=True, text=True,
-                            env=env, timeout=60)  # fmt: skip
+    result = subprocess.run(
+        ["bash", str(ROOT / "lab" / "gpu" / "off-step-2gpu.sh"), "site.tar.xz", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     ran = calls.read_text().split("\n")[:-1]
     if gpus == 2:
-        assert sorted(ran) == sorted(["none none", "0 verify", "0 draftkv",
-                                      "1 bench/gpu_envelope.py"])  # fmt: skip
+        assert sorted(ran) == sorted(
+            ["none none", "0 verify", "0 draftkv", "1 lab/bench/gpu_envelope.py"]
+        )
     else:
-        assert ran == ["none none", "0 verify", "0 bench/gpu_envelope.py"]
+        assert ran == ["none none", "0 verify", "0 lab/bench/gpu_envelope.py"]
     # Checks and speed runs replay prefill graphs unless told otherwise (OFF_STEP_CHECK_ARGS
     # for the checks, the script's own arguments for the speed runs).
     args = dict(line.split(" ", 1) for line in Path(f"{calls}.args").read_text().splitlines())
     checks = "--prefill-graph-tokens 4096" if gpus == 2 else "--checks control"
     assert args["verify"] == checks and args.get("draftkv", checks) == checks
-    assert "--prefill-graph-tokens 2048" in args["bench/gpu_envelope.py"]
+    assert "--prefill-graph-tokens 2048" in args["lab/bench/gpu_envelope.py"]
     top = sorted(p.name for p in out.iterdir())
     assert len(top) <= 8 and all(p.is_file() for p in out.iterdir())
     assert {"verify.json", "envelope.json", "logs.tar.xz"} <= set(top)
@@ -1307,7 +1524,7 @@ esac
 def _job(
     tmp_path: Path, script: str, env_var: str, *args: str, env: dict[str, str] | None = None
 ) -> tuple[list[str], Path]:
-    """Run a job script of bench/ with the GPU runner (named by `env_var`) stood in for: each
+    """Run a job script of lab/bench/ with the GPU runner (named by `env_var`) stood in for: each
     run's `GPUS ARGS` line (GPUS `none` where the script named none), and where the results
     came back."""
     calls = tmp_path / "calls.txt"
@@ -1317,12 +1534,17 @@ echo "${{CUDA_VISIBLE_DEVICES:-none}} ${{*:3}}" >> {calls}
 mkdir -p "$2"
 [ "$3" = none ] || {{ echo '{{"windows": []}}' > "$2/envelope.json"; echo log > "$2/plain.log"
   echo log > "$2/router.log"; }}
-""")  # fmt: skip
+""")
     runner.chmod(0o755)
     out = tmp_path / "out"
     run_env = {**os.environ, env_var: str(runner), **(env or {})}
-    result = subprocess.run(["bash", str(ROOT / "bench" / script), "site.tar.xz", str(out), *args],
-                            capture_output=True, text=True, env=run_env, timeout=60)  # fmt: skip
+    result = subprocess.run(
+        ["bash", str(ROOT / "lab" / "bench" / script), "site.tar.xz", str(out), *args],
+        capture_output=True,
+        text=True,
+        env=run_env,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     return calls.read_text().splitlines(), out
 
@@ -1348,10 +1570,11 @@ def _results_came_back(out: Path, files: set[str], logs: set[str]) -> None:
 
 
 def test_workload_ab_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
-    """bench/workload-ab-2gpu.sh: the long-request A/B on GPU 0 beside the prefill-graph A/B
+    """lab/bench/workload-ab-2gpu.sh: the long-request A/B on GPU 0 beside the prefill-graph A/B
     on GPU 1, each told its one change to the sweep's workload, and both the extra arguments."""
-    ran, out = _two_run_job(tmp_path, "workload-ab-2gpu.sh", "WORKLOAD_AB_RUN",
-                            "--temperature", "0.9")  # fmt: skip
+    ran, out = _two_run_job(
+        tmp_path, "workload-ab-2gpu.sh", "WORKLOAD_AB_RUN", "--temperature", "0.9"
+    )
     assert set(ran) == {"0", "1"}
     assert "--new-tokens 512,1024" in ran["0"] and "--prefill-graph-tokens" not in ran["0"]
     assert "--prefill-graph-tokens 2048" in ran["1"] and "--new-tokens" not in ran["1"]
@@ -1360,7 +1583,7 @@ def test_workload_ab_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
 
 
 def test_flush_ab_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
-    """bench/flush-ab-2gpu.sh: the same A/B on both GPUs, prefix caches kept on GPU 0 and
+    """lab/bench/flush-ab-2gpu.sh: the same A/B on both GPUs, prefix caches kept on GPU 0 and
     emptied before each window (and profiled) on GPU 1, on ports and models of their own."""
     ran, out = _two_run_job(tmp_path, "flush-ab-2gpu.sh", "FLUSH_AB_RUN", "--temperature", "1.0")
     assert set(ran) == {"0", "1"}
@@ -1373,7 +1596,8 @@ def test_flush_ab_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
 
 
 def test_sweep_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
-    """bench/sweep-2gpu.sh: the low levels with all four servers on GPU 0 beside the learned high
+    """lab/bench/sweep-2gpu.sh:
+    the low levels with all four servers on GPU 0 beside the learned high
     levels on GPU 1, both as deployed (prefill graphs, emptied caches), on ports of their own."""
     ran, out = _two_run_job(tmp_path, "sweep-2gpu.sh", "SWEEP_RUN", "--seconds", "3")
     assert set(ran) == {"0", "1"}
@@ -1388,11 +1612,13 @@ def test_sweep_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
 
 
 def test_speculating_gap_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
-    """bench/speculating-gap-2gpu.sh: verify then draftkv with prefill graphs on GPU 0, beside the
+    """lab/bench/speculating-gap-2gpu.sh:
+    verify then draftkv with prefill graphs on GPU 0, beside the
     deployed sweep of plain, always-on, the held-speculating routed engine (direct too) and
     pinned-off on GPU 1."""
-    ran, out = _two_run_job(tmp_path, "speculating-gap-2gpu.sh", "SPECULATING_GAP_RUN",
-                            "--repeat", "4")  # fmt: skip
+    ran, out = _two_run_job(
+        tmp_path, "speculating-gap-2gpu.sh", "SPECULATING_GAP_RUN", "--repeat", "4"
+    )
     calls = (tmp_path / "calls.txt").read_text().splitlines()
     assert [c.split()[:2] for c in calls if c[0] == "0"] == [["0", "verify"], ["0", "draftkv"]]
     assert all("--prefill-graph-tokens 4096" in c for c in calls if c[0] == "0")
@@ -1408,7 +1634,7 @@ def test_speculating_gap_job_orchestration_without_a_gpu(tmp_path: Path) -> None
 
 
 def test_misses_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
-    """bench/misses-2gpu.sh: off against plain with ten window pairs on GPU 0, beside the
+    """lab/bench/misses-2gpu.sh: off against plain with ten window pairs on GPU 0, beside the
     sweep's two missed levels with ten windows each after a learning phase on GPU 1, on
     engines admitting 128 requests and a router that does not probe within the job, both
     as deployed, on ports and models of their own."""
@@ -1428,16 +1654,22 @@ def test_misses_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
 def test_misses_job_runs_the_weak_draft_on_gpu0_when_asked(tmp_path: Path) -> None:
     """MISSES_GPU0=weak-draft: job 17's temperature 1.0 at c = 8 and 32 after learning, on
     models of its own; anything else is refused before a GPU is touched."""
-    ran, _ = _two_run_job(tmp_path, "misses-2gpu.sh", "MISSES_RUN",
-                          env={"MISSES_GPU0": "weak-draft"})  # fmt: skip
+    ran, _ = _two_run_job(
+        tmp_path, "misses-2gpu.sh", "MISSES_RUN", env={"MISSES_GPU0": "weak-draft"}
+    )
     assert "--servers plain,always-on,specgate-probes --levels 8,32 --repeat 5" in ran["0"]
     assert "--temperature 1.0 --learn-seconds 90 --max-running 128" in ran["0"]
     assert "--models /tmp/specgate-models-weak" in ran["0"]
     assert "--temperature 0.9" in ran["1"]
-    script = ROOT / "bench" / "misses-2gpu.sh"
+    script = ROOT / "lab" / "bench" / "misses-2gpu.sh"
     env = {**os.environ, "MISSES_GPU0": "fast", "MISSES_RUN": "/nonexistent"}
-    done = subprocess.run(["bash", str(script), "x", str(tmp_path / "bad")], capture_output=True,
-                          text=True, timeout=60, env=env)  # fmt: skip
+    done = subprocess.run(
+        ["bash", str(script), "x", str(tmp_path / "bad")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert done.returncode == 2 and "MISSES_GPU0=fast: off, weak-draft or none" in done.stdout
 
 
@@ -1448,14 +1680,18 @@ def test_misses_job_on_one_gpu(tmp_path: Path) -> None:
     assert len(ran) == 1 and ran[0].startswith("0 ") and "--levels 16,4" in ran[0]
     _results_came_back(out, {"misses.json"}, {"misses/plain.log"})
     (tmp_path / "alone").mkdir()
-    alone, _ = _job(tmp_path / "alone", "misses-2gpu.sh", "MISSES_RUN",
-                    env={"MISSES_GPU0": "weak-draft", "MISSES_GPU1": "none"})  # fmt: skip
+    alone, _ = _job(
+        tmp_path / "alone",
+        "misses-2gpu.sh",
+        "MISSES_RUN",
+        env={"MISSES_GPU0": "weak-draft", "MISSES_GPU1": "none"},
+    )
     ran = [line for line in alone if not line.startswith("none")]
     assert len(ran) == 1 and ran[0].startswith("0 ") and "--levels 8,32" in ran[0]
 
 
 def test_host_time_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
-    """bench/host-time-1gpu.sh: job 41's pair on one GPU with ten window pairs, each window's
+    """lab/bench/host-time-1gpu.sh: job 41's pair on one GPU with ten window pairs, each window's
     scheduler recorded by the py-spy it unpacks from the carried wheel; without a wheel it
     stops before starting a server. With HOST_TIME_CHECKS=1 the checks run on GPU 1 beside."""
     import zipfile
@@ -1465,54 +1701,93 @@ def test_host_time_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
         zf.writestr("py_spy-0.4.3.data/scripts/py-spy", "#!/bin/sh\n")
     spy_dir = tmp_path / "spy"
     (tmp_path / "job").mkdir()
-    lines, out = _job(tmp_path / "job", "host-time-1gpu.sh", "HOST_TIME_RUN",
-                      "--seconds", "3", env={"HOST_TIME_PYSPY": str(wheel),
-                                             "SPECGATE_PYSPY_DIR": str(spy_dir)})  # fmt: skip
+    lines, out = _job(
+        tmp_path / "job",
+        "host-time-1gpu.sh",
+        "HOST_TIME_RUN",
+        "--seconds",
+        "3",
+        env={"HOST_TIME_PYSPY": str(wheel), "SPECGATE_PYSPY_DIR": str(spy_dir)},
+    )
     ran = [line.split(" ", 1)[1] for line in lines]
     assert ran[0] == "none" and len(ran) == 2
     args = ran[1]
-    assert args.startswith("bench/gpu_envelope.py --servers plain --extra patched-off")
+    assert args.startswith("lab/bench/gpu_envelope.py --servers plain --extra patched-off")
     assert "--repeat 10 --gc-stats" in args and "--freeze-gc" not in args
     assert f"--pyspy {spy_dir / 'py-spy'} " in args and (spy_dir / "py-spy").stat().st_mode & 0o100
     assert "--prefill-graph-tokens 2048" in args and args.endswith("--seconds 3")
-    _results_came_back(out, {"host-time.json", "host-time.log", "pyspy-steps.md"},
-                       {"run/plain.log"})  # fmt: skip
+    _results_came_back(
+        out, {"host-time.json", "host-time.log", "pyspy-steps.md"}, {"run/plain.log"}
+    )
     # The stand-in's windows have no recordings: the summary says so rather than inventing one.
     assert "no window with a py-spy recording" in (out / "pyspy-steps.md").read_text()
     (tmp_path / "none").mkdir()
-    result = subprocess.run(["bash", str(ROOT / "bench" / "host-time-1gpu.sh"), "site.tar.xz",
-                             str(tmp_path / "none" / "out")], capture_output=True, text=True,
-                            env={**os.environ, "HOST_TIME_RUN": str(tmp_path / "job" / "run.sh"),
-                                 "HOST_TIME_PYSPY": ""}, timeout=60)  # fmt: skip
+    result = subprocess.run(
+        [
+            "bash",
+            str(ROOT / "lab" / "bench" / "host-time-1gpu.sh"),
+            "site.tar.xz",
+            str(tmp_path / "none" / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        env={
+            **os.environ,
+            "HOST_TIME_RUN": str(tmp_path / "job" / "run.sh"),
+            "HOST_TIME_PYSPY": "",
+        },
+        timeout=60,
+    )
     assert result.returncode == 1 and "no py-spy: carry its wheel in .gpu/" in result.stdout
     (tmp_path / "checks").mkdir()
-    lines, out = _job(tmp_path / "checks", "host-time-1gpu.sh", "HOST_TIME_RUN",
-                      env={"HOST_TIME_PYSPY": str(wheel), "SPECGATE_PYSPY_DIR": str(spy_dir),
-                           "HOST_TIME_CHECKS": "1"})  # fmt: skip
+    lines, out = _job(
+        tmp_path / "checks",
+        "host-time-1gpu.sh",
+        "HOST_TIME_RUN",
+        env={
+            "HOST_TIME_PYSPY": str(wheel),
+            "SPECGATE_PYSPY_DIR": str(spy_dir),
+            "HOST_TIME_CHECKS": "1",
+        },
+    )
     by_gpu = sorted(line.split(" ", 2)[:2] for line in lines)
-    assert by_gpu == [["0", "bench/gpu_envelope.py"], ["1", "draftkv"], ["1", "verify"],
-                      ["none", "none"]]  # fmt: skip
-    _results_came_back(out, {"host-time.json", "pyspy-steps.md"},
-                       {"verify.log", "draftkv.log", "run/plain.log"})  # fmt: skip
+    assert by_gpu == [
+        ["0", "lab/bench/gpu_envelope.py"],
+        ["1", "draftkv"],
+        ["1", "verify"],
+        ["none", "none"],
+    ]
+    _results_came_back(
+        out, {"host-time.json", "pyspy-steps.md"}, {"verify.log", "draftkv.log", "run/plain.log"}
+    )
 
 
 def test_patch_checks_on_one_gpu_without_a_gpu(tmp_path: Path) -> None:
-    """worker-image/gputest/patch-checks-1gpu.sh: verify, then draftkv, on GPU 0, each with the
+    """lab/gpu/patch-checks-1gpu.sh: verify, then draftkv, on GPU 0, each with the
     prefill CUDA graphs the operator's pods run; their results and logs come back on top."""
-    lines, out = _job(tmp_path, "../worker-image/gputest/patch-checks-1gpu.sh",
-                      "PATCH_CHECKS_RUN")  # fmt: skip
-    assert lines == ["none none", "0 verify --prefill-graph-tokens 4096",
-                     "0 draftkv --prefill-graph-tokens 4096"]  # fmt: skip
+    lines, out = _job(tmp_path, "../lab/gpu/patch-checks-1gpu.sh", "PATCH_CHECKS_RUN")
+    assert lines == [
+        "none none",
+        "0 verify --prefill-graph-tokens 4096",
+        "0 draftkv --prefill-graph-tokens 4096",
+    ]
     _results_came_back(out, {"verify.log", "draftkv.log"}, {"verify", "draftkv"})
     assert "verify: exit 0" in (out / "verify.log").read_text()
 
 
 def test_router_stall_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
-    """bench/router-stall.sh: the routed engine and its own port at c = 128 twice on one GPU, one
+    """lab/bench/router-stall.sh:
+    the routed engine and its own port at c = 128 twice on one GPU, one
     run after the other (a connection per request, then kept connections), on ports and
     models of their own; no py-spy wheel, no recording, and the job goes on."""
-    lines, out = _job(tmp_path, "router-stall.sh", "ROUTER_STALL_RUN", "--seconds", "3",
-                      env={"ROUTER_STALL_PYSPY": ""})  # fmt: skip
+    lines, out = _job(
+        tmp_path,
+        "router-stall.sh",
+        "ROUTER_STALL_RUN",
+        "--seconds",
+        "3",
+        env={"ROUTER_STALL_PYSPY": ""},
+    )
     ran = [line.split(" ", 1)[1] for line in lines]
     assert ran[0] == "none" and len(ran) == 3
     conn, keep = ran[1:]
@@ -1522,8 +1797,9 @@ def test_router_stall_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
         assert "--flush-cache" in args and args.endswith("--seconds 3")
     assert "--client-keepalive" not in conn and "--port-base" not in conn
     assert "--client-keepalive --port-base 31300" in keep
-    _results_came_back(out, {"conn.json", "keep.json"},
-                       {"conn/router.log", "keep/router.log", "host/net.txt"})  # fmt: skip
+    _results_came_back(
+        out, {"conn.json", "keep.json"}, {"conn/router.log", "keep/router.log", "host/net.txt"}
+    )
     assert "no py-spy wheel" in (out / "pyspy.log").read_text()
     import tarfile
 
@@ -1541,20 +1817,45 @@ def test_job_lib_splits_profiles_by_loop_part_and_lists_syncs(tmp_path: Path) ->
     trace = tmp_path / "profiles" / "plain-c16" / "rank0.trace.json.gz"
     trace.parent.mkdir(parents=True)
     events = [
-        {"ph": "X", "cat": "user_annotation", "name": "scheduler.run_batch", "ts": 0, "dur": 900,
-         "tid": 1},
-        {"ph": "X", "cat": "user_annotation", "name": "step[DECODE bs=16]", "ts": 10, "dur": 800,
-         "tid": 1},
-        {"ph": "X", "cat": "python_function", "name": "x.py(1): forget", "ts": 20, "dur": 500,
-         "tid": 1},
-        {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 30, "dur": 400,
-         "tid": 1},
-    ]  # fmt: skip
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": "scheduler.run_batch",
+            "ts": 0,
+            "dur": 900,
+            "tid": 1,
+        },
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": "step[DECODE bs=16]",
+            "ts": 10,
+            "dur": 800,
+            "tid": 1,
+        },
+        {
+            "ph": "X",
+            "cat": "python_function",
+            "name": "x.py(1): forget",
+            "ts": 20,
+            "dur": 500,
+            "tid": 1,
+        },
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaStreamSynchronize",
+            "ts": 30,
+            "dur": 400,
+            "tid": 1,
+        },
+    ]
     with gzip.open(trace, "wt") as fh:
         json.dump({"traceEvents": events}, fh)
-    script = f". worker-image/gputest/job-lib.sh && profile_splits {tmp_path / 'profiles'}"
-    result = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True,
-                            timeout=60)  # fmt: skip
+    script = f". lab/gpu/job-lib.sh && profile_splits {tmp_path / 'profiles'}"
+    result = subprocess.run(
+        ["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     headers = [line for line in result.stdout.splitlines() if line.startswith("# ")]
     assert headers == [
@@ -1567,7 +1868,7 @@ def test_job_lib_splits_profiles_by_loop_part_and_lists_syncs(tmp_path: Path) ->
 
 
 def test_pinned_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
-    """bench/pinned-2gpu.sh: the c = 4 rerun on GPU 0 and the off A/B on GPU 1, each on its own
+    """lab/bench/pinned-2gpu.sh: the c = 4 rerun on GPU 0 and the off A/B on GPU 1, each on its own
     half of the host's cores, on ports and model folders of their own."""
     ran, out = _two_run_job(tmp_path, "pinned-2gpu.sh", "PINNED_RUN")
     assert set(ran) == {"0", "1"}
@@ -1584,7 +1885,7 @@ def test_a_warm_gpu_machine_patches_again_when_the_patch_changed(tmp_path: Path)
     GPU job against the previous call's patch."""
     repo = tmp_path / "repo"
     (repo / "worker-image" / "gputest").mkdir(parents=True)
-    shutil.copy(ROOT / "worker-image/gputest/run-on-gpu.sh", repo / "worker-image/gputest/")
+    shutil.copy(ROOT / "lab/gpu/run-on-gpu.sh", repo / "lab/gpu/")
     (repo / "worker-image" / "patches").mkdir()
     pristine = tmp_path / "pristine"
     pristine.mkdir()
@@ -1601,9 +1902,14 @@ def test_a_warm_gpu_machine_patches_again_when_the_patch_changed(tmp_path: Path)
     def run_with(new_line: str) -> str:
         patch = f"--- a/engine.py\n+++ b/engine.py\n@@ -1 +1 @@\n-speed = 1\n+{new_line}\n"
         (repo / "worker-image" / "patches" / "0001.patch").write_text(patch)
-        subprocess.run(["bash", "worker-image/gputest/run-on-gpu.sh", str(archive),
-                        str(tmp_path / "out"), "none"], cwd=repo, env=env, check=True,
-                       capture_output=True, timeout=60)  # fmt: skip
+        subprocess.run(
+            ["bash", "lab/gpu/run-on-gpu.sh", str(archive), str(tmp_path / "out"), "none"],
+            cwd=repo,
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
         return (site / "engine.py").read_text()
 
     assert run_with("speed = 2") == "speed = 2\n"

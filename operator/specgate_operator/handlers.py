@@ -183,9 +183,14 @@ async def _reconcile(body: Any, patch: Any, memo: Any, logger: Logger) -> None:
     replicas = sdd.spec.replicas if sdd else 0
     router_port = sdd.spec.router.port if sdd else 8000
     observed = await observe(
-        kube, meta["name"], meta.get("namespace") or "default", generation, replicas,
-        router_port, problem,
-    )  # fmt: skip
+        kube,
+        meta["name"],
+        meta.get("namespace") or "default",
+        generation,
+        replicas,
+        router_port,
+        problem,
+    )
     selector = f"{render.LABEL_COMPONENT}=engine,{render.LABEL_DEPLOYMENT}={meta['name']}"
     new_status = status.status_patch(
         observed, dict(body.get("status") or {}), now=_now(), selector=selector
@@ -307,8 +312,9 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     # before it could outlive a deletion that on_delete never sees, and the timer's status
     # writes would keep moving the resourceVersion that kopf's finalizer patches are
     # conditioned on. A run that began before the deletion waits in reconcile (Lifecycle).
-    @kopf.timer(*resource, interval=config.resync_seconds, idle=0, when=resyncable,
-                registry=registry)  # fmt: skip
+    @kopf.timer(
+        *resource, interval=config.resync_seconds, idle=0, when=resyncable, registry=registry
+    )
     async def resync(body: Any, patch: Any, memo: Any, logger: Logger, **_: Any) -> None:
         await reconcile(body, patch, memo, logger)
 

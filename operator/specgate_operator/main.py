@@ -12,25 +12,35 @@ from specgate_operator import render
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument(
-        "-n", "--namespace", action="append", default=[], metavar="NS",
+        "-n",
+        "--namespace",
+        action="append",
+        default=[],
+        metavar="NS",
         help="watch this namespace (repeatable; globs allowed); default: all namespaces",
-    )  # fmt: skip
+    )
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
     defaults = render.RenderOptions()
     parser.add_argument("--engine-image", default=defaults.engine_image)
     parser.add_argument("--router-image", default=defaults.router_image)
     parser.add_argument(
-        "--metrics-namespace-label", action="append", default=[], metavar="KEY=VALUE",
+        "--metrics-namespace-label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="let pods in namespaces with this label scrape engine /metrics (NetworkPolicy)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--resync-seconds", type=float, default=30.0,
+        "--resync-seconds",
+        type=float,
+        default=30.0,
         help="re-apply children and refresh status this often",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--liveness", default="http://0.0.0.0:8080/healthz",
+        "--liveness",
+        default="http://0.0.0.0:8080/healthz",
         help="liveness endpoint URL (empty to disable)",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--no-service-monitor",
         action="store_true",

@@ -98,21 +98,33 @@ def engine_args(sdd: api.SpecDecodeDeployment) -> list[str]:
     spec = sdd.spec
     model, spec_dec, engine = spec.model, spec.speculative, spec.engine
     args = [
-        "--model-path", _model_path(model.path, model.source),
-        "--served-model-name", served_model_name(sdd),
-        "--dtype", model.dtype,
-        "--tp-size", str(engine.tensor_parallel_size),
-        "--host", "0.0.0.0",
-        "--port", str(engine.port),
+        "--model-path",
+        _model_path(model.path, model.source),
+        "--served-model-name",
+        served_model_name(sdd),
+        "--dtype",
+        model.dtype,
+        "--tp-size",
+        str(engine.tensor_parallel_size),
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(engine.port),
         "--enable-metrics",
         # Kubernetes expands $(VAR) from the container's env, which reads the Secret.
-        "--api-key", f"$({ENGINE_KEY_ENV})",
-        "--speculative-algorithm", spec_dec.algorithm,
-        "--speculative-draft-model-path", _model_path(spec_dec.draft_model.path, model.source),
-        "--speculative-num-steps", str(spec_dec.num_steps),
-        "--speculative-eagle-topk", str(spec_dec.eagle_topk),
-        "--speculative-num-draft-tokens", str(spec_dec.num_draft_tokens),
-    ]  # fmt: skip
+        "--api-key",
+        f"$({ENGINE_KEY_ENV})",
+        "--speculative-algorithm",
+        spec_dec.algorithm,
+        "--speculative-draft-model-path",
+        _model_path(spec_dec.draft_model.path, model.source),
+        "--speculative-num-steps",
+        str(spec_dec.num_steps),
+        "--speculative-eagle-topk",
+        str(spec_dec.eagle_topk),
+        "--speculative-num-draft-tokens",
+        str(spec_dec.num_draft_tokens),
+    ]
     if model.revision:
         args += ["--revision", model.revision]
     if spec_dec.draft_model.revision:

@@ -64,9 +64,11 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state = RouterState(
-            settings, engine_http=engine_http, config_path=config_path,
+            settings,
+            engine_http=engine_http,
+            config_path=config_path,
             identity=identity or socket.gethostname(),
-        )  # fmt: skip
+        )
         state_box["state"] = state
         app.state.router = state
         await state.start()
@@ -100,20 +102,37 @@ def create_app(
         response = await proxy.forward(state, routed, rid)
         access_log.info(
             "request done",
-            extra={"request_id": rid, "path": routed.path, "traffic_class": routed.traffic_class,
-                   "pod": response.headers.get("x-specgate-pod"), "status": response.status_code},
-        )  # fmt: skip
+            extra={
+                "request_id": rid,
+                "path": routed.path,
+                "traffic_class": routed.traffic_class,
+                "pod": response.headers.get("x-specgate-pod"),
+                "status": response.status_code,
+            },
+        )
         return response
 
-    app.add_api_route("/v1/chat/completions", handle, methods=["POST"],
-                      openapi_extra=_schema(requests.ChatCompletionRequest),
-                      summary="OpenAI chat completions")  # fmt: skip
-    app.add_api_route("/v1/completions", handle, methods=["POST"],
-                      openapi_extra=_schema(requests.CompletionRequest),
-                      summary="OpenAI completions")  # fmt: skip
-    app.add_api_route("/generate", handle, methods=["POST"],
-                      openapi_extra=_schema(requests.GenerateRequest),
-                      summary="SGLang native generate")  # fmt: skip
+    app.add_api_route(
+        "/v1/chat/completions",
+        handle,
+        methods=["POST"],
+        openapi_extra=_schema(requests.ChatCompletionRequest),
+        summary="OpenAI chat completions",
+    )
+    app.add_api_route(
+        "/v1/completions",
+        handle,
+        methods=["POST"],
+        openapi_extra=_schema(requests.CompletionRequest),
+        summary="OpenAI completions",
+    )
+    app.add_api_route(
+        "/generate",
+        handle,
+        methods=["POST"],
+        openapi_extra=_schema(requests.GenerateRequest),
+        summary="SGLang native generate",
+    )
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -135,26 +154,34 @@ def create_app(
         ]
         ready = bool(usable) and not state.draining
         return JSONResponse(
-            {"ready": ready, "pods": len(state.pods), "usable": len(usable),
-             "draining": state.draining},
+            {
+                "ready": ready,
+                "pods": len(state.pods),
+                "usable": len(usable),
+                "draining": state.draining,
+            },
             status_code=200 if ready else 503,
-        )  # fmt: skip
+        )
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(generate_latest(current().metrics.registry),
-                        media_type="text/plain; version=0.0.4")  # fmt: skip
+        return Response(
+            generate_latest(current().metrics.registry), media_type="text/plain; version=0.0.4"
+        )
 
     @app.get("/specgate/pods")
     async def pods() -> dict[str, Any]:
         state = current()
-        return {"leader": state.is_leader, "latencyPool": sorted(state.latency_pool),
-                "pods": state.views()}  # fmt: skip
+        return {
+            "leader": state.is_leader,
+            "latencyPool": sorted(state.latency_pool),
+            "pods": state.views(),
+        }
 
     @app.get("/specgate/samples")
     async def samples(pod: str | None = None) -> dict[str, Any]:
         """Every pod's learning samples (or `pod`'s) and the control settings:
-        `specgate_router.replay` (and bench/replay_control.py) replays the controller over
+        `specgate_router.replay` (and lab/bench/replay_control.py) replays the controller over
         them offline."""
         return current().sample_export(pod)
 
@@ -184,8 +211,10 @@ class RequestIdMiddleware:
             if message["type"] == "http.response.start":
                 names = {k.lower() for k, _ in message.get("headers", [])}
                 if b"x-request-id" not in names:
-                    message = {**message, "headers": [*message.get("headers", []),
-                                                      (b"x-request-id", rid)]}  # fmt: skip
+                    message = {
+                        **message,
+                        "headers": [*message.get("headers", []), (b"x-request-id", rid)],
+                    }
             await send(message)
 
         await self.app(scope, receive, send_with_id)

@@ -20,16 +20,8 @@ log = logging.getLogger("specgate.router.cluster")
 
 
 async def connect() -> KubeClient:
-    """In-cluster service account, else kubeconfig (kopf's login helpers, as the operator)."""
-    import kopf
-
-    settings = kopf.OperatorSettings()
-    info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
-        settings=settings
-    )
-    if info is None:
-        raise RuntimeError("Kubernetes discovery needs in-cluster credentials or a kubeconfig")
-    return KubeClient(Credentials.from_kopf(info))
+    """In-cluster service account, else the kubeconfig's current context."""
+    return KubeClient(Credentials.discover())
 
 
 # ---- discovery ----
@@ -128,8 +120,10 @@ async def try_acquire(kube: KubeClient, cfg: LeaderElection, identity: str) -> b
         transitions = int((lease.get("spec") or {}).get("leaseTransitions") or 0) + 1
         spec = {**spec, "acquireTime": stamp, "leaseTransitions": transitions}
     # resourceVersion makes the update conditional: two candidates cannot both win.
-    patch = {"metadata": {"resourceVersion": lease["metadata"].get("resourceVersion")},
-             "spec": spec}  # fmt: skip
+    patch = {
+        "metadata": {"resourceVersion": lease["metadata"].get("resourceVersion")},
+        "spec": spec,
+    }
     try:
         await kube.merge_patch(
             "coordination.k8s.io/v1", "Lease", cfg.namespace, cfg.lease_name, patch
@@ -213,11 +207,17 @@ async def publish_status(state: RouterState, target: StatusTarget) -> None:
         if not state.is_leader:
             continue
         try:
-            current = await state.kube.get("specgate.io/v1alpha1", "SpecDecodeDeployment",
-                                           target.namespace, target.name)  # fmt: skip
+            current = await state.kube.get(
+                "specgate.io/v1alpha1", "SpecDecodeDeployment", target.namespace, target.name
+            )
             patch = status_patch(state, current.get("status") or {})
-            await state.kube.merge_patch("specgate.io/v1alpha1", "SpecDecodeDeployment",
-                                         target.namespace, target.name, patch,
-                                         subresource="status")  # fmt: skip
+            await state.kube.merge_patch(
+                "specgate.io/v1alpha1",
+                "SpecDecodeDeployment",
+                target.namespace,
+                target.name,
+                patch,
+                subresource="status",
+            )
         except (KubeError, httpx.HTTPError) as exc:
             log.warning("status publish failed: %s", exc)

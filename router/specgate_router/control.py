@@ -30,7 +30,7 @@ other's side would otherwise swap them for ever. In dynamic mode the threshold s
 0 a pod would never speculate and the controller could never measure speculation again (use
 mode `off` for that).
 
-The same functions drive the router's control loop and the simulations in `bench/`, and tests
+The same functions drive the router's control loop and the simulations in `lab/bench/`, and tests
 feed them time instead of sleeping.
 """
 
@@ -387,10 +387,15 @@ def decide_pods(
     decisions = []
     for pod in pods:
         decision = decide(
-            samples=pooled, previous=pod.previous, now=now, fresh=pod.fresh, params=params,
-            estimates=estimates, own=() if pod.pool == "latency" else pod.own,
+            samples=pooled,
+            previous=pod.previous,
+            now=now,
+            fresh=pod.fresh,
+            params=params,
+            estimates=estimates,
+            own=() if pod.pool == "latency" else pod.own,
             may_probe=not probing,
-        )  # fmt: skip
+        )
         probing = probing or decision.probe is not None
         decisions.append(decision)
     return decisions
@@ -451,9 +456,13 @@ def rates_per_request(
 
 
 def rate_per_request(
-    samples: Sequence[Sample], *, batch: float, speculating: bool, since: float,
+    samples: Sequence[Sample],
+    *,
+    batch: float,
+    speculating: bool,
+    since: float,
     until: float = math.inf,
-) -> tuple[float, int]:  # fmt: skip
+) -> tuple[float, int]:
     """Mean output tok/s per running request of one mode's samples near `batch`, and how many."""
     return rates_per_request(samples, batch=batch, since=since, until=until)[speculating]
 
@@ -473,9 +482,13 @@ def _mode(speculating: bool) -> str:
 
 
 def _explore(
-    own: Sequence[Sample], previous: Decision, now: float, params: ControlSettings, *,
+    own: Sequence[Sample],
+    previous: Decision,
+    now: float,
+    params: ControlSettings,
+    *,
     may_probe: bool,
-) -> Decision | None:  # fmt: skip
+) -> Decision | None:
     """For a pod holding one batch size in one mode: switch when it measured the other mode
     delivering more there, probe it when it has not measured it there within the wait."""
     if params.probe_interval_seconds <= 0 or now - previous.changed_at < params.cooldown_seconds:
@@ -494,15 +507,26 @@ def _explore(
     if n_here >= need and n_there >= need:
         if there <= here * (1 + PROBE_MARGIN):
             return None
-        why = (f"{_mode(not speculating)} delivers {there / here:.2f}x {_mode(speculating)} at "
-               f"batch {batch:.0f} (measured)")  # fmt: skip
+        why = (
+            f"{_mode(not speculating)} delivers {there / here:.2f}x {_mode(speculating)} at "
+            f"batch {batch:.0f} (measured)"
+        )
         return Decision(other, why, now, probe_wait=1.0)
     if not may_probe or now - previous.changed_at < wait or now < previous.probe_after:
         return None
-    probe = Probe(batch, not speculating, other, previous.threshold, now,
-                  now + params.probe_seconds, now + 4 * params.probe_seconds)  # fmt: skip
-    why = (f"probing {_mode(not speculating)} at batch {batch:.0f}: the load holds there and "
-           f"threshold {previous.threshold} never measures it")  # fmt: skip
+    probe = Probe(
+        batch,
+        not speculating,
+        other,
+        previous.threshold,
+        now,
+        now + params.probe_seconds,
+        now + 4 * params.probe_seconds,
+    )
+    why = (
+        f"probing {_mode(not speculating)} at batch {batch:.0f}: the load holds there and "
+        f"threshold {previous.threshold} never measures it"
+    )
     return Decision(other, why, now, probe, previous.probe_wait)
 
 
@@ -529,18 +553,27 @@ def _continue_probe(
     moved = load_moved_from(own, batch=probe.batch, since=probe.started, need=need)
     if moved is not None:
         # Not a verdict on the mode, nor a reason to probe less often: the wait stays.
-        why = (f"probe at batch {probe.batch:.0f} ended: the load moved to batch {moved:.0f};"
-               f" back to {back}")  # fmt: skip
+        why = (
+            f"probe at batch {probe.batch:.0f} ended: the load moved to batch {moved:.0f};"
+            f" back to {back}"
+        )
         return Decision(back, why, now, probe_wait=previous.probe_wait)
-    tried, n_tried = rate_per_request(own, batch=probe.batch, speculating=probe.speculating,
-                                      since=probe.started)  # fmt: skip
+    tried, n_tried = rate_per_request(
+        own, batch=probe.batch, speculating=probe.speculating, since=probe.started
+    )
     if now < probe.until or (n_tried < need and now < probe.give_up):
-        return replace(previous, reason=f"probing {_mode(probe.speculating)} at batch "
-                       f"{probe.batch:.0f}: {n_tried} samples")  # fmt: skip
+        return replace(
+            previous,
+            reason=f"probing {_mode(probe.speculating)} at batch "
+            f"{probe.batch:.0f}: {n_tried} samples",
+        )
     base, n_base = rate_per_request(
-        own, batch=probe.batch, speculating=not probe.speculating,
-        since=probe.started - steady_window(params), until=probe.started,
-    )  # fmt: skip
+        own,
+        batch=probe.batch,
+        speculating=not probe.speculating,
+        since=probe.started - steady_window(params),
+        until=probe.started,
+    )
     backoff = min(PROBE_BACKOFF_LIMIT, 2 * previous.probe_wait)
     if n_tried < need or n_base < need:
         # Steps too slow to give samples (fewer than two per scrape), or a load that left
@@ -570,12 +603,15 @@ def load_moved_from(
     that idled after holding batch 63 probed speculation there; its load came back at 32, and
     the probe waited out its time with nothing to measure, then doubled the wait before the
     probe that load needed."""
-    newest = list(itertools.islice(itertools.takewhile(lambda s: s.at >= since, reversed(own)),
-                                   need))  # fmt: skip
+    newest = list(
+        itertools.islice(itertools.takewhile(lambda s: s.at >= since, reversed(own)), need)
+    )
     if len(newest) < need:
         return None
-    if all(max(s.batch / batch, batch / s.batch) > LOAD_MOVED_FACTOR
-           and abs(s.batch - batch) > 2 for s in newest):  # fmt: skip
+    if all(
+        max(s.batch / batch, batch / s.batch) > LOAD_MOVED_FACTOR and abs(s.batch - batch) > 2
+        for s in newest
+    ):
         return sorted(s.batch for s in newest)[len(newest) // 2]
     return None
 
@@ -591,8 +627,12 @@ def initial_decision(params: ControlSettings, now: float = -math.inf) -> Decisio
     and the load settle first, and a probe while they settle misleads the fit (BENCHMARKS.md
     section 1)."""
     value: int | None = {"alwaysOn": None, "off": 0}.get(params.mode, params.threshold)
-    return Decision(value, "initial threshold from the resource", -math.inf,
-                    probe_after=now + params.probe_interval_seconds)  # fmt: skip
+    return Decision(
+        value,
+        "initial threshold from the resource",
+        -math.inf,
+        probe_after=now + params.probe_interval_seconds,
+    )
 
 
 # ---- pools ----
@@ -665,9 +705,12 @@ def latency_batch_for_target(
     if target_ms is None or not thresholds:
         return None
     return latency_batch_for_tpot(
-        samples, threshold=median_threshold(thresholds, 1), target_seconds=target_ms / 1000,
-        now=now, min_samples=min_samples,
-    )  # fmt: skip
+        samples,
+        threshold=median_threshold(thresholds, 1),
+        target_seconds=target_ms / 1000,
+        now=now,
+        min_samples=min_samples,
+    )
 
 
 def plan_latency_pool(
@@ -694,10 +737,14 @@ def plan_latency_pool(
         return None
     per_pod = typical if latency_batch is None else min(typical, latency_batch)
     size = latency_pool_size(
-        len(pods), latency_load, throughput_load, threshold=per_pod,
-        min_fraction=min_fraction, max_fraction=max_fraction,
+        len(pods),
+        latency_load,
+        throughput_load,
+        threshold=per_pod,
+        min_fraction=min_fraction,
+        max_fraction=max_fraction,
         throughput_batch_per_pod=throughput_batch_per_pod,
-    )  # fmt: skip
+    )
     return assign_pools(pods, previous, size)
 
 

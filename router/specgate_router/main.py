@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--model", help="served model name")
     parser.add_argument("--default-class", choices=settings_mod.CLASSES)
-    parser.add_argument("--log-level", default="info")  # fmt: skip
+    parser.add_argument("--log-level", default="info")
     parser.add_argument(
         "--no-access-log",
         action="store_true",
@@ -81,7 +81,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     app = create_app(settings, config_path=args.config)
     uvicorn.run(
-        app, host=args.host, port=args.port, log_level=args.log_level.lower(),
-        access_log=False, timeout_graceful_shutdown=int(settings.resilience.drain_seconds),
-    )  # fmt: skip
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level.lower(),
+        access_log=False,
+        timeout_graceful_shutdown=int(settings.resilience.drain_seconds),
+    )
     return 0

@@ -22,8 +22,11 @@ TPOT_BUCKETS = (0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.
 POD_GAUGES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "batch": ("specgate_pod_batch", "Running requests.", ()),
     "queue": ("specgate_pod_queue", "Queued requests.", ()),
-    "threshold": ("specgate_pod_threshold",
-                  "Speculation-disable batch threshold (-1: always speculate).", ()),
+    "threshold": (
+        "specgate_pod_threshold",
+        "Speculation-disable batch threshold (-1: always speculate).",
+        (),
+    ),
     "speculating": ("specgate_pod_speculating", "1 while the pod speculates.", ()),
     "accept": ("specgate_pod_accept_length", "Accepted tokens per speculating step.", ()),
     "age": ("specgate_pod_scrape_age_seconds", "Age of the pod's metrics.", ()),
@@ -31,9 +34,12 @@ POD_GAUGES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "pool": ("specgate_pod_pool", "1 for the pod's current pool.", ("pool",)),
     "circuit": ("specgate_pod_circuit_open", "1 while the pod's circuit is open.", ()),
     "in_flight": ("specgate_pod_in_flight", "Requests this router has in flight.", ()),
-    "gen": ("specgate_pod_gen_throughput",
-            "Output tokens/s the engine reports (its own recent average).", ()),
-}  # fmt: skip
+    "gen": (
+        "specgate_pod_gen_throughput",
+        "Output tokens/s the engine reports (its own recent average).",
+        (),
+    ),
+}
 """Per engine pod gauges: key -> (metric name, help, labels beyond engine_pod)."""
 
 
@@ -79,41 +85,61 @@ class RouterMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
-            "specgate_router_requests", "Requests by class, pod and HTTP status.",
-            ["traffic_class", "engine_pod", "code"], registry=r,
-        )  # fmt: skip
+            "specgate_router_requests",
+            "Requests by class, pod and HTTP status.",
+            ["traffic_class", "engine_pod", "code"],
+            registry=r,
+        )
         self.ttft = Histogram(
-            "specgate_router_ttft_seconds", "Time to first token, as clients see it.",
-            ["traffic_class"], buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+            "specgate_router_ttft_seconds",
+            "Time to first token, as clients see it.",
+            ["traffic_class"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.tpot = Histogram(
-            "specgate_router_tpot_seconds", "Time per output token after the first.",
-            ["traffic_class"], buckets=TPOT_BUCKETS, registry=r,
-        )  # fmt: skip
+            "specgate_router_tpot_seconds",
+            "Time per output token after the first.",
+            ["traffic_class"],
+            buckets=TPOT_BUCKETS,
+            registry=r,
+        )
         self.output_tokens = Counter(
-            "specgate_router_output_tokens", "Output tokens delivered.", ["traffic_class"],
+            "specgate_router_output_tokens",
+            "Output tokens delivered.",
+            ["traffic_class"],
             registry=r,
-        )  # fmt: skip
+        )
         self.retries = Counter(
-            "specgate_router_retries", "Requests retried on another pod, by reason.", ["reason"],
+            "specgate_router_retries",
+            "Requests retried on another pod, by reason.",
+            ["reason"],
             registry=r,
-        )  # fmt: skip
+        )
         self.saturated = Counter(
-            "specgate_router_saturated", "Requests refused with 503: no pod could take them.",
-            ["traffic_class"], registry=r,
-        )  # fmt: skip
+            "specgate_router_saturated",
+            "Requests refused with 503: no pod could take them.",
+            ["traffic_class"],
+            registry=r,
+        )
         self.stream_errors = Counter(
-            "specgate_router_stream_errors", "Streams ended by an error after the first byte.",
-            ["engine_pod"], registry=r,
-        )  # fmt: skip
+            "specgate_router_stream_errors",
+            "Streams ended by an error after the first byte.",
+            ["engine_pod"],
+            registry=r,
+        )
         self.threshold_changes = Counter(
-            "specgate_threshold_changes", "Thresholds pushed to pods, by direction.",
-            ["engine_pod", "direction"], registry=r,
-        )  # fmt: skip
+            "specgate_threshold_changes",
+            "Thresholds pushed to pods, by direction.",
+            ["engine_pod", "direction"],
+            registry=r,
+        )
         self.probes = Counter(
-            "specgate_probes", "Probes of the other mode at a batch held away from the threshold.",
-            ["engine_pod", "mode", "outcome"], registry=r,
-        )  # fmt: skip
+            "specgate_probes",
+            "Probes of the other mode at a batch held away from the threshold.",
+            ["engine_pod", "mode", "outcome"],
+            registry=r,
+        )
         self.push_failures = Counter(
             "specgate_threshold_push_failures",
             "Failed threshold pushes.",

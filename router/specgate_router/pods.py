@@ -123,14 +123,20 @@ class PodState:
             return
         steps = load.decode_steps - prev.load.decode_steps
         sample = control.sample_between(
-            t0=prev.at, t1=scrape.at,
-            batch0=prev.load.running, batch1=load.running,
-            tokens0=prev.load.decode_tokens, tokens1=load.decode_tokens,
-            steps_on0=prev.load.decode_steps_on, steps_on1=load.decode_steps_on,
-            steps_off0=prev.load.decode_steps_off, steps_off1=load.decode_steps_off,
+            t0=prev.at,
+            t1=scrape.at,
+            batch0=prev.load.running,
+            batch1=load.running,
+            tokens0=prev.load.decode_tokens,
+            tokens1=load.decode_tokens,
+            steps_on0=prev.load.decode_steps_on,
+            steps_on1=load.decode_steps_on,
+            steps_off0=prev.load.decode_steps_off,
+            steps_off1=load.decode_steps_off,
             mean_batch=(load.decode_batch_sum - prev.load.decode_batch_sum) / steps
-            if steps > 0 else None,
-        )  # fmt: skip
+            if steps > 0
+            else None,
+        )
         if sample is not None:
             self.samples.append(sample)
 

@@ -95,8 +95,9 @@ async def _open(
 ) -> tuple[aiohttp.ClientResponse, AsyncIterator[bytes], bytes]:
     """Send and wait for the first byte of the answer; anything failing so far is retryable."""
     try:
-        resp = await state.engine_http.post(pod.url + req.path, req.body,
-                                            _headers(state, request_id))  # fmt: skip
+        resp = await state.engine_http.post(
+            pod.url + req.path, req.body, _headers(state, request_id)
+        )
     except RETRYABLE as exc:
         raise _Retry("connect", f"{type(exc).__name__}: {exc}") from exc
     if resp.status >= 500:
@@ -142,8 +143,10 @@ async def forward(state: RouterState, req: RoutedRequest, request_id: str) -> Re
                 state.metrics.saturated.labels(req.traffic_class).inc()
                 state.metrics.requests.labels(req.traffic_class, "", "503").inc()
                 why = ", ".join(f"{n} {k}" for k, n in sorted(choice.reasons.items())) or "no pods"
-                raise NoCapacity(f"no engine pod can take the request now ({why})",
-                                 retry_after=res.retry_after_seconds)  # fmt: skip
+                raise NoCapacity(
+                    f"no engine pod can take the request now ({why})",
+                    retry_after=res.retry_after_seconds,
+                )
             break
         pod = choice
         tried.add(pod.name)
@@ -170,8 +173,13 @@ async def forward(state: RouterState, req: RoutedRequest, request_id: str) -> Re
             release()
             pod.breaker.on_failure(state.clock(), res)
             last_error = f"{pod.name}: {exc}"
-            log.warning("attempt %d on %s failed: %s", attempt + 1, pod.name, exc,
-                        extra={"request_id": request_id})  # fmt: skip
+            log.warning(
+                "attempt %d on %s failed: %s",
+                attempt + 1,
+                pod.name,
+                exc,
+                extra={"request_id": request_id},
+            )
             if attempt + 1 < res.max_attempts:
                 state.metrics.retries.labels(exc.reason).inc()
                 backoff = min(res.backoff_max_seconds, res.backoff_base_seconds * 2**attempt)

@@ -34,10 +34,14 @@ SAMPLE_FIELDS = ("at", "batch", "tokensPerSecond", "speculatingFraction")
 def sample_rows(samples: Iterable[control.Sample]) -> list[list[float]]:
     """Samples as compact rows (SAMPLE_FIELDS): a pod keeps up to 1200."""
     return [
-        [round(s.at, 3), round(s.batch, 3), round(s.tokens_per_second, 1),
-         round(s.speculating_fraction, 3)]
+        [
+            round(s.at, 3),
+            round(s.batch, 3),
+            round(s.tokens_per_second, 1),
+            round(s.speculating_fraction, 3),
+        ]
         for s in samples
-    ]  # fmt: skip
+    ]
 
 
 def samples_from_rows(rows: Iterable[Sequence[float]]) -> list[control.Sample]:
@@ -88,8 +92,9 @@ def replay(
             # stale), so go straight there; a pod idle for a day is not 170k steps.
             step = max(step + 1, math.ceil((times[seen] - first) / interval))
             continue
-        decision = control.decide(samples=visible, previous=decision, now=now, fresh=fresh,
-                                  params=params, own=visible)  # fmt: skip
+        decision = control.decide(
+            samples=visible, previous=decision, now=now, fresh=fresh, params=params, own=visible
+        )
         if decision.threshold != changes[-1].threshold:
             changes.append(Change(now, decision.threshold, decision.reason))
         step += 1

@@ -105,10 +105,14 @@ class RouterState:
         self._tasks.append(asyncio.create_task(coro, name=name))  # type: ignore[arg-type]
 
     async def start(self) -> None:
-        self.spawn(self._every(lambda: self.settings.control.scrape_interval_seconds,
-                               self.scrape_all), "scraper")  # fmt: skip
-        self.spawn(self._every(lambda: self.settings.control.scrape_interval_seconds,
-                               self.control_step), "controller")  # fmt: skip
+        self.spawn(
+            self._every(lambda: self.settings.control.scrape_interval_seconds, self.scrape_all),
+            "scraper",
+        )
+        self.spawn(
+            self._every(lambda: self.settings.control.scrape_interval_seconds, self.control_step),
+            "controller",
+        )
         if self.config_path:
             self.spawn(self._watch_config(), "config-watcher")
         k8s = self.settings.discovery.kubernetes
@@ -228,10 +232,13 @@ class RouterState:
         live = self.live_pods()
         decisions = control.decide_pods(
             samples,
-            [control.PodInput(pod.decision, pod.samples, pod.fresh(now, params), pod.pool)
-             for pod in live],
-            now=now, params=params,
-        )  # fmt: skip
+            [
+                control.PodInput(pod.decision, pod.samples, pod.fresh(now, params), pod.pool)
+                for pod in live
+            ],
+            now=now,
+            params=params,
+        )
         for pod, decision in zip(live, decisions, strict=True):
             if self.is_leader and (event := control.probe_outcome(pod.decision, decision)):
                 self.metrics.probes.labels(pod.name, *event).inc()
@@ -317,9 +324,11 @@ class RouterState:
             "now": round(self.clock(), 3),
             "fields": list(replay.SAMPLE_FIELDS),
             "control": self.settings.control.model_dump(by_alias=True),
-            "pods": [{"name": p.name, "threshold": p.threshold,
-                      "samples": replay.sample_rows(p.samples)} for p in pods],
-        }  # fmt: skip
+            "pods": [
+                {"name": p.name, "threshold": p.threshold, "samples": replay.sample_rows(p.samples)}
+                for p in pods
+            ],
+        }
 
     def views(self) -> list[dict[str, Any]]:
         now = self.clock()

@@ -32,8 +32,9 @@ def off_step_tokens_arg(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 1:
-        raise argparse.ArgumentTypeError(f"{value}: must be at least 1 (an off step decodes a "
-                                         "token a request)")  # fmt: skip
+        raise argparse.ArgumentTypeError(
+            f"{value}: must be at least 1 (an off step decodes a token a request)"
+        )
     return value
 
 
@@ -68,14 +69,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="simulated seconds per real second (>1: faster than real time)",
     )
     parser.add_argument("--max-running-requests", type=int)
-    parser.add_argument("--off-step-tokens", type=off_step_tokens_arg, default=1,
-                        help="tokens a request per off step (the patched SGLang's "
-                        "--speculative-off-step-tokens)")  # fmt: skip
-    parser.add_argument("--host-spells", type=host_spells_arg, metavar="SLOWDOWN[:FAST:SLOW]",
-                        help="slow spells of a shared host: the host's part of a decode step "
-                        "takes SLOWDOWN times as long in spells lasting SLOW seconds on average, "
-                        "between fast ones of FAST seconds (default 6:4); e.g. 2")  # fmt: skip
-    parser.add_argument("--seed", type=int)  # fmt: skip
+    parser.add_argument(
+        "--off-step-tokens",
+        type=off_step_tokens_arg,
+        default=1,
+        help="tokens a request per off step (the patched SGLang's --speculative-off-step-tokens)",
+    )
+    parser.add_argument(
+        "--host-spells",
+        type=host_spells_arg,
+        metavar="SLOWDOWN[:FAST:SLOW]",
+        help="slow spells of a shared host: the host's part of a decode step "
+        "takes SLOWDOWN times as long in spells lasting SLOW seconds on average, "
+        "between fast ones of FAST seconds (default 6:4); e.g. 2",
+    )
+    parser.add_argument("--seed", type=int)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,11 +96,16 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         raise SystemExit(f"--profile: {exc}") from exc
     settings = PodSettings(
-        name="sim-0", model=args.model, api_key=args.api_key, threshold=args.threshold,
-        time_scale=args.time_scale, seed=args.seed,
-        max_running_requests=args.max_running_requests, off_step_tokens=args.off_step_tokens,
+        name="sim-0",
+        model=args.model,
+        api_key=args.api_key,
+        threshold=args.threshold,
+        time_scale=args.time_scale,
+        seed=args.seed,
+        max_running_requests=args.max_running_requests,
+        off_step_tokens=args.off_step_tokens,
         host_spells=args.host_spells,
-    )  # fmt: skip
+    )
     asyncio.run(_serve(prof, args, settings))
     return 0
 
@@ -103,8 +116,9 @@ async def _serve(prof: profiles.Profile, args: argparse.Namespace, settings: Pod
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    async with SimCluster(prof, args.pods, base_port=args.port, host=args.host,
-                          settings=settings) as cluster:  # fmt: skip
+    async with SimCluster(
+        prof, args.pods, base_port=args.port, host=args.host, settings=settings
+    ) as cluster:
         for url in cluster.urls:
             print(f"simulated pod ({prof.name}) at {url}", flush=True)
         await stop.wait()

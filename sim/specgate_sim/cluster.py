@@ -60,9 +60,13 @@ class SimCluster:
             )
             pod = SimPod(profile, pod_settings)
             config = uvicorn.Config(
-                create_app(pod), host=host, port=port, log_level="warning", lifespan="on",
+                create_app(pod),
+                host=host,
+                port=port,
+                log_level="warning",
+                lifespan="on",
                 timeout_graceful_shutdown=5,
-            )  # fmt: skip
+            )
             self.pods.append(pod)
             self.servers.append(uvicorn.Server(config))
         self._tasks: list[asyncio.Task[None]] = []

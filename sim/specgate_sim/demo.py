@@ -45,9 +45,12 @@ def phases(duration: float) -> list[Phase]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of load")
     parser.add_argument("--pods", type=int, default=3)
-    parser.add_argument("--threshold", type=int, default=16,
-                        help="initial threshold (deliberately high, so the controller's learning"
-                        " shows)")  # fmt: skip
+    parser.add_argument(
+        "--threshold",
+        type=int,
+        default=16,
+        help="initial threshold (deliberately high, so the controller's learning shows)",
+    )
     parser.add_argument("--out", default="out/demo", help="folder for the plot and raw data")
     parser.add_argument("--profile", default="rtx-pro-6000-x8")
     parser.add_argument("--no-live", action="store_true", help="no live view (CI logs)")
@@ -88,10 +91,14 @@ def live_view(points: list[PodPoint], gen: LoadGenerator, elapsed: float) -> str
     for name in sorted(latest):
         p = latest[name]
         thr = "always" if p.threshold is None else str(p.threshold)
-        lines.append(f"{name:<22}{p.pool:<12}{p.batch:>6}{thr:>11}"
-                     f"{'yes' if p.speculating else 'no':>13}{p.tok_s:>8.0f}")  # fmt: skip
-    lines += ["", f"{'class (last 10 s)':<22}{'reqs':>6}{'TTFT p50':>10}{'p99':>8}"
-                  f"{'TPOT p50':>10}{'p99':>8}"]  # fmt: skip
+        lines.append(
+            f"{name:<22}{p.pool:<12}{p.batch:>6}{thr:>11}"
+            f"{'yes' if p.speculating else 'no':>13}{p.tok_s:>8.0f}"
+        )
+    lines += [
+        "",
+        f"{'class (last 10 s)':<22}{'reqs':>6}{'TTFT p50':>10}{'p99':>8}{'TPOT p50':>10}{'p99':>8}",
+    ]
     for cls in ("latency", "throughput"):
         s = class_stats(recent, cls)
         ttft = f"{_fmt(s['ttft_p50']):>10}{_fmt(s['ttft_p99']):>8}"
@@ -109,9 +116,17 @@ async def _sample(url: str, points: list[PodPoint], t0: float, stop: asyncio.Eve
                 view = {"pods": []}
             now = time.monotonic() - t0
             for p in view["pods"]:
-                points.append(PodPoint(now, p["name"], p["batch"] or 0, p["threshold"],
-                                       bool(p["speculating"]), p["pool"],
-                                       p.get("genThroughput") or 0.0))  # fmt: skip
+                points.append(
+                    PodPoint(
+                        now,
+                        p["name"],
+                        p["batch"] or 0,
+                        p["threshold"],
+                        bool(p["speculating"]),
+                        p["pool"],
+                        p.get("genThroughput") or 0.0,
+                    )
+                )
             await asyncio.sleep(0.5)
 
 
@@ -119,12 +134,21 @@ async def run_demo(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = StackConfig(
-        pods=args.pods, port=free_ports(1)[0], threshold=args.threshold, profile=args.profile,
+        pods=args.pods,
+        port=free_ports(1)[0],
+        threshold=args.threshold,
+        profile=args.profile,
         model="sim-model",
-        control={"cooldownSeconds": 3, "hysteresis": 1, "scrapeIntervalSeconds": 0.25,
-                 "staleAfterSeconds": 1.5, "staggerSeconds": 0.25, "minSamples": 3},
+        control={
+            "cooldownSeconds": 3,
+            "hysteresis": 1,
+            "scrapeIntervalSeconds": 0.25,
+            "staleAfterSeconds": 1.5,
+            "staggerSeconds": 0.25,
+            "minSamples": 3,
+        },
         pools={"classMixWindowSeconds": 3},
-    )  # fmt: skip
+    )
     live = not args.no_live and sys.stdout.isatty()
     print(f"starting {cfg.pods} simulated pods ({cfg.profile}) and the router...", flush=True)
     async with running_stack(cfg) as stack:
@@ -143,17 +167,26 @@ async def run_demo(args: argparse.Namespace) -> int:
                 sys.stdout.flush()
             elif elapsed - last_print >= 10:
                 last_print = elapsed
-                print(f"[{elapsed:5.1f}s] {gen.phase_name}: {len(gen.results)} requests done",
-                      flush=True)  # fmt: skip
+                print(
+                    f"[{elapsed:5.1f}s] {gen.phase_name}: {len(gen.results)} requests done",
+                    flush=True,
+                )
         results = load.result()
         stop.set()
         await sampler
     summary = summarize(results, points, gen)
     print()
     print(render_summary(summary))
-    (out / "demo.json").write_text(json.dumps(
-        {"summary": summary, "points": [asdict(p) for p in points],
-         "results": [asdict(r) for r in results]}, default=str))  # fmt: skip
+    (out / "demo.json").write_text(
+        json.dumps(
+            {
+                "summary": summary,
+                "points": [asdict(p) for p in points],
+                "results": [asdict(r) for r in results],
+            },
+            default=str,
+        )
+    )
     png = plot(points, results, gen, out / "demo.png")
     print(f"\nplot: {png}\nraw data: {out / 'demo.json'}")
     failed = sum(1 for r in results if not r.ok)
@@ -167,11 +200,13 @@ def summarize(results: list[Result], points: list[PodPoint], gen: LoadGenerator)
     elapsed = 0.0
     for phase in gen.phases:
         mine = [r for r in results if r.phase == phase.name]
-        per_phase.append({
-            "phase": phase.name,
-            "tok_s": sum(r.tokens for r in mine if r.ok) / phase.seconds,
-            **{cls: class_stats(mine, cls) for cls in ("latency", "throughput")},
-        })  # fmt: skip
+        per_phase.append(
+            {
+                "phase": phase.name,
+                "tok_s": sum(r.tokens for r in mine if r.ok) / phase.seconds,
+                **{cls: class_stats(mine, cls) for cls in ("latency", "throughput")},
+            }
+        )
         elapsed += phase.seconds
     pods: dict[str, Any] = {}
     for name in sorted({p.pod for p in points}):
@@ -184,28 +219,37 @@ def summarize(results: list[Result], points: list[PodPoint], gen: LoadGenerator)
             "threshold_changes": sum(1 for a, b in itertools.pairwise(thresholds) if a != b),
             "speculating_share": sum(1 for p in busy if p.speculating) / max(1, len(busy)),
         }
-    return {"phases": per_phase, "pods": pods,
-            "latency": class_stats(results, "latency"),
-            "throughput": class_stats(results, "throughput")}  # fmt: skip
+    return {
+        "phases": per_phase,
+        "pods": pods,
+        "latency": class_stats(results, "latency"),
+        "throughput": class_stats(results, "throughput"),
+    }
 
 
 def render_summary(summary: dict[str, Any]) -> str:
-    lines = [f"{'phase':<32}{'tok/s':>8}{'lat TPOT p50':>14}{'lat TTFT p99':>14}"
-             f"{'thr TPOT p50':>14}"]  # fmt: skip
+    lines = [
+        f"{'phase':<32}{'tok/s':>8}{'lat TPOT p50':>14}{'lat TTFT p99':>14}{'thr TPOT p50':>14}"
+    ]
     for ph in summary["phases"]:
-        lines.append(f"{ph['phase']:<32}{ph['tok_s']:>8.0f}{_fmt(ph['latency']['tpot_p50']):>14}"
-                     f"{_fmt(ph['latency']['ttft_p99']):>14}"
-                     f"{_fmt(ph['throughput']['tpot_p50']):>14}")  # fmt: skip
+        lines.append(
+            f"{ph['phase']:<32}{ph['tok_s']:>8.0f}{_fmt(ph['latency']['tpot_p50']):>14}"
+            f"{_fmt(ph['latency']['ttft_p99']):>14}"
+            f"{_fmt(ph['throughput']['tpot_p50']):>14}"
+        )
     lines += ["", f"{'pod':<22}{'threshold':>14}{'changes':>9}{'speculating (busy)':>20}"]
     for name, p in summary["pods"].items():
         moved = f"{p['first_threshold']} -> {p['final_threshold']}"
-        lines.append(f"{name:<22}{moved:>14}{p['threshold_changes']:>9}"
-                     f"{p['speculating_share']:>19.0%}")  # fmt: skip
+        lines.append(
+            f"{name:<22}{moved:>14}{p['threshold_changes']:>9}{p['speculating_share']:>19.0%}"
+        )
     for cls in ("latency", "throughput"):
         s = summary[cls]
-        lines.append(f"{cls}: {s['requests']} requests, {s['failed']} failed, TTFT p50/p99 "
-                     f"{_fmt(s['ttft_p50'])}/{_fmt(s['ttft_p99'])}, TPOT p50/p99 "
-                     f"{_fmt(s['tpot_p50'])}/{_fmt(s['tpot_p99'])}")  # fmt: skip
+        lines.append(
+            f"{cls}: {s['requests']} requests, {s['failed']} failed, TTFT p50/p99 "
+            f"{_fmt(s['ttft_p50'])}/{_fmt(s['ttft_p99'])}, TPOT p50/p99 "
+            f"{_fmt(s['tpot_p50'])}/{_fmt(s['tpot_p99'])}"
+        )
     return "\n".join(lines)
 
 
@@ -233,12 +277,18 @@ def plot(points: list[PodPoint], results: list[Result], gen: LoadGenerator, path
     axes[0].legend(loc="upper right", fontsize=8)
     axes[1].set_ylabel("running requests")
     axes[1].legend(loc="upper right", fontsize=7, ncol=2)
-    axes[1].text(0.01, 0.02, "ticks below 0: pod speculating", transform=axes[1].transAxes,
-                 fontsize=8)  # fmt: skip
+    axes[1].text(
+        0.01, 0.02, "ticks below 0: pod speculating", transform=axes[1].transAxes, fontsize=8
+    )
     for cls, marker in (("latency", "o"), ("throughput", "x")):
         timed = [(r.ended, tpot) for r in results if r.traffic_class == cls and (tpot := r.tpot)]
-        axes[2].scatter([e for e, _ in timed], [v * 1000 for _, v in timed], marker=marker, s=12,
-                        label=f"{cls} TPOT")  # fmt: skip
+        axes[2].scatter(
+            [e for e, _ in timed],
+            [v * 1000 for _, v in timed],
+            marker=marker,
+            s=12,
+            label=f"{cls} TPOT",
+        )
     axes[2].set_ylabel("TPOT (ms)")
     axes[2].set_xlabel("seconds")
     axes[2].legend(loc="upper right", fontsize=8)

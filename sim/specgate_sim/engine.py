@@ -305,8 +305,13 @@ def closed_loop_throughput(
 ) -> float:
     """Output tok/s of `concurrency` clients that each send a new request when the last ends,
     in virtual time (no sleeping): the benchmark a GPU sweep runs, run on the simulator."""
-    core = EngineCore(profile, threshold=threshold, seed=seed, off_step_tokens=off_step_tokens,
-                      host_spells=host_spells)  # fmt: skip
+    core = EngineCore(
+        profile,
+        threshold=threshold,
+        seed=seed,
+        off_step_tokens=off_step_tokens,
+        host_spells=host_spells,
+    )
     now, produced, issued = 0.0, 0, 0
     total = concurrency * requests_per_client
 

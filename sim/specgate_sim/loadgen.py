@@ -119,8 +119,12 @@ class LoadGenerator:
         started = time.monotonic()
         ttft, tokens, ok, pod = None, 0, False, None
         try:
-            async with http.stream("POST", self.url + "/v1/chat/completions", json=body,
-                                   headers={"x-specgate-class": cls}) as resp:  # fmt: skip
+            async with http.stream(
+                "POST",
+                self.url + "/v1/chat/completions",
+                json=body,
+                headers={"x-specgate-class": cls},
+            ) as resp:
                 pod = resp.headers.get("x-specgate-pod")
                 if resp.status_code != 200:
                     await resp.aread()
@@ -139,8 +143,16 @@ class LoadGenerator:
                             ok = True
         except httpx.HTTPError:
             ok = False
-        return Result(cls, phase, started - self.started_at, ttft,
-                      time.monotonic() - self.started_at, tokens, ok, pod)  # fmt: skip
+        return Result(
+            cls,
+            phase,
+            started - self.started_at,
+            ttft,
+            time.monotonic() - self.started_at,
+            tokens,
+            ok,
+            pod,
+        )
 
 
 def percentile(values: list[float], q: float) -> float | None:

@@ -63,22 +63,45 @@ def sglang_command(cfg: StackConfig, port: int, api_key: str) -> list[str]:
         raise SystemExit("--engine sglang needs --model-path and --draft-model-path")
     if cfg.off_step_tokens > NUM_DRAFT_TOKENS:
         # The CRD's rule too: an off step's tokens take the KV slots kept for the drafts.
-        raise SystemExit(f"--off-step-tokens {cfg.off_step_tokens}: at most {NUM_DRAFT_TOKENS} "
-                         f"with --engine sglang (its --speculative-num-draft-tokens)")  # fmt: skip
+        raise SystemExit(
+            f"--off-step-tokens {cfg.off_step_tokens}: at most {NUM_DRAFT_TOKENS} "
+            f"with --engine sglang (its --speculative-num-draft-tokens)"
+        )
     return [
-        sys.executable, "-m", "sglang.launch_server",
-        "--model-path", cfg.model_path, "--served-model-name", cfg.model,
-        "--host", cfg.host, "--port", str(port), "--enable-metrics", "--api-key", api_key,
-        "--speculative-algorithm", "EAGLE3",
-        "--speculative-draft-model-path", cfg.draft_model_path,
-        "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
-        "--speculative-num-draft-tokens", str(NUM_DRAFT_TOKENS),
-        "--speculative-disable-batch-threshold", str(cfg.threshold),
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        cfg.model_path,
+        "--served-model-name",
+        cfg.model,
+        "--host",
+        cfg.host,
+        "--port",
+        str(port),
+        "--enable-metrics",
+        "--api-key",
+        api_key,
+        "--speculative-algorithm",
+        "EAGLE3",
+        "--speculative-draft-model-path",
+        cfg.draft_model_path,
+        "--speculative-num-steps",
+        "3",
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        str(NUM_DRAFT_TOKENS),
+        "--speculative-disable-batch-threshold",
+        str(cfg.threshold),
         # As the operator renders it: the flag only where it differs from SGLang's default.
-        *(["--speculative-off-step-tokens", str(cfg.off_step_tokens)]
-          if cfg.off_step_tokens != 1 else []),
+        *(
+            ["--speculative-off-step-tokens", str(cfg.off_step_tokens)]
+            if cfg.off_step_tokens != 1
+            else []
+        ),
         *cfg.sglang_args,
-    ]  # fmt: skip
+    ]
 
 
 async def _wait_healthy(urls: list[str], timeout: float) -> None:
@@ -102,9 +125,14 @@ async def running_stack(cfg: StackConfig) -> AsyncIterator[Stack]:
     sims: SimCluster | None = None
     procs: list[subprocess.Popen[bytes]] = []
     if cfg.engine == "sim":
-        settings = PodSettings(api_key=api_key, threshold=cfg.threshold, model=cfg.model,
-                               time_scale=cfg.time_scale, seed=1,
-                               off_step_tokens=cfg.off_step_tokens)  # fmt: skip
+        settings = PodSettings(
+            api_key=api_key,
+            threshold=cfg.threshold,
+            model=cfg.model,
+            time_scale=cfg.time_scale,
+            seed=1,
+            off_step_tokens=cfg.off_step_tokens,
+        )
         sims = SimCluster(profiles.load(cfg.profile), cfg.pods, settings=settings, host=cfg.host)
         await sims.start()
         engine_urls = sims.urls

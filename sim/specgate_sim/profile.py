@@ -33,8 +33,9 @@ from pydantic.alias_generators import to_camel
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid",
-                              frozen=True)  # fmt: skip
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
 
 
 class StepCosts(_Model):

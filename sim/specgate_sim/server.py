@@ -86,37 +86,55 @@ class PodMetrics(Collector):
 
         accept = stats.accept_length()
         k = pod.profile.num_steps
-        yield gauge(contract.METRIC_RUNNING, "The number of running requests.",
-                    len(pod.core.running))  # fmt: skip
-        yield gauge(contract.METRIC_QUEUED, "The number of requests in the waiting queue.",
-                    len(pod.core.waiting))  # fmt: skip
-        yield gauge("sglang:gen_throughput", "The generation throughput (token/s).",
-                    pod.gen_throughput())  # fmt: skip
+        yield gauge(
+            contract.METRIC_RUNNING, "The number of running requests.", len(pod.core.running)
+        )
+        yield gauge(
+            contract.METRIC_QUEUED,
+            "The number of requests in the waiting queue.",
+            len(pod.core.waiting),
+        )
+        yield gauge(
+            "sglang:gen_throughput", "The generation throughput (token/s).", pod.gen_throughput()
+        )
         yield gauge("sglang:token_usage", "The token usage.", pod.core.token_usage())
-        yield gauge(contract.METRIC_ACCEPT_LENGTH,
-                    "The average acceptance length of speculative decoding (speculating steps).",
-                    accept)  # fmt: skip
-        yield gauge("sglang:spec_accept_rate", "The acceptance rate of drafted tokens.",
-                    (accept - 1) / k if accept else 0.0)  # fmt: skip
+        yield gauge(
+            contract.METRIC_ACCEPT_LENGTH,
+            "The average acceptance length of speculative decoding (speculating steps).",
+            accept,
+        )
+        yield gauge(
+            "sglang:spec_accept_rate",
+            "The acceptance rate of drafted tokens.",
+            (accept - 1) / k if accept else 0.0,
+        )
         yield gauge("sglang:spec_num_steps", "Draft steps per speculative step.", k)
         yield gauge("sglang:spec_num_draft_tokens", "Tokens verified per request.", k + 1)
-        yield gauge(contract.METRIC_THRESHOLD,
-                    "Speculation-disable batch threshold (-1: always speculate).",
-                    contract.threshold_gauge(pod.core.threshold))  # fmt: skip
-        steps = CounterMetricFamily(contract.METRIC_DECODE_STEPS.removesuffix("_total"),
-                                    "Decode steps by speculation mode.",
-                                    labels=[*names, "mode"])  # fmt: skip
+        yield gauge(
+            contract.METRIC_THRESHOLD,
+            "Speculation-disable batch threshold (-1: always speculate).",
+            contract.threshold_gauge(pod.core.threshold),
+        )
+        steps = CounterMetricFamily(
+            contract.METRIC_DECODE_STEPS.removesuffix("_total"),
+            "Decode steps by speculation mode.",
+            labels=[*names, "mode"],
+        )
         steps.add_metric([*values, "on"], stats.decode_steps_on)
         steps.add_metric([*values, "off"], stats.decode_steps_off)
         yield steps
-        yield counter("sglang:spec_verify_calls", "Speculative verify forward passes.",
-                      stats.decode_steps_on)  # fmt: skip
+        yield counter(
+            "sglang:spec_verify_calls", "Speculative verify forward passes.", stats.decode_steps_on
+        )
         yield counter("sglang:num_requests", "Number of requests received.", stats.requests)
-        yield counter("sglang:prompt_tokens", "Number of prefill tokens processed.",
-                      stats.prompt_tokens)  # fmt: skip
-        yield counter(contract.METRIC_GEN_TOKENS.removesuffix("_total"),
-                      "Number of generation tokens processed.",
-                      stats.generation_tokens)  # fmt: skip
+        yield counter(
+            "sglang:prompt_tokens", "Number of prefill tokens processed.", stats.prompt_tokens
+        )
+        yield counter(
+            contract.METRIC_GEN_TOKENS.removesuffix("_total"),
+            "Number of generation tokens processed.",
+            stats.generation_tokens,
+        )
         yield histogram("sglang:time_to_first_token_seconds", "Time to first token.", stats.ttft)
         yield histogram("sglang:e2e_request_latency_seconds", "End-to-end latency.", stats.e2e)
         yield histogram("sglang:inter_token_latency_seconds", "Inter-token latency.", stats.itl)
@@ -400,8 +418,12 @@ def create_app(pod: SimPod) -> FastAPI:
                 sent = 0
                 base = {"id": rid, "object": chunk_obj, "created": created, "model": model}
                 if chat:
-                    first = {"index": 0, "delta": {"role": "assistant", "content": ""},
-                             "finish_reason": None, "logprobs": None}  # fmt: skip
+                    first = {
+                        "index": 0,
+                        "delta": {"role": "assistant", "content": ""},
+                        "finish_reason": None,
+                        "logprobs": None,
+                    }
                     yield _sse({**base, "choices": [first]})
                 async for n in pod.generate(prompt, max_tokens):
                     text = _words(n, sent)

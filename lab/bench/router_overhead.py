@@ -1,0 +1,283 @@
+"""Router overhead: latency added by the router over direct calls to a simulated pod whose steps
+take no time, at fixed request rates, streaming and not; then how many concurrent streams the
+router holds without errors.
+
+Three processes on loopback: `specgate sim` (profile lab/bench/profiles/instant.json), `specgate
+router` in front of it, and this load generator (aiohttp, open loop: requests are sent on a
+fixed schedule whatever the answers do). Direct and routed runs alternate at each rate, so the
+ratio is measured side by side in one run.
+
+    .venv/bin/python lab/bench/router_overhead.py [--seconds 10] [--streams 1000]
+        [--out lab/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+HERE = Path(__file__).resolve().parent
+BODY = {"model": "bench", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process so far (Linux /proc; None elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start(args: list[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "specgate.cli", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def stack(
+    key: str, pod_port: int, router_port: int, profile: str, threshold: str
+) -> list[subprocess.Popen[bytes]]:
+    """A simulated pod with a bench profile and a router in front of it."""
+    return [
+        start(
+            [
+                "sim",
+                "--port",
+                str(pod_port),
+                "--api-key",
+                key,
+                "--model",
+                "bench",
+                "--profile",
+                str(HERE / "profiles" / profile),
+                "--threshold",
+                threshold,
+            ]
+        ),
+        start(
+            [
+                "router",
+                "--port",
+                str(router_port),
+                "--host",
+                "127.0.0.1",
+                "--backend",
+                f"http://127.0.0.1:{pod_port}",
+                "--engine-api-key",
+                key,
+                "--model",
+                "bench",
+                "--log-level",
+                "warning",
+            ]
+        ),
+    ]
+
+
+async def wait_up(url: str) -> None:
+    async with aiohttp.ClientSession() as s:
+        for _ in range(300):
+            try:
+                async with s.get(url) as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up")
+
+
+async def one(
+    s: aiohttp.ClientSession, url: str, stream: bool, headers: dict[str, str]
+) -> float | None:
+    started = time.perf_counter()
+    try:
+        async with s.post(url, json={**BODY, "stream": stream}, headers=headers) as r:
+            await r.read()
+            if r.status != 200:
+                return None
+    except aiohttp.ClientError:
+        return None
+    return time.perf_counter() - started
+
+
+async def open_loop(
+    url: str, rate: float, seconds: float, stream: bool, headers: dict[str, str]
+) -> tuple[list[float], int]:
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as s:
+        tasks = []
+        start_at = time.perf_counter()
+        n = int(rate * seconds)
+        for i in range(n):
+            delay = start_at + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(s, url, stream, headers)))
+        results = await asyncio.gather(*tasks)
+    ok = [r for r in results if r is not None]
+    return ok, len(results) - len(ok)
+
+
+def fmt_ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f} ms"
+
+
+def pct(values: list[float], q: int) -> float:
+    return (
+        statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+        if len(values) > 1
+        else values[0]
+    )
+
+
+async def held_streams(router: str, count: int) -> tuple[int, int, float]:
+    """`count` streams open at once through the router (each ~4 s long); (ok, errors, secs)."""
+    body = {**BODY, "max_tokens": 200, "stream": True}
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as s:
+
+        async def stream() -> bool:
+            try:
+                async with s.post(router + "/v1/chat/completions", json=body) as r:
+                    if r.status != 200:
+                        return False
+                    data = await r.read()
+                    return data.rstrip().endswith(b"data: [DONE]") and b'"error"' not in data
+            except (TimeoutError, aiohttp.ClientError):
+                return False
+
+        started = time.perf_counter()
+        results = await asyncio.gather(*(stream() for _ in range(count)))
+    return sum(results), count - sum(results), time.perf_counter() - started
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--rates", default="50,200,500")
+    parser.add_argument("--streams", type=int, default=1000)
+    parser.add_argument("--out", default=str(HERE.parent / "results"))
+    args = parser.parse_args()
+    key = "bench-key"
+    pod_port, router_port, slow_port, slow_router_port = (free_port() for _ in range(4))
+    procs = stack(key, pod_port, router_port, "instant.json", "none")
+    try:
+        direct = f"http://127.0.0.1:{pod_port}"
+        router = f"http://127.0.0.1:{router_port}"
+        await wait_up(direct + "/health")
+        await wait_up(router + "/readyz")
+        auth = {"Authorization": f"Bearer {key}"}
+        rows = []
+        for rate in (float(r) for r in args.rates.split(",")):
+            for stream in (False, True):
+                d, d_err = await open_loop(
+                    direct + "/v1/chat/completions", rate, args.seconds, stream, auth
+                )
+                cpu_before = cpu_seconds(procs[1].pid)
+                r, r_err = await open_loop(
+                    router + "/v1/chat/completions", rate, args.seconds, stream, {}
+                )
+                cpu_after = cpu_seconds(procs[1].pid)
+                # The router's own CPU per request: steadier than latency on a shared machine.
+                cpu_ms = (
+                    None
+                    if cpu_before is None or cpu_after is None
+                    else (cpu_after - cpu_before) * 1e3 / max(1, len(r) + r_err)
+                )
+                row: dict[str, Any] = {
+                    "rate": rate,
+                    "stream": stream,
+                    "direct_p50_ms": pct(d, 50) * 1e3,
+                    "direct_p99_ms": pct(d, 99) * 1e3,
+                    "router_p50_ms": pct(r, 50) * 1e3,
+                    "router_p99_ms": pct(r, 99) * 1e3,
+                    "router_cpu_ms_per_request": cpu_ms,
+                    "errors": d_err + r_err,
+                }
+                row["added_p50_ms"] = row["router_p50_ms"] - row["direct_p50_ms"]
+                row["added_p99_ms"] = row["router_p99_ms"] - row["direct_p99_ms"]
+                rows.append(row)
+                print(
+                    f"rate {rate:>5.0f}/s stream={stream!s:<5} "
+                    f"added p50 {row['added_p50_ms']:6.2f} ms  p99 {row['added_p99_ms']:6.2f} ms"
+                    f"  router CPU {fmt_ms(row['router_cpu_ms_per_request'])}/request"
+                    f"  errors {row['errors']}",
+                    flush=True,
+                )
+        # Only now the second stack, so it adds no background work to the sweep above.
+        # A paced pod (20 ms steps at any batch) for the held-streams test: ~4 s per stream.
+        procs += stack(key, slow_port, slow_router_port, "paced.json", "0")
+        await wait_up(f"http://127.0.0.1:{slow_router_port}/readyz")
+        ok, errors, secs = await held_streams(f"http://127.0.0.1:{slow_router_port}", args.streams)
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=30)
+    header = (
+        "| req/s | stream | direct p50 | direct p99 | router p50 | router p99 | added p50 |"
+        " added p99 | router CPU per request | errors |"
+        "\n|---|---|---|---|---|---|---|---|---|---|"
+    )
+    lines = [header] + [
+        f"| {r['rate']:.0f} | {'yes' if r['stream'] else 'no'} | {r['direct_p50_ms']:.2f} ms "
+        f"| {r['direct_p99_ms']:.2f} ms | {r['router_p50_ms']:.2f} ms "
+        f"| {r['router_p99_ms']:.2f} ms | {r['added_p50_ms']:.2f} ms "
+        f"| {r['added_p99_ms']:.2f} ms | {fmt_ms(r['router_cpu_ms_per_request'])} "
+        f"| {r['errors']} |"
+        for r in rows
+    ]
+    lines.append(
+        f"\nConcurrent streams through the router: {args.streams} opened at once, "
+        f"{ok} completed, {errors} errors, {secs:.1f} s."
+    )
+    table = "\n".join(lines)
+    print("\n" + table)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "date": time.strftime("%Y-%m-%d"),
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "seconds_per_point": args.seconds,
+    }
+    streams = {"opened": args.streams, "ok": ok, "errors": errors, "seconds": secs}
+    (out / "router_overhead.json").write_text(
+        json.dumps({"meta": meta, "rows": rows, "streams": streams}, indent=1)
+    )
+    (out / "router_overhead.md").write_text(
+        f"Router overhead, {meta['date']}, {meta['cpus']} CPUs ({meta['machine']}), "
+        f"{args.seconds:.0f} s per point; command: "
+        "`.venv/bin/python lab/bench/router_overhead.py`\n\n" + table + "\n"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
