@@ -18,12 +18,14 @@ demo: $(STAMP)
 
 test: $(STAMP) tools
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/mypy --strict lab/bench
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/ruff format --check .
 
 typecheck: $(STAMP)

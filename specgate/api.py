@@ -225,13 +225,11 @@ class SpeculativeSpec(_Model):
     """Tokens each request decodes in one step with speculation off
     (`--speculative-off-step-tokens`): that many plain decode forwards run back to back, so the
     engine's per-step scheduling work is paid once per this many tokens, and tokens reach
-    clients that many at a time while speculation is off. On one H200, 4 gave 1.13x a plain
-    server's throughput at 16 concurrent requests and 1.29x at 64, and behind the router gave
-    at least 0.97x the better of plain and always-on speculation at seven of eight
-    concurrencies from 1 to 128 (medians; 0.90 at 8, where it speculated as always-on did, on
-    a host whose windows spread 1.5x), above it at 16, 64 and 128 (BENCHMARKS.md); verified
-    at tensor parallel 1 only so far, hence the default of 1. At most
-    numDraftTokens; ignored with control.mode alwaysOn."""
+    clients that many at a time while speculation is off. 4 makes the off mode faster than a
+    plain server on small models, where the host's per-step work dominates (BENCHMARKS.md,
+    "Speculation off against a plain server"); the default of 1 is SGLang's own plain decode
+    step, the one verified at every tensor-parallel size. At most numDraftTokens; ignored with
+    control.mode alwaysOn."""
     control: SpeculationControl = Field(default_factory=SpeculationControl)
     """Runtime control of speculation."""
 

@@ -2,12 +2,11 @@
 scrapes, threshold pushes) and the simulator's contract tests go through one aiohttp session.
 
 Why not httpx: its connection pool (httpcore 1.0) walks every pooled connection on each request
-it starts and each response it closes, and for each idle connection walks them all again. At
-c = 128 on one H200 that became a spiral: when a hiccup left many of one pod's 128 connections
-idle, each pass cost more, the router's thread ran at 100% CPU holding 120 requests while its
-engine ran a batch of 8, which left more connections idle (BENCHMARKS.md job 37). Scraping 64
-pods every 0.5 s cost it a fifth of a core. aiohttp's connector takes an idle connection off a
-per-host queue. `lab/bench/client_pool.py` measures both side by side.
+it starts and each response it closes, and for each idle connection walks them all again. With
+many connections to one pod that turns into a spiral: the more connections sit idle, the more
+each pass costs, and the router's CPU, not the engine, sets the pace. aiohttp's connector takes
+an idle connection off a per-host queue; `lab/bench/client_pool.py` measures both side by side
+(BENCHMARKS.md, "Router overhead").
 
 `EngineHttp` owns one `aiohttp.ClientSession`, opened in the running loop on first use and
 closed by `close()`; tests put a subclass in its place to inject failures.

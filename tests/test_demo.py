@@ -42,3 +42,21 @@ def test_demo_short_run(tmp_path: Path) -> None:
     # The pods were observed through the router, speculating at some times and not others.
     points = data["points"]
     assert {p["speculating"] for p in points if p["batch"] > 0} == {True, False}
+
+
+def test_demo_without_matplotlib_says_how_to_get_the_plot(tmp_path: Path) -> None:
+    """With matplotlib missing the demo says how to install the plot extra before the load
+    starts, runs, and writes its raw data: no traceback."""
+    hide = (
+        "import sys\nsys.modules['matplotlib'] = None\n"
+        "from specgate.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    args = ["demo", "--duration", "3", "--pods", "2", "--no-live", "--out", str(tmp_path)]
+    result = subprocess.run(
+        [sys.executable, "-c", hide, *args], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "pip install 'specgate[plot]'" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "demo.png").exists() and (tmp_path / "demo.json").exists()

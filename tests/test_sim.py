@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import resource
 from collections.abc import AsyncIterator
 
@@ -24,6 +25,8 @@ from specgate_sim.engine import (
     closed_loop_throughput,
 )
 from specgate_sim.pod import PodSettings
+
+from .conftest import ROOT
 
 PROFILE = profiles.load("rtx-pro-6000-x8")
 
@@ -464,3 +467,13 @@ async def test_a_pod_with_several_token_off_steps_says_so_and_streams_them(
         meta = resp.json()["meta_info"]
         assert meta["completion_tokens"] == 13
     assert cluster.pods[0].core.stats.decode_steps_off == 3  # 1 from the prefill, then 4 + 4 + 4
+
+
+@pytest.mark.parametrize("name", profiles.available())
+def test_a_profile_cites_files_that_exist(name: str) -> None:
+    """Every repository path a profile's source names exists (globs match something)."""
+    source = profiles.load(name).source
+    cited = re.findall(r"\b((?:lab|sim|worker-image)/[\w./*-]+\w|README\.md)", source)
+    assert cited, source
+    for path in cited:
+        assert list(ROOT.glob(path)), f"{name} cites {path}, which does not exist"

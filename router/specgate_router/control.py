@@ -153,9 +153,9 @@ def pool_samples(per_pod: Sequence[Sequence[Sample]], limit: int = POOLED_SAMPLE
 
 WIDENINGS = (1, 2, 4)
 """How far the window around the threshold may widen when both modes have samples near it but
-at too few batch sizes to fit. On the H200 a closed loop of c clients ran at a mean batch of
-0.96c, so clients stepping 4, 8, 12, 16 put one batch size on each side of a threshold of 8,
-and the controller never moved. A mode missing near the threshold does not widen the window:
+at too few batch sizes to fit: a closed loop of c clients runs at a mean batch just under c,
+so clients stepping 4, 8, 12, 16 put one batch size on each side of a threshold of 8. A mode
+missing near the threshold does not widen the window:
 its samples would come from far away and old (a ramp), and lines extrapolated from those
 swung a steady pod's threshold back and forth."""
 
@@ -266,8 +266,8 @@ def estimate_threshold(
         # Speculation gains (or keeps) ground as the batch grows, so whichever mode is cheaper
         # at the boundary stays cheaper above it: noisy samples on a busy host give such lines.
         # Read at the boundary, a line whose samples all sit in the far half of its side is an
-        # extrapolation: plain samples at 91-96 alone put a threshold of 64 down to 32 and the
-        # next plain-free cooldown put it back (the H200 profile, every 5 s).
+        # extrapolation, and two such readings from either side would swap the threshold at
+        # every cooldown.
         near_on = on.highest_batch >= boundary - (boundary - low) / 2
         near_off = off.lowest_batch <= boundary + (high - boundary) / 2
         if not (near_on and near_off):
@@ -282,9 +282,8 @@ def estimate_threshold(
             )
         # Down to the lowest speculating batch, this drops speculation where it was measured
         # for plain decoding read off a line: only on plain samples near the boundary without
-        # widening. A weaker draft's learning phase (BENCHMARKS.md job 44) read plain at 11.8
-        # and 15.8 down to 8.5, halved 8 to 4, and then needed plain at batch 5-7, which the
-        # learning loads never ran: stuck at 4 though speculation paid 1.27x at 8.
+        # widening. A plain line read from far above would halve the threshold to where no
+        # plain samples exist, and nothing could bring it back.
         unwidened_high = window(current)[2]
         if off.lowest_batch > boundary + (unwidened_high - boundary) / 2:
             return None, (
@@ -341,9 +340,8 @@ def decide(
         direction = (target > current) - (target < current)
         if direction and direction == -previous.moved:
             # Back the way the last move came: the crossover lies between the last two
-            # thresholds, so go halfway. Each window reads its own batches, and the H200's
-            # weak-draft learning (BENCHMARKS.md job 50) read 12.5 from threshold 10 and 10.9
-            # from 12: without this the pod switched 10 <-> 12 every cooldown.
+            # thresholds, so go halfway. Each window reads its own batches: two that each read
+            # the crossover on the other's side would otherwise swap them every cooldown.
             target = current + int((target - current) / 2)
             why = f"{why}; reversing the last move: halfway, {target}"
         if abs(target - current) <= params.hysteresis:
@@ -358,11 +356,10 @@ def decide(
             new = cached.taken_since(previous.changed_at)
             if new >= params.min_samples:
                 return Decision(target, why, now, probe_wait=previous.probe_wait, moved=direction)
-            # The samples near the threshold all predate its last change: the fit reads the
-            # same data as the move that brought it here. On the H200 (BENCHMARKS.md job 82) a
-            # pod held at batch 32-64 read 23 from threshold 15 and 11 from 19 off the same
-            # stale samples, and swapped 15 <-> 19 every cooldown; a load that holds away
-            # from the threshold is the probes' to measure.
+            # The samples near the threshold all predate its last change: the fit would read
+            # the same data as the move that brought it here, and a load holding away from the
+            # threshold would swap it between two values every cooldown. Such a load is the
+            # probes' to measure.
             why = f"{why}; holding: {new} samples near {current} since its last change"
     explored = _explore(own, previous, now, params, may_probe=may_probe)
     return explored if explored is not None else replace(previous, reason=why)
@@ -591,18 +588,17 @@ def _continue_probe(
 LOAD_MOVED_FACTOR = 1.5
 """A probe's load has moved when the pod runs more than this factor from the probe's batch
 (either way) and more than two requests from it. Wider than `band`: under an open-loop load
-the mode on trial moves the batch itself, by its speed-up over the other (at most 1.3x at
-c >= 16 on the H200 pair; the larger ones at c <= 2 move a batch by a request or two)."""
+the mode on trial moves the batch itself, by its speed-up over the other (up to about 1.3x
+at large batches; the larger speed-ups at small ones move a batch by a request or two)."""
 
 
 def load_moved_from(
     own: Sequence[Sample], *, batch: float, since: float, need: int
 ) -> float | None:
     """The batch the pod runs now, when its newest `need` samples since `since` all ran more
-    than LOAD_MOVED_FACTOR from `batch`, else None. On the H200 (BENCHMARKS.md job 91) a pod
-    that idled after holding batch 63 probed speculation there; its load came back at 32, and
-    the probe waited out its time with nothing to measure, then doubled the wait before the
-    probe that load needed."""
+    than LOAD_MOVED_FACTOR from `batch`, else None. A probe whose load came back at another
+    batch has nothing to measure; waiting it out would only double the wait before the probe
+    the new load needs."""
     newest = list(
         itertools.islice(itertools.takewhile(lambda s: s.at >= since, reversed(own)), need)
     )
@@ -624,8 +620,7 @@ def _keep_or(previous: Decision, value: int | None, reason: str, now: float) -> 
 
 def initial_decision(params: ControlSettings, now: float = -math.inf) -> Decision:
     """A pod's first decision at time `now`. Its first probe waits one probe interval: pools
-    and the load settle first, and a probe while they settle misleads the fit (BENCHMARKS.md
-    section 1)."""
+    and the load settle first, and a probe while they settle misleads the fit."""
     value: int | None = {"alwaysOn": None, "off": 0}.get(params.mode, params.threshold)
     return Decision(
         value,

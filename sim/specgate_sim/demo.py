@@ -18,6 +18,8 @@ import httpx
 from specgate_sim.cluster import free_ports
 from specgate_sim.loadgen import LoadGenerator, Phase, Result, percentile
 from specgate_sim.local import StackConfig, running_stack
+from specgate_sim.profile import Profile
+from specgate_sim.profile import load as load_profile
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="out/demo", help="folder for the plot and raw data")
     parser.add_argument("--profile", default="rtx-pro-6000-x8")
     parser.add_argument("--no-live", action="store_true", help="no live view (CI logs)")
+    parser.add_argument("--no-plot", action="store_true", help="no plot (needs matplotlib)")
+
+
+PLOT_HINT = (
+    "the demo's plot needs matplotlib: pip install 'specgate[plot]' (make demo installs it);"
+    " running without the plot"
+)
+
+
+def plotting_available() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _fmt(value: float | None, scale: float = 1000.0, unit: str = "ms") -> str:
@@ -150,6 +167,10 @@ async def run_demo(args: argparse.Namespace) -> int:
         pools={"classMixWindowSeconds": 3},
     )
     live = not args.no_live and sys.stdout.isatty()
+    want_plot = not args.no_plot
+    if want_plot and not plotting_available():
+        print(PLOT_HINT, file=sys.stderr)
+        want_plot = False
     print(f"starting {cfg.pods} simulated pods ({cfg.profile}) and the router...", flush=True)
     async with running_stack(cfg) as stack:
         gen = LoadGenerator(stack.router_url, cfg.model, phases(args.duration))
@@ -187,8 +208,10 @@ async def run_demo(args: argparse.Namespace) -> int:
             default=str,
         )
     )
-    png = plot(points, results, gen, out / "demo.png")
-    print(f"\nplot: {png}\nraw data: {out / 'demo.json'}")
+    if want_plot:
+        png = plot(points, results, gen, out / "demo.png", profile=load_profile(cfg.profile))
+        print(f"\nplot: {png}")
+    print(f"raw data: {out / 'demo.json'}")
     failed = sum(1 for r in results if not r.ok)
     if failed:
         print(f"{failed} requests failed", file=sys.stderr)
@@ -253,30 +276,74 @@ def render_summary(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot(points: list[PodPoint], results: list[Result], gen: LoadGenerator, path: Path) -> Path:
+def role(points: list[PodPoint], pod: str) -> str:
+    """A pod's name in the plot: its number and the pool it spent most of the run in."""
+    pools = [p.pool for p in points if p.pod == pod and p.batch > 0] or ["mixed"]
+    pool = max(set(pools), key=pools.count)
+    return {"latency": "latency pool", "throughput": "throughput pool"}.get(pool, "both classes")
+
+
+def static_baselines(
+    points: list[PodPoint], profile: Profile
+) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Per sample time, the profile's steady tok/s summed over the pods at the batches they
+    ran: in the mode each pod ran (the router's choice), always speculating and never
+    speculating. Steady rates, not the engines' smoothed counters: the three lines differ only
+    by the mode, so they show what the choice is worth at each moment."""
+    by_time: dict[float, list[PodPoint]] = {}
+    for p in points:
+        by_time.setdefault(p.t, []).append(p)
+    times = sorted(by_time)
+    routed = [
+        sum(profile.steady_throughput(p.batch, p.speculating) for p in by_time[t] if p.batch)
+        for t in times
+    ]
+    on = [
+        sum(profile.steady_throughput(p.batch, True) for p in by_time[t] if p.batch) for t in times
+    ]
+    off = [
+        sum(profile.steady_throughput(p.batch, False) for p in by_time[t] if p.batch) for t in times
+    ]
+    return times, routed, on, off
+
+
+def plot(
+    points: list[PodPoint],
+    results: list[Result],
+    gen: LoadGenerator,
+    path: Path,
+    *,
+    profile: Profile,
+) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(3, 1, figsize=(11, 10), sharex=True)
+    fig, axes = plt.subplots(3, 1, figsize=(12, 10), sharex=True)
     pods = sorted({p.pod for p in points})
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    times, routed, on, off = static_baselines(points, profile)
+    axes[0].plot(times, routed, color="black", label="as routed (each pod's mode)")
+    axes[0].plot(times, on, color="tab:green", linestyle="--", label="always speculating")
+    axes[0].plot(times, off, color="tab:red", linestyle=":", label="never speculating")
     for i, name in enumerate(pods):
         mine = [p for p in points if p.pod == name]
         c = colors[i % len(colors)]
+        label = f"pod {i + 1} ({role(points, name)})"
         t = [p.t for p in mine]
-        axes[0].plot(t, [p.tok_s for p in mine], color=c, label=name)
-        axes[1].plot(t, [p.batch for p in mine], color=c, label=f"{name} batch")
+        axes[1].plot(t, [p.batch for p in mine], color=c, label=f"{label}: batch")
         thr = [p.threshold if p.threshold is not None else float("nan") for p in mine]
-        axes[1].step(t, thr, where="post", color=c, linestyle="--", label=f"{name} threshold")
+        axes[1].step(t, thr, where="post", color=c, linestyle="--", label=f"{label}: threshold")
         spec_t = [p.t for p in mine if p.speculating and p.batch > 0]
         axes[1].scatter(spec_t, [-1.5 - i * 0.8] * len(spec_t), color=c, marker="|", s=40)
     axes[0].set_ylabel("output tok/s")
-    axes[0].set_title("specgate demo: per-pod throughput, batch vs threshold, latency by class")
-    axes[0].legend(loc="upper right", fontsize=8)
+    axes[0].set_title(
+        "specgate demo: steady tok/s at the pods' batches by mode, batch vs threshold,"
+        " latency by class",
+        fontsize=10,
+    )
     axes[1].set_ylabel("running requests")
-    axes[1].legend(loc="upper right", fontsize=7, ncol=2)
     axes[1].text(
         0.01, 0.02, "ticks below 0: pod speculating", transform=axes[1].transAxes, fontsize=8
     )
@@ -287,19 +354,26 @@ def plot(points: list[PodPoint], results: list[Result], gen: LoadGenerator, path
             [v * 1000 for _, v in timed],
             marker=marker,
             s=12,
-            label=f"{cls} TPOT",
+            label=f"{cls} class TPOT",
         )
     axes[2].set_ylabel("TPOT (ms)")
     axes[2].set_xlabel("seconds")
-    axes[2].legend(loc="upper right", fontsize=8)
     start = 0.0
-    for phase in gen.phases:
+    for i, phase in enumerate(gen.phases):
         for ax in axes:
             ax.axvline(start, color="grey", linewidth=0.5)
-        axes[0].text(start + 0.5, axes[0].get_ylim()[1] * 0.92, phase.name, fontsize=7)
+        axes[0].text(
+            start + 0.3,
+            0.95 - 0.07 * (i % 2),
+            phase.name,
+            fontsize=7,
+            transform=axes[0].get_xaxis_transform(),
+        )
         start += phase.seconds
+    for ax in axes:  # legends beside the plots, never over the data
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, borderaxespad=0)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 

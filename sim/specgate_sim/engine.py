@@ -95,10 +95,9 @@ class EngineStats:
 
 @dataclass(frozen=True)
 class HostSpells:
-    """Slow spells of a shared host. On the H200 (BENCHMARKS.md, jobs 57, 60 and 94) a
-    speculating server's 2-second windows fell into fast and slow ones, 1.5x apart at the same
-    accept length, the GPU's clock steady and the scheduler never waiting for a CPU: the host
-    ran the same step's work slower for seconds at a time. Here the engine alternates between
+    """Slow spells of a shared host: a GPU server's short windows can fall into fast and slow
+    ones, 1.5x apart at the same accept length and GPU clock, when the host runs the same
+    step's work slower for seconds at a time. Here the engine alternates between
     fast and slow spells, each lasting an exponentially distributed time of its own decode
     and prefill steps (means `fast_seconds`, `slow_seconds`; idle time does not count), and in
     a slow spell the host's part of a decode step (`Profile.host_time`) takes `slowdown`

@@ -14,9 +14,8 @@ weights and KV cache, or computing every verified token), with B = b ** batchExp
 
 An off step of K tokens a request (`--speculative-off-step-tokens K`) runs K plain forwards for
 one step's overhead. The fitted overhead lumps the host's work with the GPU's fixed costs, so
-where that is large the model reads a K-token step's saving high: on the H200 the 3B-class
-pair's four-token off step ran 1.13x plain at c = 16 and 1.29x at 64 (BENCHMARKS.md, jobs 78
-and 81); the deployed profile gives 1.46x and 1.25x in the same closed loop.
+where that is large the model reads a K-token step's saving high (BENCHMARKS.md, "Simulator
+calibration", compares it with the GPU).
 
 A speculating step gives each request 1 + accepted tokens, accepted drawn from a chain of
 `numSteps` Bernoulli trials at `perTokenRate` (the first rejection ends the chain).
@@ -47,9 +46,8 @@ class StepCosts(_Model):
     draft_s_per_request: float = Field(ge=0)
     sync_s_per_request: float = Field(default=0.0, ge=0)
     batch_exponent: float = Field(default=1.0, gt=0, le=1)
-    """1: per-request costs grow linearly with the batch. Below 1 they grow sub-linearly, as the
-    host work of a small model's step did on the H200 (about 0.45 ms per added request at
-    batch 1-4, 0.14 ms at 16-64)."""
+    """1: per-request costs grow linearly with the batch. Below 1 they grow sub-linearly, as
+    the host work of a small model's step does (its per-request share amortises)."""
 
 
 class PrefillCosts(_Model):
