@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict
 
@@ -173,9 +173,9 @@ class SpeculationControl(_Model):
     hysteresis: int = Field(default=2, ge=0, le=256)
     """The controller changes a pod's threshold only when its estimate moves more than this many
     requests away from the current value."""
-    cooldown_seconds: int = Field(default=30, ge=0, le=3600)
+    cooldown_seconds: float = Field(default=30, ge=0, le=3600)
     """Minimum time between two threshold changes on one pod."""
-    probe_interval_seconds: int = Field(default=600, ge=0, le=86400)
+    probe_interval_seconds: float = Field(default=600, ge=0, le=86400)
     """A pod whose load holds at one batch size away from its threshold never measures the
     other mode there: it runs the other mode for a few seconds at most this often (the first
     time one interval after the router starts; one pod at a time, never in the latency pool;
@@ -340,6 +340,68 @@ class PoolSplit(_Model):
     threshold sizes the pool."""
 
 
+FilterName = Literal["healthy", "not-draining", "circuit-closed", "fresh-metrics"]
+ScorerName = Literal["load", "class-fit"]
+PickerName = Literal["max-score", "weighted-random"]
+
+
+def _default_filters() -> list[FilterName]:
+    return ["healthy", "not-draining", "circuit-closed", "fresh-metrics"]
+
+
+class WeightedScorer(_Model):
+    """A scorer and its weight in the sum the picker compares."""
+
+    name: ScorerName
+    """`load`: free capacity (running and queued requests against the pod's cap). `class-fit`:
+    latency traffic to pods that will speculate it, in the latency pool first; throughput
+    traffic to the throughput pool."""
+    weight: float = Field(default=1.0, ge=0.0, le=1000.0)
+    """Weight of this scorer's score, in [0, 1], in the sum."""
+
+
+class RouterPlugins(_Model):
+    """How the router places a request: filters drop pods that cannot take it, scorers rate the
+    rest in [0, 1], and the picker chooses by the weighted sum, each plugin named."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "'healthy' in self.filters",
+                    "filters must include healthy: without it requests go to pods that are down",
+                ),
+            ]
+        }
+    )
+
+    filters: list[FilterName] = Field(default_factory=_default_filters, max_length=8)
+    """Applied in order. `healthy`: the pod answers its scrapes; `not-draining`: it is not
+    leaving; `circuit-closed`: its circuit breaker lets requests through; `fresh-metrics`
+    (soft: ignored when it would leave no pod): its metrics are recent."""
+    scorers: list[WeightedScorer] = Field(
+        default_factory=lambda: [
+            WeightedScorer(name="load", weight=1.0),
+            WeightedScorer(name="class-fit", weight=2.0),
+        ],
+        max_length=8,
+    )
+    """Scorers and their weights; class-fit weighs more than load so that latency traffic
+    speculates unless its pods are full."""
+    picker: PickerName = "max-score"
+    """`max-score`: the highest weighted sum, ties broken at random; `weighted-random`: a pod
+    drawn with probability proportional to its weighted sum."""
+
+    @model_validator(mode="after")
+    def _healthy_first(self) -> RouterPlugins:
+        # The same rule as the CEL one above, for the router's own configuration file.
+        if "healthy" not in self.filters:
+            raise ValueError(
+                "filters must include healthy: without it requests go to pods that are down"
+            )
+        return self
+
+
 class RouterSpec(_Model):
     """The speculation-aware router in front of the engine pods."""
 
@@ -353,6 +415,8 @@ class RouterSpec(_Model):
     """Traffic class of requests without an `x-specgate-class` header."""
     pools: PoolSplit = Field(default_factory=PoolSplit)
     """Latency/throughput pool split."""
+    plugins: RouterPlugins = Field(default_factory=RouterPlugins)
+    """Placement plugins: filters, weighted scorers and the picker."""
     resources: KubeObject = Field(
         default_factory=lambda: {
             "requests": {"cpu": "500m", "memory": "256Mi"},

@@ -98,7 +98,7 @@ def test_the_h200_learning_run_moves_the_threshold_up() -> None:
 
 
 def test_an_engine_capped_at_16_running_requests_speculates_at_16() -> None:
-    """Replayed from the H200 job whose engines admitted 16 requests at most (BENCHMARKS.md job
+    """Replayed from the H200 job whose engines admitted 16 requests at most (lab/NOTEBOOK.md job
     42): 4 and 8 clients speculating, 12-96 plain under threshold 8, so every plain load from
     16 clients up ran at a mean batch of 15.8. Speculation paid at every batch measured; the
     threshold went to 15 (15.8 rounded down), which ran the pod plain at 16 and mixed at
@@ -231,7 +231,7 @@ def run_estimates(
 
 
 def test_windows_that_read_the_crossover_on_each_others_side_settle_between_them() -> None:
-    """The H200's weak-draft learning (BENCHMARKS.md job 50): from threshold 10 the fit read
+    """The H200's weak-draft learning (lab/NOTEBOOK.md job 50): from threshold 10 the fit read
     12.5, from 12 it read 10.9, and the pod swapped them every cooldown. A move back the way
     the last came goes halfway, here within hysteresis: the pod stays."""
     params = ControlSettings(hysteresis=1, cooldown_seconds=5)
@@ -251,7 +251,7 @@ def test_a_move_back_still_reaches_a_far_estimate() -> None:
 
 
 def test_a_pod_does_not_move_again_on_the_samples_it_moved_on() -> None:
-    """The H200 with four-token off steps (BENCHMARKS.md job 82): held at batch 32-64, under
+    """The H200 with four-token off steps (lab/NOTEBOOK.md job 82): held at batch 32-64, under
     thresholds 15 and 19 alike, a pod read 23 from 15 and 11 from 19 off the same samples
     near them, all taken before either change, and swapped 15 <-> 19 every cooldown (5 s
     there, 30 s by default) until the job ended. A move now needs samples measured near the
@@ -622,6 +622,57 @@ def test_load_breaks_class_ties_and_equal_scores_are_random() -> None:
     assert placement.choose([a, c], ctx(), rng=random.Random(0)) is c
 
 
+def test_every_plugin_the_resource_can_name_is_registered() -> None:
+    from typing import get_args
+
+    from specgate import api
+
+    assert set(placement.FILTERS) == set(get_args(api.FilterName))
+    assert set(placement.SCORERS) == set(get_args(api.ScorerName))
+    assert set(placement.PICKERS) == set(get_args(api.PickerName))
+
+
+def test_the_configured_scorers_and_weights_decide() -> None:
+    # Latency traffic: class-fit (weight 2 by default) sends it to the speculating pod even
+    # though it is fuller; with load alone, the emptier pod wins.
+    fits = pod("fits", running=4, threshold=8)
+    empty_over = pod("empty-over", running=1, threshold=0)
+    assert placement.choose([fits, empty_over], ctx(), rng=random.Random(0)) is fits
+    load_only = {"plugins": {"scorers": [{"name": "load", "weight": 1}]}}
+    assert (
+        placement.choose([fits, empty_over], ctx(**load_only), rng=random.Random(0)) is empty_over
+    )
+
+
+def test_filters_come_from_the_configuration() -> None:
+    stale = pod("stale", at=90.0)
+    fresh = pod("fresh", running=60)
+    assert placement.choose([stale, fresh], ctx(), rng=random.Random(0)) is fresh
+    without = {"plugins": {"filters": ["healthy", "not-draining", "circuit-closed"]}}
+    assert placement.choose([stale, fresh], ctx(**without), rng=random.Random(0)) is stale
+
+
+def test_weighted_random_picks_in_proportion_to_the_score() -> None:
+    busy, idle = pod("busy", running=48), pod("idle", running=0)
+    cfg = {"plugins": {"picker": "weighted-random", "scorers": [{"name": "load", "weight": 1}]}}
+    picks = [
+        placement.choose([busy, idle], ctx(**cfg), rng=random.Random(seed)).name  # type: ignore[union-attr]
+        for seed in range(400)
+    ]
+    share = picks.count("idle") / len(picks)
+    assert 0.72 < share < 0.88  # scores 1.0 and 0.25: 0.8 expected
+    maxed = [
+        placement.choose([busy, idle], ctx(), rng=random.Random(seed)).name  # type: ignore[union-attr]
+        for seed in range(50)
+    ]
+    assert set(maxed) == {"idle"}
+
+
+def test_a_configuration_without_the_healthy_filter_is_refused() -> None:
+    with pytest.raises(Exception, match="healthy"):
+        settings(plugins={"filters": ["not-draining"]})
+
+
 def test_breaker_opens_then_half_opens_for_one_trial() -> None:
     params = ResilienceSettings(breaker_failures=2, breaker_open_seconds=5)
     b = CircuitBreaker()
@@ -972,7 +1023,7 @@ def test_a_pods_first_probe_waits_one_interval_and_the_load_must_hold_a_cooldown
 
 
 def test_a_probe_whose_load_comes_back_elsewhere_ends_early_and_keeps_its_wait() -> None:
-    """BENCHMARKS.md job 91: a pod held batch 63 plain, idled, and probed speculation at 63
+    """lab/NOTEBOOK.md job 91: a pod held batch 63 plain, idled, and probed speculation at 63
     (idle time counts towards holding a batch: bursts at one batch hold it). Its load came
     back at 32. The probe ends as soon as the pod runs there, without doubling the wait: the
     probe the new load needs is not put off."""

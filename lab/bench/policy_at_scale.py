@@ -50,12 +50,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
+from specgate.api import RouterPlugins, WeightedScorer
 from specgate.engine_client import EngineClient, EngineLoad
 from specgate_router import control, placement
 from specgate_router.pods import PodState, Scrape
 from specgate_router.settings import (
     ControlSettings,
-    PlacementSettings,
     PoolSettings,
     RouterSettings,
     TrafficClass,
@@ -188,11 +188,13 @@ class Fleet:
                 update={"mode": {None: "alwaysOn", 0: "off"}.get(policy.threshold, "dynamic")}
             )
         # Static baselines get a plain least-load balancer; specgate its class-aware placement.
-        weights = PlacementSettings() if policy.dynamic else PlacementSettings(class_fit_weight=0)
+        plugins = RouterPlugins()
+        if not policy.dynamic:
+            plugins = RouterPlugins(scorers=[WeightedScorer(name="load", weight=1.0)])
         self.settings = RouterSettings(
             backends=["http://sim"],
             control=self.control,
-            placement=weights,
+            plugins=plugins,
             pools=pools or self.default_pools(policy),
         )
         self.cores = [

@@ -295,15 +295,8 @@ def router_config(sdd: api.SpecDecodeDeployment) -> dict[str, Any]:
                 "port": sdd.spec.engine.port,
             }
         },
-        "control": {
-            "mode": control.mode,
-            "threshold": control.threshold,
-            "minThreshold": control.min_threshold,
-            "maxThreshold": control.max_threshold,
-            "hysteresis": control.hysteresis,
-            "cooldownSeconds": control.cooldown_seconds,
-            "probeIntervalSeconds": control.probe_interval_seconds,
-        },
+        "control": control.model_dump(by_alias=True, mode="json"),
+        "plugins": sdd.spec.router.plugins.model_dump(by_alias=True, mode="json"),
         "pools": {
             "minLatencyFraction": sdd.spec.router.pools.min_latency_fraction,
             "maxLatencyFraction": sdd.spec.router.pools.max_latency_fraction,

@@ -11,6 +11,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
+from specgate import api
+
 TrafficClass = Literal["latency", "throughput"]
 CLASSES: tuple[TrafficClass, ...] = ("latency", "throughput")
 API_KEY_ENV = "SPECGATE_ENGINE_API_KEY"
@@ -33,15 +35,10 @@ class Discovery(_Model):
     kubernetes: KubernetesDiscovery | None = None
 
 
-class ControlSettings(_Model):
-    """The threshold controller (mirrors spec.speculative.control of the resource)."""
+class ControlSettings(api.SpeculationControl):
+    """The threshold controller: the resource's spec.speculative.control (its fields and
+    defaults come from that one definition), plus the router's own timing."""
 
-    mode: Literal["dynamic", "alwaysOn", "off"] = "dynamic"
-    threshold: int = Field(default=8, ge=0)
-    min_threshold: int = Field(default=0, ge=0)
-    max_threshold: int = Field(default=64, ge=0)
-    hysteresis: int = Field(default=2, ge=0)
-    cooldown_seconds: float = Field(default=30.0, ge=0)
     scrape_interval_seconds: float = Field(default=0.5, gt=0, le=10)
     scrape_timeout_seconds: float = Field(default=1.0, gt=0)
     stale_after_seconds: float = Field(default=2.0, gt=0)
@@ -52,10 +49,6 @@ class ControlSettings(_Model):
     push_retries: int = Field(default=3, ge=0, le=10)
     min_samples: int = Field(default=4, ge=2)
     """Observations per mode needed before the estimate replaces the initial threshold."""
-    probe_interval_seconds: float = Field(default=600.0, ge=0)
-    """A pod holding one batch size away from its threshold tries the other mode there at most
-    this often (doubling, up to 8x, while probes change nothing); 0 never probes (see
-    spec.speculative.control.probeIntervalSeconds)."""
     probe_seconds: float = Field(default=5.0, gt=0)
     """How long a probe runs, at least."""
 
@@ -82,11 +75,6 @@ class PoolSettings(_Model):
         if self.min_latency_fraction > self.max_latency_fraction:
             raise ValueError("pools: minLatencyFraction must not exceed maxLatencyFraction")
         return self
-
-
-class PlacementSettings(_Model):
-    load_weight: float = Field(default=1.0, ge=0)
-    class_fit_weight: float = Field(default=2.0, ge=0)
 
 
 class ClassRules(_Model):
@@ -136,7 +124,7 @@ class RouterSettings(_Model):
     engine_api_key: str | None = Field(default=None, repr=False)
     control: ControlSettings = Field(default_factory=ControlSettings)
     pools: PoolSettings = Field(default_factory=PoolSettings)
-    placement: PlacementSettings = Field(default_factory=PlacementSettings)
+    plugins: api.RouterPlugins = Field(default_factory=api.RouterPlugins)
     class_rules: ClassRules = Field(default_factory=ClassRules)
     resilience: ResilienceSettings = Field(default_factory=ResilienceSettings)
     leader_election: LeaderElection | None = None
