@@ -331,7 +331,7 @@ def test_off_variants_are_paired_window_by_window(report: ModuleType) -> None:
 
 def test_speculating_servers_are_paired_across_the_patch(report: ModuleType) -> None:
     """Always-on (the patched SGLang) over unpatched EAGLE-3, and upstream's adaptive server
-    over always-on: whether the patch costs a speculating step (BENCHMARKS.md job 89)."""
+    over always-on: whether the patch costs a speculating step (lab/NOTEBOOK.md job 89)."""
     windows = [
         window(server, 8, rate, rep=rep)
         for rep, rates in enumerate(((900, 1000, 1100), (880, 1100, 990)))

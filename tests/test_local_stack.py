@@ -95,6 +95,24 @@ def test_specgate_up_serves_through_the_router_and_stops_on_ctrl_c() -> None:
             time.sleep(0.2)
         assert resp.status_code == 200, resp.text
         assert resp.json()["usage"]["completion_tokens"] == 8
+        # The official OpenAI client, as the README shows it: a completion and a stream.
+        from openai import OpenAI
+
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", timeout=30)
+        chat = client.chat.completions.create(
+            model="sim-model", messages=[{"role": "user", "content": "hi"}], max_tokens=6
+        )
+        assert chat.choices[0].message.content and chat.usage is not None
+        assert chat.usage.completion_tokens == 6
+        stream = client.chat.completions.create(
+            model="sim-model",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=5,
+            stream=True,
+        )
+        pieces = [c.choices[0].delta.content for c in stream if c.choices]
+        assert "".join(p for p in pieces if p)
+        assert [m.id for m in client.models.list()] == ["sim-model"]
         pods = httpx.get(f"http://127.0.0.1:{port}/specgate/pods", timeout=10).json()["pods"]
         assert len(pods) == 2
         proc.send_signal(signal.SIGINT)

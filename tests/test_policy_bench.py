@@ -1,6 +1,6 @@
 """lab/bench/policy_at_scale.py on a small fleet. It runs in virtual time, so its figures do not
 depend on this machine's speed and can be asserted; the full 64-pod run is the benchmark
-(BENCHMARKS.md)."""
+(lab/NOTEBOOK.md)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,8 @@ from specgate_router.settings import RouterSettings
 from .conftest import ROOT
 
 README = (ROOT / "README.md").read_text()
-BLOCKS = re.findall(r"```(\w*)\n(.*?)```", README, flags=re.S)
+DOCS = README + "".join(p.read_text() for p in sorted((ROOT / "docs").glob("*.md")))
+BLOCKS = re.findall(r"```(\w*)\n(.*?)```", DOCS, flags=re.S)
 YAML_BLOCKS = [body for lang, body in BLOCKS if lang == "yaml"]
 
 
@@ -45,5 +46,7 @@ def test_documented_commands_exist() -> None:
 
     parser = build_parser()
     commands = set(parser._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
-    for command in re.findall(r"`specgate (\w[\w-]*)", README):
+    documented = re.findall(r"(?:`|bin/|^)specgate ([a-z][\w-]*)", DOCS, flags=re.M)
+    assert {"up", "sim", "render", "demo", "router"} <= set(documented)
+    for command in documented:
         assert command in commands, command

@@ -956,7 +956,7 @@ def test_only_a_speculation_off_step_tells_the_next_step_its_lengths(patched_sit
 def test_prompt_positions_come_from_one_host_array(patched_site: Path) -> None:
     """The draft-KV-only prefill's positions (prefix + offset, prompt after prompt) and each
     prompt's last index, as one array: one host-to-device copy, where a tensor a prompt cost
-    about 100 us of host time a decode step at c = 16 (BENCHMARKS.md job 45)."""
+    about 100 us of host time a decode step at c = 16 (lab/NOTEBOOK.md job 45)."""
     positions = _module(patched_site).prompt_positions
     assert positions([0, 5, 2], [3, 2, 4]).tolist() == [0, 1, 2, 5, 6, 2, 3, 4, 5, 2, 4, 8]
     assert positions([7], [1]).tolist() == [7, 0]
@@ -972,7 +972,7 @@ def test_prompt_kv_write_replays_a_graph_per_token_bucket(patched_site: Path) ->
     """The draft-KV-only prefill's write replays a CUDA graph of the smallest bucket that holds
     the prefill (powers of two, then the largest); above them all, or with graphs off, it runs
     kernel by kernel as before. Its padding rows write slot 0, the KV pool's padding slot. What
-    the graphs save is measured on the GPU (BENCHMARKS.md jobs 55-56)."""
+    the graphs save is measured on the GPU (lab/NOTEBOOK.md jobs 55-56)."""
     module = _module(patched_site)
     buckets = module.prompt_kv_graph_buckets(module.PROMPT_KV_GRAPH_MAX_TOKENS)
     assert buckets == [16, 32, 64, 128, 256, 512, 1024, 2048]

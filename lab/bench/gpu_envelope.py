@@ -40,7 +40,7 @@ CPUs of its own); lab/bench/envelope_report.py reports such runs in sections of 
 client opens a connection per request). Every window records the host's TCP counters (accept
 queues overflowed, SYNs sent again) and, through the router, the router's CPU time and its
 in-flight count sampled four times a second: at c = 128 the router held far fewer requests
-than there were clients in some windows (BENCHMARKS.md job 36), and these tell why. Every
+than there were clients in some windows (lab/NOTEBOOK.md job 36), and these tell why. Every
 window also records its GPU's SM and memory clocks, power, temperature, utilisation and
 clock-event reasons, from one `nvidia-smi -lms 100` for the whole job (GpuTelemetry): one
 server's decode-step rate swung 1.7x between adjacent windows in job 57, with no CPU
@@ -349,7 +349,7 @@ def scheduler_deltas(
     }
 
 
-GC_STATS = REPO / "bench" / "gcstats"
+GC_STATS = REPO / "lab" / "bench" / "gcstats"
 """Put first on a server's PYTHONPATH with SPECGATE_GC_STATS_DIR set (--gc-stats), its
 sitecustomize.py times each of the server's processes' garbage collections."""
 
@@ -1113,7 +1113,7 @@ def pin_scheduler(
     """Every thread of a launched server onto `rest`, except its (first) scheduler's main
     thread, alone on `core`'s first hardware thread: whether a scheduler slows down when a busy
     thread shares its physical core (the same code ran 10-60% slower in one server than in
-    another, BENCHMARKS.md jobs 20, 23, 35, 46). No core: every thread onto `rest`, which
+    another, lab/NOTEBOOK.md jobs 20, 23, 35, 46). No core: every thread onto `rest`, which
     undoes a pinning when `rest` is every CPU. What it did, for the results."""
     table = process_table(proc)  # one walk of /proc for the tree and its schedulers
     schedulers = scheduler_pids(server_pid, table=table) if core else []
@@ -1821,7 +1821,7 @@ def main() -> int:
                     profile_activities=profile_activities,
                 )
         if profile_levels and not sim:
-            # The kernels and ranges, then the syncs that block the host (BENCHMARKS.md job 35).
+            # The kernels and ranges, then the syncs that block the host (lab/NOTEBOOK.md job 35).
             summaries = [
                 subprocess.run(
                     [

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where an off step's extra host time goes (about 8 min on one H200; BENCHMARKS.md jobs 45-46).
+# Where an off step's extra host time goes (about 8 min on one H200; lab/NOTEBOOK.md jobs 45-46).
 # Off over plain is 0.93 at c = 16 and 0.91 at 64 (job 41, ten window pairs): each off step
 # takes 0.27-0.64 ms more of the scheduler's CPU than a plain one, spread too thin for the torch
 # profiler, whose own overhead inflated every function 2x and more (job 31). This job measures

@@ -3,7 +3,7 @@
 # real, now that the patch's prefill sync is gone and the router talks to engines through
 # aiohttp? All as deployed (prefill CUDA graphs, caches emptied before each window),
 # lab/bench/gpu_envelope.py:
-#   GPU 0, MISSES_GPU0=off (the default; BENCHMARKS.md job 41): off over plain (the
+#   GPU 0, MISSES_GPU0=off (the default; lab/NOTEBOOK.md job 41): off over plain (the
 #          worker-image target, 0.95 at c = 16 and 64), plain against the patch pinned off,
 #          ten window pairs per level, temperature 0.9;
 #   GPU 0, MISSES_GPU0=weak-draft (job 44): the weaker draft of job 17 (temperature 1.0,

@@ -1,7 +1,7 @@
 """The control policy on a noisy host: specgate against always-on and always-off on simulated
 pods whose hosts have slow spells, side by side with the same pods on calm hosts.
 
-On the H200 (BENCHMARKS.md, jobs 57, 60, 94) a speculating server's windows fell into fast
+On the H200 (lab/NOTEBOOK.md, jobs 57, 60, 94) a speculating server's windows fell into fast
 and slow spells 1.5x apart, plain decoding's about 1.2x, for seconds at a time; one 3-second
 probe in a slow spell read speculation at 0.69x the plain decoding it had been beating, and
 the router stayed off. `specgate_sim.engine.HostSpells` puts such spells into the simulator:

@@ -5,7 +5,7 @@
 #          draftkv.py (the draft KV cache after an off stretch): is the change correct;
 #   GPU 1: lab/bench/gpu_envelope.py with plain and the pinned-off variants side by side at
 #          c = 16 and 64, and a torch profile of plain and the patch's off step at c = 64:
-#          is it faster (BENCHMARKS.md section 1, jobs 12-14).
+#          is it faster (lab/NOTEBOOK.md section 1, jobs 12-14).
 # Results land in OUT: verify.json, draftkv.json, envelope.json, their logs, the profile summary
 # (off-step-functions.txt) and logs.tar.xz (server logs and torch profiles).
 #   bash lab/gpu/off-step-2gpu.sh [site312.tar.xz] [out-dir] [envelope args...]

@@ -7,7 +7,7 @@ SPECGATE_GC_STATS_DIR names a folder. Then it times every collection (gc.callbac
 daemon thread writes the running totals to DIR/gc-PID.json ten times a second, which
 lab/bench/gpu_envelope.py reads before and after each window (read_gc_stats).
 
-Why: an off step's host time is 5-11% above a plain step's (BENCHMARKS.md job 41), spread thin
+Why: an off step's host time is 5-11% above a plain step's (lab/NOTEBOOK.md job 41), spread thin
 over the spec-v2 scheduler. A collection pauses whatever line allocated last, so profilers charge
 it to that line; this measures it directly, per generation.
 """
