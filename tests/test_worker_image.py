@@ -482,7 +482,6 @@ def test_draftkv_flip_point_and_judge() -> None:
 
 
 LEAN_OK = dict(
-    enabled=True,
     graph_runner=True,
     width=1,
     topk=1,
@@ -498,7 +497,6 @@ LEAN_OK = dict(
     ("change", "reason"),
     [
         ({}, None),
-        ({"enabled": False}, "SGLANG_SPEC_LEAN_OFF_DRAFT_EXTEND=0"),
         ({"graph_runner": False}, "no padded CUDA-graph draft-extend runner"),
         ({"width": 4}, "draft-extend graph width 4, not 1"),
         ({"topk": 2}, "--speculative-eagle-topk 2"),
@@ -516,7 +514,7 @@ def test_lean_off_extend_only_where_it_holds(
 
 
 LAGGED_OK = dict(
-    enabled=True, eagle3_one_layer=True, plain_kv_pool=True, dcp=False, mixed_chunk=False, hip=False
+    eagle3_one_layer=True, plain_kv_pool=True, dcp=False, mixed_chunk=False, hip=False
 )
 
 
@@ -524,7 +522,6 @@ LAGGED_OK = dict(
     ("change", "reason"),
     [
         ({}, None),
-        ({"enabled": False}, "SGLANG_SPEC_LAGGED_DRAFT_KV=0"),
         ({"eagle3_one_layer": False}, "the draft is not a one-layer LlamaForCausalLMEagle3"),
         ({"plain_kv_pool": False}, "the draft KV pool is not a plain MHA pool"),
         ({"mixed_chunk": True}, "--enable-mixed-chunk"),
@@ -540,7 +537,6 @@ def test_lagged_draft_kv_only_where_it_holds(
 
 
 KV_ONLY_PREFILL_OK = dict(
-    enabled=True,
     lagged_off=True,
     full_prefill_done=True,
     overlap=True,
@@ -558,7 +554,6 @@ KV_ONLY_PREFILL_OK = dict(
 @pytest.mark.parametrize(
     "change",
     [
-        {"enabled": False},  # SGLANG_SPEC_DRAFT_KV_ONLY_PREFILL=0
         {"lagged_off": False},  # off steps would not pass the last position on
         {"full_prefill_done": False},  # the relay's proposal buffers are sized by one
         {"overlap": False},
@@ -1010,7 +1005,7 @@ def test_prompt_kv_write_replays_a_graph_per_token_bucket(patched_site: Path) ->
         speculative / "eagle_worker_v2.py", "EAGLEWorkerV2._capture_prompt_kv_graphs"
     )
     refusals = ast.unparse(capture)
-    for reason in ("PROMPT_KV_GRAPHS_ENV", "Backend.DISABLED", "world_size > 1"):
+    for reason in ("Backend.DISABLED", "world_size > 1"):
         assert reason in refusals
     graphs = speculative / "lagged_draft_kv.py"
     init = ast.unparse(_function(graphs, "PromptKvGraphs.__init__"))
@@ -1765,7 +1760,7 @@ def test_host_time_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
 def test_patch_checks_on_one_gpu_without_a_gpu(tmp_path: Path) -> None:
     """lab/gpu/patch-checks-1gpu.sh: verify, then draftkv, on GPU 0, each with the
     prefill CUDA graphs the operator's pods run; their results and logs come back on top."""
-    lines, out = _job(tmp_path, "../lab/gpu/patch-checks-1gpu.sh", "PATCH_CHECKS_RUN")
+    lines, out = _job(tmp_path, "../gpu/patch-checks-1gpu.sh", "PATCH_CHECKS_RUN")
     assert lines == [
         "none none",
         "0 verify --prefill-graph-tokens 4096",
@@ -1884,9 +1879,9 @@ def test_a_warm_gpu_machine_patches_again_when_the_patch_changed(tmp_path: Path)
     changed patch starts again from the archive. A marker that only said "patched" once ran a
     GPU job against the previous call's patch."""
     repo = tmp_path / "repo"
-    (repo / "worker-image" / "gputest").mkdir(parents=True)
+    (repo / "lab" / "gpu").mkdir(parents=True)
     shutil.copy(ROOT / "lab/gpu/run-on-gpu.sh", repo / "lab/gpu/")
-    (repo / "worker-image" / "patches").mkdir()
+    (repo / "worker-image" / "patches").mkdir(parents=True)
     pristine = tmp_path / "pristine"
     pristine.mkdir()
     (pristine / "engine.py").write_text("speed = 1\n")

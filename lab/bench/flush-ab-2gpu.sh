@@ -11,7 +11,7 @@
 # summary), logs.tar.xz (server logs and the profiles).
 #   bash lab/bench/flush-ab-2gpu.sh [site312.tar.xz] [out-dir] [gpu_envelope args for both...]
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ARCHIVE=${1:-.gpu/site312.tar.xz}
 OUT=${2:-${OUT:-out}/flush-ab}
 RUN=${FLUSH_AB_RUN:-lab/gpu/run-on-gpu.sh}  # tests put a stand-in here

@@ -24,7 +24,7 @@
 # totals, the checks' logs).
 #   bash lab/bench/host-time-1gpu.sh [site312.tar.xz] [out-dir] [gpu_envelope args...]
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ARCHIVE=${1:-.gpu/site312.tar.xz}
 OUT=${2:-${OUT:-out}/host-time}
 RUN=${HOST_TIME_RUN:-lab/gpu/run-on-gpu.sh}  # tests put a stand-in here

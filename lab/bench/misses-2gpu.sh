@@ -20,7 +20,7 @@
 # Results: OUT/gpu0.json, OUT/misses.json, their logs, logs.tar.xz (server and router logs).
 #   bash lab/bench/misses-2gpu.sh [site312.tar.xz] [out-dir] [gpu_envelope args for both...]
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ARCHIVE=${1:-.gpu/site312.tar.xz}
 OUT=${2:-${OUT:-out}/misses}
 RUN=${MISSES_RUN:-lab/gpu/run-on-gpu.sh}  # tests put a stand-in here

@@ -9,7 +9,7 @@
 # Results: OUT/c4.json, OUT/off.json, their logs, logs.tar.xz (server logs).
 #   bash lab/bench/pinned-2gpu.sh [site312.tar.xz] [out-dir]
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ARCHIVE=${1:-.gpu/site312.tar.xz}
 OUT=${2:-${OUT:-out}/pinned}
 RUN=${PINNED_RUN:-lab/gpu/run-on-gpu.sh}  # tests put a stand-in here

@@ -13,7 +13,7 @@
 # Results: OUT/conn.json, OUT/keep.json, OUT/router.folded, their logs, logs.tar.xz.
 #   bash lab/bench/router-stall.sh [site312.tar.xz] [out-dir] [gpu_envelope args...]
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ARCHIVE=${1:-.gpu/site312.tar.xz}
 OUT=${2:-${OUT:-out}/router-stall}
 RUN=${ROUTER_STALL_RUN:-lab/gpu/run-on-gpu.sh}  # tests put a stand-in here

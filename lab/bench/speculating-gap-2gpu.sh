@@ -11,7 +11,7 @@
 # Results: OUT/verify.json, OUT/draftkv.json, OUT/envelope.json, their logs, logs.tar.xz.
 #   bash lab/bench/speculating-gap-2gpu.sh [site312.tar.xz] [out-dir] [gpu_envelope args...]
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ARCHIVE=${1:-.gpu/site312.tar.xz}
 OUT=${2:-${OUT:-out}/speculating-gap}
 RUN=${SPECULATING_GAP_RUN:-lab/gpu/run-on-gpu.sh}  # tests put a stand-in here

@@ -11,7 +11,7 @@
 # Results: OUT/low.json, OUT/high.json, their logs, logs.tar.xz (server and router logs).
 #   bash lab/bench/sweep-2gpu.sh [site312.tar.xz] [out-dir] [gpu_envelope args for both...]
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ARCHIVE=${1:-.gpu/site312.tar.xz}
 OUT=${2:-${OUT:-out}/sweep}
 RUN=${SWEEP_RUN:-lab/gpu/run-on-gpu.sh}  # tests put a stand-in here

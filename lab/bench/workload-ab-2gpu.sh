@@ -9,7 +9,7 @@
 # Results: OUT/long.json, OUT/graphs.json, their logs, logs.tar.xz (server logs).
 #   bash lab/bench/workload-ab-2gpu.sh [site312.tar.xz] [out-dir] [gpu_envelope args for both...]
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ARCHIVE=${1:-.gpu/site312.tar.xz}
 OUT=${2:-${OUT:-out}/workload-ab}
 RUN=${WORKLOAD_AB_RUN:-lab/gpu/run-on-gpu.sh}  # tests put a stand-in here
