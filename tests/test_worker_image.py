@@ -513,9 +513,7 @@ def test_lean_off_extend_only_where_it_holds(
     assert blockers == ([] if reason is None else [reason])
 
 
-LAGGED_OK = dict(
-    eagle3_one_layer=True, plain_kv_pool=True, dcp=False, mixed_chunk=False, hip=False
-)
+LAGGED_OK = dict(eagle3_one_layer=True, plain_kv_pool=True, dcp=False, mixed_chunk=False, hip=False)
 
 
 @pytest.mark.parametrize(
