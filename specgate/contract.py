@@ -34,6 +34,32 @@ METRIC_GEN_TOKENS = "sglang:generation_tokens_total"  # counted when a request f
 DECODE_MOMENTS = ("steps", "batch", "step_us", "batch_sq", "batch_x_step_us", "generated")
 
 
+# What an engine reports for the controller's prediction, in /v1/loads' `speculative` section
+# (the simulator implements it; the patched SGLang engine does not yet, and the router then
+# falls back to learning from samples alone):
+# - "step_profile": {"on": [[batch, seconds], ...], "off": [[batch, seconds], ...]}, the
+#   decode step time by batch with speculation on (the configured draft steps) and off (the
+#   configured off-step tokens), ascending batches;
+# - "num_steps", "off_step_tokens": the draft steps of a speculating step, the tokens a request
+#   of an off step;
+# - lifetime counters: "spec_request_steps" ((request, speculating step) pairs),
+#   "spec_accepted_tokens" (accepted drafts over them), "spec_first_agreed" (pairs whose first
+#   draft was accepted), "draft_first_proposed" and "draft_first_agreed" ((request, off step)
+#   pairs where the draft proposed the next token, and those the target's token agreed with).
+#   Counters, not gauges: the router reads acceptance over its own intervals, so a pod that
+#   stopped speculating never reports a stale accept length.
+STEP_PROFILE = "step_profile"
+ACCEPTANCE_COUNTERS = (
+    "spec_request_steps",
+    "spec_accepted_tokens",
+    "spec_first_agreed",
+    "draft_first_proposed",
+    "draft_first_agreed",
+)
+MAX_PROFILE_POINTS = 64
+"""At most this many batch sizes per mode in a step profile (more are refused)."""
+
+
 class ThresholdError(ValueError):
     """A threshold value the contract does not accept; the message says what would be."""
 

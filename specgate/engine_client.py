@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from specgate import contract
 from specgate.engine_http import RETRYABLE, UNREACHABLE, EngineHttp
@@ -45,12 +45,17 @@ class EngineLoad(BaseModel):
     `decode_moments`; 0 until the first decode step)."""
     decode_batch_sum: float = 0.0
     decode_tokens: float = 0.0
+    decode_step_us: float = 0.0
+    """The sum of the decode steps' durations, microseconds."""
     # Present only on patched engines:
     threshold: int | None = None
     threshold_known: bool = False
     speculating: bool | None = None
     decode_steps_on: int | None = None
     decode_steps_off: int | None = None
+    speculative: dict[str, Any] = Field(default_factory=dict, repr=False)
+    """The whole `speculative` section, for what the router's prediction reads from it
+    (contract.STEP_PROFILE, contract.ACCEPTANCE_COUNTERS), checked there."""
 
     @classmethod
     def from_response(cls, data: dict[str, Any]) -> EngineLoad:
@@ -70,11 +75,13 @@ class EngineLoad(BaseModel):
             decode_steps=float(moments.get("steps", 0.0)),
             decode_batch_sum=float(moments.get("batch", 0.0)),
             decode_tokens=float(moments.get("generated", 0.0)),
+            decode_step_us=float(moments.get("step_us", 0.0)),
             threshold=spec.get("disable_batch_threshold"),
             threshold_known="disable_batch_threshold" in spec,
             speculating=spec.get("speculating"),
             decode_steps_on=spec.get("decode_steps_on"),
             decode_steps_off=spec.get("decode_steps_off"),
+            speculative=spec if isinstance(spec, dict) else {},
         )
 
 

@@ -89,9 +89,19 @@ async def closed_loop(
         await asyncio.gather(*tasks)
 
 
-def sims(count: int = 2, time_scale: float = 10.0, threshold: int | None = 8) -> SimCluster:
+def sims(
+    count: int = 2,
+    time_scale: float = 10.0,
+    threshold: int | None = 8,
+    model_inputs: bool = True,
+) -> SimCluster:
     settings = PodSettings(
-        api_key=KEY, threshold=threshold, time_scale=time_scale, model="m", seed=3
+        api_key=KEY,
+        threshold=threshold,
+        time_scale=time_scale,
+        model="m",
+        seed=3,
+        model_inputs=model_inputs,
     )
     return SimCluster(PROFILE, count, settings=settings)
 
@@ -475,8 +485,9 @@ async def test_metrics_endpoint_lists_every_pod_gauge(http: httpx.AsyncClient) -
 async def test_a_pod_held_away_from_its_threshold_is_probed(http: httpx.AsyncClient) -> None:
     """Eight clients hold a pod at batch 8, plain under threshold 2: the router tries
     speculation there (probe intervals of a second here), keeps it or goes back by what it
-    measured, and counts both ends in specgate_probes_total."""
-    async with sims(1, time_scale=10.0, threshold=2) as pods:
+    measured, and counts both ends in specgate_probes_total. The pod reports no step profile:
+    samples and probes are how the router learns from an engine that does not."""
+    async with sims(1, time_scale=10.0, threshold=2, model_inputs=False) as pods:
         settings = router_settings(pods.urls)
         settings["control"] = {
             **settings["control"],

@@ -43,6 +43,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
+from specgate_router import predict
+from specgate_router.predict import Prediction
 from specgate_router.settings import ControlSettings
 
 STEADY_MODE_FRACTION = 0.9
@@ -315,17 +317,22 @@ def decide(
     estimates: dict[int, Estimate] | None = None,
     own: Sequence[Sample] = (),
     may_probe: bool = True,
+    prediction: Prediction | None = None,
 ) -> Decision:
-    """The next threshold for one pod, from `samples` (pooled across its deployment) and, for
-    probes, `own` (its own; none: it does not probe). Pods deciding from the same samples at
-    the same time can share `estimates` (keyed by current threshold): the fit is then made
-    once per distinct threshold, not once per pod. `may_probe`: no other pod is probing."""
+    """The next threshold for one pod, from `prediction` (the crossover its engine's step
+    profile and acceptance predict) when that is confident, else from `samples` (pooled
+    across its deployment) and, for probes, `own` (its own; none: it does not probe). Pods
+    deciding from the same samples at the same time can share `estimates` (keyed by current
+    threshold): the fit is then made once per distinct threshold, not once per pod.
+    `may_probe`: no other pod is probing."""
     if params.mode == "alwaysOn":
         return _keep_or(previous, None, "control.mode alwaysOn", now)
     if params.mode == "off":
         return _keep_or(previous, 0, "control.mode off", now)
     if not fresh:
         return replace(previous, reason="metrics stale: no decision")
+    if prediction is not None and prediction.confident:
+        return _follow_prediction(prediction, own, previous, now, params)
     if previous.probe is not None:
         return _continue_probe(own, previous, now, params)
     current = previous.threshold if previous.threshold is not None else params.max_threshold
@@ -365,6 +372,63 @@ def decide(
     return explored if explored is not None else replace(previous, reason=why)
 
 
+def _follow_prediction(
+    prediction: Prediction,
+    own: Sequence[Sample],
+    previous: Decision,
+    now: float,
+    params: ControlSettings,
+) -> Decision:
+    """Move to the predicted crossover in one step, past hysteresis and cooldown. A move that
+    would flip the mode at the batch the pod runs now also needs the new mode predicted
+    SWITCH_MARGIN faster there: at the crossover both modes deliver the same, and noise in the
+    acceptance would otherwise switch a stationary load back and forth."""
+    current = previous.threshold if previous.threshold is not None else params.max_threshold
+    target = max(params.min_threshold, min(params.max_threshold, prediction.threshold))
+    why = prediction.why
+    if previous.probe is not None:
+        previous = replace(previous, probe=None)  # the model decides: no probe needed
+    if target == current:
+        return replace(previous, threshold=current, reason=why)
+    if abs(target - current) <= params.hysteresis:
+        return replace(previous, reason=f"{why}; within hysteresis of {current}")
+    direction = (target > current) - (target < current)
+    # A move on in the direction of the model's last one is the same change still arriving
+    # (the acceptance settling after a change of workload): it waits only MODEL_SETTLE_SECONDS.
+    wait_for = params.cooldown_seconds
+    if direction == previous.moved:
+        wait_for = min(wait_for, MODEL_SETTLE_SECONDS)
+    if now - previous.changed_at < wait_for:
+        wait = wait_for - (now - previous.changed_at)
+        return replace(previous, reason=f"{why}; cooling down {wait:.0f}s")
+    # Between the two thresholds the modes trade places: a move is worth a push only where it
+    # buys SWITCH_MARGIN somewhere there. Where the modes run within a few percent of each
+    # other over a wide band, the crossover's place is noise.
+    band = range(min(current, target) + 1, max(current, target) + 1)
+    gains = [g if direction > 0 else 1 / g for b in band if (g := prediction.ratio(b))]
+    if gains and max(gains) < 1 + predict.SWITCH_MARGIN:
+        return replace(
+            previous,
+            reason=f"{why}; holding {current}: the modes differ by under"
+            f" {predict.SWITCH_MARGIN:.0%} between {band.start} and {band.stop - 1}",
+        )
+    batch = own[-1].batch if own and now - own[-1].at <= steady_window(params) else None
+    if batch is not None and (batch <= current) != (batch <= target):
+        ratio = prediction.ratio(batch)
+        gain = None if ratio is None else (ratio if batch <= target else 1 / ratio)
+        if gain is not None and gain < 1 + predict.SWITCH_MARGIN:
+            return replace(
+                previous,
+                reason=f"{why}; holding {current}: the modes differ by {abs(gain - 1):.1%}"
+                f" at batch {batch:.0f}",
+            )
+    return Decision(target, why, now, probe_wait=1.0, moved=direction)
+
+
+MODEL_SETTLE_SECONDS = 5.0
+"""A predicted move that continues the last one waits this long, not a whole cooldown."""
+
+
 class PodInput(NamedTuple):
     """What `decide_pods` needs of one pod."""
 
@@ -372,6 +436,7 @@ class PodInput(NamedTuple):
     own: Sequence[Sample]  # its own samples
     fresh: bool
     pool: str = "mixed"  # latency pods do not probe: the pool is sized by their threshold
+    prediction: Prediction | None = None
 
 
 def decide_pods(
@@ -392,6 +457,7 @@ def decide_pods(
             estimates=estimates,
             own=() if pod.pool == "latency" else pod.own,
             may_probe=not probing,
+            prediction=pod.prediction,
         )
         probing = probing or decision.probe is not None
         decisions.append(decision)

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from specgate import contract
 from specgate.engine_client import EngineClient, EngineLoad
-from specgate_router import control
+from specgate_router import control, predict
 from specgate_router.settings import ControlSettings, ResilienceSettings
 
 Pool = Literal["latency", "throughput", "mixed"]
@@ -76,6 +76,14 @@ class PodState:
     threshold_known: bool = False
     push_failures: int = 0
     next_push_at: float = 0.0
+    profile: predict.StepProfile | None = None
+    """The engine's step-cost profile (None: it reports none)."""
+    profile_error: str | None = None
+    acceptance: predict.AcceptanceTracker = field(default_factory=predict.AcceptanceTracker)
+    residuals: predict.Residuals = field(default_factory=predict.Residuals)
+    prediction: predict.Prediction | None = None
+    """The model's last word on this pod (set by the control loop)."""
+    _profile_wire: Any = None
 
     # ---- reading ----
 
@@ -117,6 +125,7 @@ class PodState:
         self.threshold_known = load.threshold_known
         if load.threshold_known:
             self.confirmed_threshold = load.threshold
+        self._read_model_inputs(scrape)
         if prev is None or load.decode_steps_on is None or load.decode_steps_off is None:
             return
         if prev.load.decode_steps_on is None or prev.load.decode_steps_off is None:
@@ -139,6 +148,45 @@ class PodState:
         )
         if sample is not None:
             self.samples.append(sample)
+            if steps > 0:
+                step_us = load.decode_step_us - prev.load.decode_step_us
+                self._check_model(sample, step_us / 1e6 / steps)
+
+    def _read_model_inputs(self, scrape: Scrape) -> None:
+        """The step profile (parsed when it changes) and the acceptance counters. A malformed
+        one is dropped with its error kept for the pod's view: it never reaches the model."""
+        spec = scrape.load.speculative
+        wire = spec.get(contract.STEP_PROFILE)
+        try:
+            if wire != self._profile_wire:
+                self._profile_wire = wire
+                self.profile = predict.StepProfile.from_wire(
+                    wire,
+                    off_step_tokens=spec.get("off_step_tokens", 1),
+                    num_steps=spec.get("num_steps", 3),
+                )
+                self.profile_error = None
+            counters = predict.counters_from_wire(spec)
+        except ValueError as exc:
+            self.profile, self.profile_error = None, str(exc)[:300]
+            return
+        if counters is not None:
+            steps = self.profile.num_steps if self.profile else 3
+            self.acceptance.update(counters, scrape.at, steps)
+
+    def _check_model(self, sample: control.Sample, step_seconds: float) -> None:
+        """The profile against the decode steps the pod ran in the sample's interval (their
+        measured duration: prefills and idle time do not blur it)."""
+        if self.profile is None or not step_seconds > 0:
+            return
+        speculating = sample.speculating_fraction >= control.STEADY_MODE_FRACTION
+        self.residuals.add(
+            batch=sample.batch,
+            speculating=speculating,
+            step_seconds=step_seconds,
+            profile=self.profile,
+            at=sample.at,
+        )
 
     def scrape_failed(self, error: str, *, unreachable: bool) -> None:
         """A failed scrape leaves the metrics to go stale (the pod is then de-prioritised and
@@ -185,4 +233,20 @@ class PodState:
             "inFlight": self.in_flight,
             "circuit": self.breaker.state(now, resilience),
             "samples": len(self.samples),
+            "prediction": self._prediction_view(now),
         }
+
+    def _prediction_view(self, now: float) -> dict[str, Any] | None:
+        if self.profile is None:
+            return None if self.profile_error is None else {"error": self.profile_error}
+        acceptance = self.acceptance.current(now)
+        out: dict[str, Any] = {
+            "profiledUpTo": self.profile.top(),
+            "acceptLength": None if acceptance is None else round(acceptance[0], 3),
+            "acceptLengthSource": None if acceptance is None else acceptance[1],
+            "observedOverPredicted": self.residuals.view(),
+        }
+        if self.prediction is not None:
+            out["threshold"] = self.prediction.threshold
+            out["confident"] = self.prediction.confident
+        return out

@@ -21,7 +21,7 @@ from typing import Any
 
 from specgate.engine_client import EngineClient, EngineError
 from specgate.engine_http import EngineHttp
-from specgate_router import control, replay
+from specgate_router import control, predict, replay
 from specgate_router import settings as settings_mod
 from specgate_router.errors import PodNotFound
 from specgate_router.metrics import RouterMetrics
@@ -230,10 +230,14 @@ class RouterState:
         samples = control.pool_samples([pod.samples for pod in self.live_pods()])
         self.update_pools(now, samples)
         live = self.live_pods()
+        for pod, prediction in zip(live, predictions(live, now, params), strict=True):
+            pod.prediction = prediction
         decisions = control.decide_pods(
             samples,
             [
-                control.PodInput(pod.decision, pod.samples, pod.fresh(now, params), pod.pool)
+                control.PodInput(
+                    pod.decision, pod.samples, pod.fresh(now, params), pod.pool, pod.prediction
+                )
                 for pod in live
             ],
             now=now,
@@ -336,6 +340,33 @@ class RouterState:
             pod.view(now, self.settings.control, self.settings.resilience)
             for pod in sorted(self.pods.values(), key=lambda p: p.name)
         ]
+
+
+def predictions(
+    pods: Sequence[PodState], now: float, params: settings_mod.ControlSettings
+) -> list[predict.Prediction | None]:
+    """Each pod's predicted crossover. A pod whose engine has not reported a step profile or a
+    current acceptance yet (a new pod) borrows its siblings': pods of one deployment run the
+    same model on the same hardware. Its own samples alone check the model."""
+    profiles = [p.profile for p in pods if p.profile is not None]
+    acceptances = [a for p in pods if (a := p.acceptance.current(now)) is not None]
+    shared_tau = (
+        (sum(a[0] for a in acceptances) / len(acceptances), "siblings'") if acceptances else None
+    )
+    out: list[predict.Prediction | None] = []
+    for pod in pods:
+        profile = pod.profile or (profiles[0] if profiles else None)
+        acceptance = pod.acceptance.current(now) or shared_tau
+        out.append(
+            predict.predict(
+                profile,
+                acceptance,
+                pod.residuals,
+                min_threshold=params.min_threshold,
+                max_threshold=params.max_threshold,
+            )
+        )
+    return out
 
 
 def _static_endpoints(backends: list[str]) -> dict[str, str]:

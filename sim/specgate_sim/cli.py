@@ -84,6 +84,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "between fast ones of FAST seconds (default 6:4); e.g. 2",
     )
     parser.add_argument("--seed", type=int)
+    parser.add_argument(
+        "--no-model-inputs",
+        action="store_true",
+        help="report no step profile or acceptance counters, as the patched SGLang engine "
+        "does today: the router then learns the crossover from samples and probes",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -105,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
         max_running_requests=args.max_running_requests,
         off_step_tokens=args.off_step_tokens,
         host_spells=args.host_spells,
+        model_inputs=not args.no_model_inputs,
     )
     asyncio.run(_serve(prof, args, settings))
     return 0

@@ -22,6 +22,9 @@ from specgate_sim.profile import Profile
 TokenSink = Callable[[int, bool], None]
 """Called with (new tokens, finished) when a step ends for a request."""
 
+ACCEPT_FRESH_SECONDS = 5.0
+"""How recent a speculating step must be for the engine to report an accept length."""
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, math.inf)
 
 
@@ -77,6 +80,11 @@ class EngineStats:
     prefill_steps: int = 0
     spec_request_steps: int = 0  # (request, speculating step) pairs
     spec_accepted_tokens: int = 0  # accepted drafts over those pairs
+    spec_first_agreed: int = 0  # of those pairs, the ones whose first draft was accepted
+    draft_first_proposed: int = 0  # (request, off step) pairs where the draft proposed a token
+    draft_first_agreed: int = 0  # ... that the target's sampled token agreed with
+    last_spec_step_end: float | None = None  # when the last speculating step ended
+    last_step_end: float = 0.0
     busy_seconds: float = 0.0
     decode_moments: list[float] = field(default_factory=lambda: [0.0] * 6)
     """SGLang's per-step sums (contract.DECODE_MOMENTS): steps, batch, step microseconds,
@@ -91,6 +99,15 @@ class EngineStats:
         if self.spec_request_steps == 0:
             return 0.0
         return 1.0 + self.spec_accepted_tokens / self.spec_request_steps
+
+    def live_accept_length(self) -> float | None:
+        """The accept length, only while the engine speculates (its last speculating step is
+        within ACCEPT_FRESH_SECONDS of its last step): a pod running plain reports none rather
+        than a figure from another load or workload."""
+        last = self.last_spec_step_end
+        if last is None or self.last_step_end - last > ACCEPT_FRESH_SECONDS:
+            return None
+        return self.accept_length()
 
 
 @dataclass(frozen=True)
@@ -158,6 +175,11 @@ class EngineCore:
         self.off_step_tokens = off_step_tokens
         self.max_running = max_running_requests or profile.max_running_requests
         self.rng = random.Random(seed)
+        # The draft's first-position agreement while speculation is off, drawn from a stream of
+        # its own so that every speculating draw is what it was without it.
+        self._draft_rng = random.Random(None if seed is None else seed + 0xD4AF7)
+        self.acceptance_rate = profile.acceptance.per_token_rate
+        """Per-token acceptance of the current workload (`set_acceptance` changes it)."""
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.stats = EngineStats()
@@ -180,6 +202,12 @@ class EngineCore:
 
     def set_threshold(self, threshold: int | None) -> None:
         self.threshold = threshold
+
+    def set_acceptance(self, per_token_rate: float) -> None:
+        """A workload whose drafts are accepted at another rate, from the next step on."""
+        if not 0.0 <= per_token_rate <= 1.0:
+            raise ValueError(f"per-token acceptance {per_token_rate}: a rate in [0, 1]")
+        self.acceptance_rate = per_token_rate
 
     # ---- the step machine ----
 
@@ -211,7 +239,7 @@ class EngineCore:
         return duration
 
     def _draw_accepted(self) -> int:
-        rate, accepted = self.profile.acceptance.per_token_rate, 0
+        rate, accepted = self.acceptance_rate, 0
         while accepted < self.profile.num_steps and self.rng.random() < rate:
             accepted += 1
         return accepted
@@ -255,8 +283,17 @@ class EngineCore:
             live = [r for r, _ in step.tokens if r in running]
             stats.spec_request_steps += len(live)
             stats.spec_accepted_tokens += sum(r.accepted_steps[-1] for r in live)
+            stats.spec_first_agreed += sum(1 for r in live if r.accepted_steps[-1] > 0)
+            stats.last_spec_step_end = end
         else:
             stats.decode_steps_off += 1
+            # The off step writes the draft's KV for every token; its proposal for the next
+            # position is compared with the token the target sampled there.
+            live_n = sum(1 for r, _ in step.tokens if r in running)
+            stats.draft_first_proposed += live_n
+            rate, draw = self.acceptance_rate, self._draft_rng.random
+            stats.draft_first_agreed += sum(1 for _ in range(live_n) if draw() < rate)
+        stats.last_step_end = end
         if step.kind == "decode":
             b, us = float(step.batch), step.duration * 1e6
             generated = sum(n for r, n in step.tokens if r in running and n > 0)

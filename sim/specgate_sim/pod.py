@@ -35,6 +35,10 @@ class PodSettings:
     """Tokens a request per off step (SGLang with the patch: --speculative-off-step-tokens)."""
     host_spells: HostSpells | None = None
     """Slow spells of a shared host (none: every step at the profile's time)."""
+    model_inputs: bool = True
+    """Report the step profile and acceptance counters the router's prediction reads
+    (contract.STEP_PROFILE); False serves what the patched SGLang engine reports today, and
+    the router learns from samples and probes alone."""
 
 
 class SimPod:
@@ -49,6 +53,13 @@ class SimPod:
             off_step_tokens=settings.off_step_tokens,
             host_spells=settings.host_spells,
         )
+        # The start-up step profile a patched engine measures after capturing its CUDA graphs;
+        # the simulator knows its own step times (in wall-clock seconds, as a client sees them).
+        simulated = profile.step_profile(settings.off_step_tokens, self.core.max_running)
+        self.step_profile = {
+            mode: [[b, s / settings.time_scale] for b, s in points]
+            for mode, points in simulated.items()
+        }
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._t0 = time.monotonic()

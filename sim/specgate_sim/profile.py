@@ -31,6 +31,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 
+PROFILE_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+"""Batch sizes of an engine's step-cost profile (SGLang's CUDA-graph sizes, thinned)."""
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(
         alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
@@ -121,6 +125,19 @@ class Profile(_Model):
         """Analytic output tok/s with `batch` requests always running (no prefill)."""
         per_step = batch * (self.mean_accept_length() if speculating else off_step_tokens)
         return per_step / self.step_time(batch, speculating, off_step_tokens)
+
+    def step_profile(
+        self, off_step_tokens: int = 1, max_batch: int | None = None
+    ) -> dict[str, list[list[float]]]:
+        """Decode step seconds by batch in both modes, as the patched engine exports its
+        start-up profile (`contract.STEP_PROFILE`): at the batch sizes it captures CUDA graphs
+        for, up to its running limit."""
+        top = max_batch or self.max_running_requests
+        batches = sorted({b for b in PROFILE_BATCHES if b <= top} | {top})
+        return {
+            "on": [[b, self.step_time(b, True)] for b in batches],
+            "off": [[b, self.step_time(b, False, off_step_tokens)] for b in batches],
+        }
 
     def crossover_batch(self) -> int:
         """Largest batch at which speculating delivers more tokens/s than not."""

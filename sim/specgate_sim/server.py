@@ -231,19 +231,32 @@ def create_app(pod: SimPod) -> FastAPI:
             "token_usage": core.token_usage(),
             "gen_throughput": pod.gen_throughput(),
             "utilization": 1.0 if core.has_work() else 0.0,
-            "decode_moments": list(stats.decode_moments) if stats.decode_moments[0] else None,
+            # In wall-clock microseconds, as a client of a time-scaled pod sees its steps.
+            "decode_moments": [
+                v / (settings.time_scale if i in (2, 4) else 1.0)
+                for i, v in enumerate(stats.decode_moments)
+            ]
+            if stats.decode_moments[0]
+            else None,
         }
         if sections & {"spec", "all"}:
-            accept = stats.accept_length()
+            accept = stats.live_accept_length()
             load["speculative"] = {
                 "accept_length": accept,
-                "accept_rate": (accept - 1) / pod.profile.num_steps if accept else 0.0,
+                "accept_rate": (accept - 1) / pod.profile.num_steps if accept else None,
                 # Added by the specgate patch:
                 "disable_batch_threshold": core.threshold,
                 "speculating": core.speculating,
                 "decode_steps_on": stats.decode_steps_on,
                 "decode_steps_off": stats.decode_steps_off,
             }
+            if settings.model_inputs:  # contract.STEP_PROFILE, ACCEPTANCE_COUNTERS
+                load["speculative"] |= {
+                    contract.STEP_PROFILE: pod.step_profile,
+                    "num_steps": pod.profile.num_steps,
+                    "off_step_tokens": core.off_step_tokens,
+                    **{name: getattr(stats, name) for name in contract.ACCEPTANCE_COUNTERS},
+                }
         return JSONResponse(
             {
                 "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),

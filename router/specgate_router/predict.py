@@ -1,0 +1,362 @@
+"""The crossover predicted from what an engine reports: its step-cost profile and acceptance.
+
+Per request, a speculating step of t_on(b) seconds at decode batch b yields tau tokens (the
+accept length), and an off step of t_off(b) seconds yields k (the off-step tokens). Speculation
+pays at batch b while
+
+    tau / t_on(b) >= k / t_off(b)
+
+so the threshold is the largest batch where it does. The engine reports t_on and t_off for its
+batch sizes (`contract.STEP_PROFILE`), measured whatever mode it runs; tau is measured while it
+speculates and estimated while it does not, from how often the draft's proposal for the next
+position agrees with the target's token (first-position acceptance p1): for a chain of n drafts
+with equal acceptance at every position, tau = 1 + p + ... + p^n. Real chains accept less at
+later positions, so the map is calibrated on the pod's own speculating periods, where tau and
+p1 are both observed (`AcceptanceTracker`).
+
+The steps the pod then runs check the model: each learning interval's mean decode step
+against the profile's at its batch and mode (`Residuals`; the accept length is measured, not
+predicted, wherever speculation runs). A steady bias corrects the prediction; a
+disagreement beyond the samples' noise makes the prediction unconfident, and the controller
+goes back to learning from samples and probes (`control.decide`).
+
+Everything here is pure and takes time as an argument.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from specgate import contract
+
+TAU_HALF_LIFE_SECONDS = 4.0
+"""How fast the measured and estimated acceptance follow a change of workload."""
+CALIBRATION_HALF_LIFE_SECONDS = 120.0
+MEASURED_FRESH_SECONDS = 5.0
+"""Acceptance measured this recently (while speculating) is the pod's current acceptance."""
+ESTIMATE_FRESH_SECONDS = 10.0
+"""First-position agreement this recent (while off) gives the current acceptance."""
+MIN_PROPOSALS = 64
+"""Draft proposals (while off) before their agreement rate says anything."""
+RESIDUAL_HALF_LIFE_SECONDS = 30.0
+RESIDUAL_TOLERANCE = 0.25
+"""Samples more than this (as |log(observed / predicted)|) from a corrected prediction mean
+the model does not describe the pod: the controller learns from samples instead."""
+CORRECTION_BOUNDS = (0.5, 2.0)
+"""A steady bias corrects predictions within these factors; beyond them the model is wrong."""
+SWITCH_MARGIN = 0.03
+"""A new threshold that flips the mode at the pod's current batch needs the new mode to be
+predicted this much faster there: near the crossover the two modes deliver the same, and a
+stationary load must not switch back and forth on noise."""
+
+
+def chain_accept_length(p1: float, num_steps: int) -> float:
+    """Expected tokens a speculating step yields per request when every one of `num_steps`
+    drafted positions is accepted with probability p1, the first rejection ending the chain."""
+    p = min(max(p1, 0.0), 1.0)
+    return sum(p**j for j in range(num_steps + 1))
+
+
+@dataclass(frozen=True)
+class StepProfile:
+    """Decode step seconds by batch in both modes, as an engine reports them."""
+
+    on: tuple[tuple[float, float], ...]
+    off: tuple[tuple[float, float], ...]
+    off_step_tokens: int = 1
+    num_steps: int = 3
+
+    @classmethod
+    def from_wire(
+        cls, data: Any, *, off_step_tokens: Any = 1, num_steps: Any = 3
+    ) -> StepProfile | None:
+        """The profile from /v1/loads, or None when absent; ValueError when malformed (a
+        hostile or broken engine's numbers never reach the controller)."""
+        if data is None:
+            return None
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{contract.STEP_PROFILE} must be an object with 'on' and 'off'")
+        modes = {}
+        for mode in ("on", "off"):
+            points = data.get(mode)
+            if not isinstance(points, list) or not 1 <= len(points) <= contract.MAX_PROFILE_POINTS:
+                raise ValueError(
+                    f"{contract.STEP_PROFILE}.{mode} must list 1-{contract.MAX_PROFILE_POINTS}"
+                    " [batch, seconds] pairs"
+                )
+            parsed = []
+            for point in points:
+                if not (isinstance(point, list | tuple) and len(point) == 2):
+                    raise ValueError(f"{contract.STEP_PROFILE}.{mode}: [batch, seconds] pairs")
+                batch, seconds = (_number(v) for v in point)
+                if not (1 <= batch <= contract.MAX_THRESHOLD and 0 < seconds <= 60):
+                    raise ValueError(
+                        f"{contract.STEP_PROFILE}.{mode}: batch {batch} or {seconds} s out of range"
+                    )
+                parsed.append((batch, seconds))
+            parsed.sort()
+            if len({b for b, _ in parsed}) != len(parsed):
+                raise ValueError(f"{contract.STEP_PROFILE}.{mode}: a batch size appears twice")
+            modes[mode] = tuple(parsed)
+        k, n = _number(off_step_tokens), _number(num_steps)
+        if not (k == int(k) and 1 <= k <= 256 and n == int(n) and 1 <= n <= 16):
+            raise ValueError(f"off_step_tokens {k} or num_steps {n} out of range")
+        return cls(modes["on"], modes["off"], int(k), int(n))
+
+    def step_seconds(self, batch: float, speculating: bool) -> float | None:
+        """Interpolated linearly between profiled batches; None beyond them (no guessing)."""
+        points = self.on if speculating else self.off
+        if batch < points[0][0] or batch > points[-1][0]:
+            return None
+        for (b0, s0), (b1, s1) in itertools.pairwise(points):
+            if b0 <= batch <= b1:
+                return s0 + (s1 - s0) * (batch - b0) / (b1 - b0)
+        return points[0][1]  # a profile of one batch size
+
+    def top(self) -> float:
+        """The largest batch both modes are profiled at."""
+        return min(self.on[-1][0], self.off[-1][0])
+
+
+@dataclass
+class AcceptanceTracker:
+    """The pod's acceptance from the engine's lifetime counters (contract.ACCEPTANCE_COUNTERS),
+    read interval by interval: measured while speculating, estimated from first-position
+    agreement while off, and the map between the two calibrated where both are seen."""
+
+    num_steps: int = 3
+    tau: float | None = None  # measured accept length (smoothed)
+    tau_at: float = -math.inf
+    p1_off: float | None = None  # first-position agreement while off (smoothed)
+    p1_off_at: float = -math.inf
+    calibration: float = 1.0  # measured tau / chain_accept_length(p1 while speculating)
+    calibrated: bool = False
+    calibration_at: float = -math.inf
+    _last: dict[str, float] | None = None
+    _pending: list[float] = field(default_factory=lambda: [0.0, 0.0])
+
+    def update(self, counters: Mapping[str, float], at: float, num_steps: int) -> None:
+        self.num_steps = num_steps
+        last, self._last = self._last, dict(counters)
+        if last is None:
+            return
+        d = {name: counters[name] - last[name] for name in contract.ACCEPTANCE_COUNTERS}
+        if any(v < 0 for v in d.values()):
+            return  # counters reset (an engine restart): start over from this reading
+        steps = d["spec_request_steps"]
+        if steps > 0:
+            measured = 1.0 + d["spec_accepted_tokens"] / steps
+            self.tau = _smooth(self.tau, measured, at - self.tau_at, TAU_HALF_LIFE_SECONDS)
+            self.tau_at = at
+            p1 = d["spec_first_agreed"] / steps
+            chain = chain_accept_length(p1, num_steps)
+            if chain > 0 and steps >= 8:
+                ratio = min(1.5, max(0.3, measured / chain))
+                self.calibration = _smooth(
+                    self.calibration if self.calibrated else None,
+                    ratio,
+                    at - self.calibration_at,
+                    CALIBRATION_HALF_LIFE_SECONDS,
+                )
+                self.calibrated, self.calibration_at = True, at
+        # Agreement accumulates until it has MIN_PROPOSALS: one scrape at a small batch
+        # proposes a handful of tokens.
+        pending = self._pending
+        pending[0] += d["draft_first_proposed"]
+        pending[1] += d["draft_first_agreed"]
+        if pending[0] >= MIN_PROPOSALS:
+            p1 = min(1.0, pending[1] / pending[0])
+            self.p1_off = _smooth(self.p1_off, p1, at - self.p1_off_at, TAU_HALF_LIFE_SECONDS)
+            self.p1_off_at = at
+            pending[0] = pending[1] = 0.0
+
+    def current(self, now: float) -> tuple[float, str] | None:
+        """(expected accept length, where it comes from), or None when nothing recent says."""
+        if self.tau is not None and now - self.tau_at <= MEASURED_FRESH_SECONDS:
+            return self.tau, "measured"
+        if self.p1_off is not None and now - self.p1_off_at <= ESTIMATE_FRESH_SECONDS:
+            estimate = self.calibration * chain_accept_length(self.p1_off, self.num_steps)
+            how = "calibrated" if self.calibrated else "uncalibrated"
+            return max(1.0, estimate), f"estimated while off ({how})"
+        return None
+
+
+@dataclass
+class Residual:
+    """Smoothed log(observed / predicted) of one mode's samples."""
+
+    mean: float = 0.0
+    weight: float = 0.0
+    at: float = -math.inf
+
+    def add(self, log_ratio: float, at: float) -> None:
+        decay = 0.5 ** (max(0.0, at - self.at) / RESIDUAL_HALF_LIFE_SECONDS)
+        self.weight = self.weight * decay + 1.0
+        self.mean += (log_ratio - self.mean) / self.weight
+        self.at = at
+
+    def factor(self) -> float:
+        low, high = CORRECTION_BOUNDS
+        return min(high, max(low, math.exp(self.mean))) if self.weight >= 2 else 1.0
+
+    def agrees(self) -> bool:
+        low, high = CORRECTION_BOUNDS
+        return self.weight < 2 or low <= math.exp(self.mean) <= high
+
+
+@dataclass
+class Residuals:
+    """The model checked against the pod's own samples, per mode (True: speculating)."""
+
+    modes: dict[bool, Residual] = field(
+        default_factory=lambda: {True: Residual(), False: Residual()}
+    )
+    last_outlier: float = -math.inf
+
+    def add(
+        self,
+        *,
+        batch: float,
+        speculating: bool,
+        step_seconds: float,
+        profile: StepProfile,
+        at: float,
+    ) -> None:
+        """One interval's mean decode step against the profile's at its batch, as a rate:
+        log(predicted step / measured step)."""
+        predicted = profile.step_seconds(batch, speculating)
+        if predicted is None or not step_seconds > 0:
+            return
+        log_ratio = math.log(predicted / step_seconds)
+        mode = self.modes[speculating]
+        if mode.weight >= 4 and abs(log_ratio - mode.mean) > RESIDUAL_TOLERANCE:
+            self.last_outlier = at
+        mode.add(log_ratio, at)
+
+    def view(self) -> dict[str, float | None]:
+        return {
+            ("on" if mode else "off"): (round(math.exp(r.mean), 3) if r.weight >= 2 else None)
+            for mode, r in self.modes.items()
+        }
+
+
+def per_request_rate(
+    profile: StepProfile, batch: float, speculating: bool, tau: float
+) -> float | None:
+    """Predicted tokens per second per request at `batch` in one mode, before correction."""
+    seconds = profile.step_seconds(batch, speculating)
+    if seconds is None:
+        return None
+    return (tau if speculating else profile.off_step_tokens) / seconds
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the model says for one pod: the crossover within the resource's bounds."""
+
+    threshold: int
+    why: str
+    confident: bool
+    profile: StepProfile
+    tau: float
+    correction: tuple[float, float]  # (on, off) factors applied to the model's rates
+
+    def ratio(self, batch: float) -> float | None:
+        """Predicted speculating over plain per-request rate at `batch` (None: unprofiled)."""
+        on = per_request_rate(self.profile, batch, True, self.tau)
+        off = per_request_rate(self.profile, batch, False, self.tau)
+        if on is None or off is None or off <= 0:
+            return None
+        return (on * self.correction[0]) / (off * self.correction[1])
+
+
+def predict(
+    profile: StepProfile | None,
+    acceptance: tuple[float, str] | None,
+    residuals: Residuals | None,
+    *,
+    min_threshold: int,
+    max_threshold: int,
+) -> Prediction | None:
+    """The predicted threshold, or None without a profile or a current acceptance."""
+    if profile is None or acceptance is None:
+        return None
+    tau, source = acceptance
+    modes = residuals.modes if residuals is not None else {}
+    on_r, off_r = modes.get(True, Residual()), modes.get(False, Residual())
+    # A mode without samples takes the other's factor: what slows a pod's delivery besides its
+    # decode steps (prefills, a busy host) slows both modes alike, and only a difference
+    # between them moves the crossover.
+    on_f = on_r.factor() if on_r.weight >= 2 else off_r.factor()
+    off_f = off_r.factor() if off_r.weight >= 2 else on_r.factor()
+    correction = (on_f, off_f)
+    # 0 is allowed here, unlike a threshold learnt from samples: the acceptance is estimated
+    # while off too, so a pod that never speculates still knows what speculation would give.
+    low = max(0, min_threshold)
+    high = max(low, min(max_threshold, int(profile.top())))
+    best = 0
+    for batch in range(1, high + 1):
+        on = per_request_rate(profile, batch, True, tau)
+        off = per_request_rate(profile, batch, False, tau)
+        if on is None or off is None:
+            continue
+        if on * correction[0] >= off * correction[1]:
+            best = batch
+    threshold = min(max(best, low), max_threshold)
+    confident = on_r.agrees() and off_r.agrees()
+    if best >= high and high < max_threshold:
+        # Paying at the top of the profile: beyond it the model cannot say, so it stops there.
+        why = f"predicted: speculation pays up to the profile's largest batch, {high}"
+    elif best == 0:
+        why = "predicted: speculation pays at no batch"
+    else:
+        why = f"predicted: speculation pays up to batch {best}"
+    why += f" (accept length {tau:.2f}, {source}"
+    if correction != (1.0, 1.0):
+        why += f"; corrected x{correction[0]:.2f} on, x{correction[1]:.2f} off"
+    why += ")"
+    if not confident:
+        why += "; samples disagree with the model"
+    return Prediction(threshold, why, confident, profile, tau, correction)
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"expected a finite number, got {value!r}")
+    return float(value)
+
+
+def _smooth(previous: float | None, value: float, elapsed: float, half_life: float) -> float:
+    if previous is None or not math.isfinite(elapsed):
+        return value
+    keep: float = 0.5 ** (max(0.0, elapsed) / half_life)
+    return keep * previous + (1.0 - keep) * value
+
+
+def counters_from_wire(spec: Mapping[str, Any]) -> dict[str, float] | None:
+    """The acceptance counters of a /v1/loads `speculative` section, or None when the engine
+    does not report them; ValueError when one is not a finite number >= 0."""
+    if not all(name in spec for name in contract.ACCEPTANCE_COUNTERS):
+        return None
+    out = {}
+    for name in contract.ACCEPTANCE_COUNTERS:
+        value = _number(spec[name])
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0, got {value}")
+        out[name] = value
+    return out
+
+
+__all__: Sequence[str] = (
+    "AcceptanceTracker",
+    "Prediction",
+    "Residuals",
+    "StepProfile",
+    "chain_accept_length",
+    "counters_from_wire",
+    "predict",
+)

@@ -1,0 +1,211 @@
+"""One simulated engine pod behind the router's own control code, in virtual time.
+
+The pod is the simulator's `EngineCore`; the router side is what the router runs every scrape
+interval: `PodState.record` of a scrape (as `/v1/loads` reports it, the step profile and the
+acceptance counters included), `state.predictions`, `control.decide_pods`, and a push of the
+decided threshold. Closed-loop clients keep `concurrency` requests in flight; tests change the
+concurrency and the workload's acceptance at chosen times and compare the tokens delivered
+with the same run under a static mode (threshold None: always speculate; 0: never).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from specgate import contract
+from specgate.engine_client import EngineClient, EngineLoad
+from specgate_router import control
+from specgate_router.pods import PodState, Scrape
+from specgate_router.settings import ControlSettings
+from specgate_router.state import predictions
+from specgate_sim.engine import EngineCore, SimRequest
+from specgate_sim.profile import Profile
+
+SCRAPE_SECONDS = 0.5
+
+
+@dataclass(frozen=True)
+class Change:
+    at: float
+    concurrency: int | None = None
+    acceptance: float | None = None  # per-token rate of the workload from here on
+
+
+@dataclass
+class Run:
+    tokens: list[tuple[float, int]] = field(default_factory=list)  # (time, tokens) per step
+    thresholds: list[tuple[float, int | None]] = field(default_factory=list)
+    speculating: list[tuple[float, bool]] = field(default_factory=list)  # per scrape
+    reasons: list[tuple[float, str]] = field(default_factory=list)
+
+    def tokens_between(self, start: float, end: float) -> int:
+        return sum(n for t, n in self.tokens if start <= t < end)
+
+    def mode_switches(self, start: float, end: float) -> int:
+        modes = [s for t, s in self.speculating if start <= t < end]
+        return sum(1 for a, b in itertools.pairwise(modes) if a != b)
+
+
+def run(
+    profile: Profile,
+    changes: list[Change],
+    *,
+    seconds: float,
+    threshold: int | None = 8,
+    dynamic: bool = True,
+    params: ControlSettings | None = None,
+    off_step_tokens: int = 1,
+    seed: int = 0,
+    output_tokens: tuple[int, int] = (128, 384),
+    model_inputs: bool = True,
+) -> Run:
+    """`seconds` of virtual time; `changes` (sorted) set the load and the workload."""
+    params = params or ControlSettings(threshold=8 if threshold is None else threshold)
+    core = EngineCore(profile, threshold=threshold, seed=seed, off_step_tokens=off_step_tokens)
+    rng = random.Random(seed + 1)
+    view = PodState(
+        name="pod-0",
+        url="",
+        client=cast(EngineClient, None),
+        decision=control.initial_decision(params, now=0.0),
+        healthy=True,
+    )
+    step_profile = profile.step_profile(off_step_tokens, core.max_running) if model_inputs else None
+    out = Run()
+    now, target, in_flight, issued = 0.0, 0, 0, 0
+    pending = sorted(changes, key=lambda c: c.at)
+
+    def submit() -> None:
+        nonlocal in_flight, issued
+        issued += 1
+        in_flight += 1
+        request = SimRequest(f"r{issued}", 128, rng.randint(*output_tokens), now)
+        request.sink = on_tokens
+        core.add(request)
+
+    def on_tokens(n: int, done: bool) -> None:
+        nonlocal in_flight
+        if done:
+            in_flight -= 1
+            while in_flight < target:
+                submit()
+
+    events: list[tuple[float, int, str]] = []
+    sequence = 0
+
+    def schedule(at: float, kind: str) -> None:
+        nonlocal sequence
+        sequence += 1
+        heapq.heappush(events, (at, sequence, kind))
+
+    schedule(0.0, "scrape")
+    step = None
+    while now < seconds:
+        if step is None and core.has_work():
+            step = core.plan()
+            if step is not None:
+                schedule(now + step.duration, "step")
+        at, _, kind = heapq.heappop(events)
+        now = at
+        while pending and pending[0].at <= now:
+            change = pending.pop(0)
+            if change.acceptance is not None:
+                core.set_acceptance(change.acceptance)
+            if change.concurrency is not None:
+                target = change.concurrency
+                while in_flight < target:
+                    submit()
+        if kind == "step":
+            assert step is not None
+            before = sum(r.generated for r, _ in step.tokens)
+            core.finish(step, now)
+            after = sum(r.generated for r, _ in step.tokens)
+            out.tokens.append((now, after - before))
+            step = None
+        else:
+            _scrape_and_decide(core, view, step_profile, params, now, dynamic, out)
+            schedule(now + SCRAPE_SECONDS, "scrape")
+    return out
+
+
+def _scrape_and_decide(
+    core: EngineCore,
+    view: PodState,
+    step_profile: dict[str, list[list[float]]] | None,
+    params: ControlSettings,
+    now: float,
+    dynamic: bool,
+    out: Run,
+) -> None:
+    stats = core.stats
+    load = EngineLoad(
+        running=len(core.running),
+        waiting=len(core.waiting),
+        max_running=core.max_running,
+        threshold=core.threshold,
+        threshold_known=True,
+        speculating=core.speculating,
+        decode_steps_on=stats.decode_steps_on,
+        decode_steps_off=stats.decode_steps_off,
+        decode_steps=stats.decode_moments[0],
+        decode_batch_sum=stats.decode_moments[1],
+        decode_tokens=stats.decode_moments[5],
+        decode_step_us=stats.decode_moments[2],
+        speculative={}
+        if step_profile is None
+        else {
+            contract.STEP_PROFILE: step_profile,
+            "num_steps": core.profile.num_steps,
+            "off_step_tokens": core.off_step_tokens,
+            **{name: getattr(stats, name) for name in contract.ACCEPTANCE_COUNTERS},
+        },
+    )
+    view.record(Scrape(at=now, load=load))
+    out.speculating.append((now, core.speculating))
+    if not dynamic:
+        return
+    (view.prediction,) = predictions([view], now, params)
+    (decision,) = control.decide_pods(
+        list(view.samples),
+        [control.PodInput(view.decision, view.samples, True, view.pool, view.prediction)],
+        now=now,
+        params=params,
+    )
+    view.decision = decision
+    out.reasons.append((now, decision.reason))
+    if decision.threshold != core.threshold:
+        core.set_threshold(decision.threshold)
+        out.thresholds.append((now, decision.threshold))
+
+
+def ratio_to_better_static(
+    profile: Profile,
+    changes: list[Change],
+    *,
+    seconds: float,
+    window: tuple[float, float],
+    seeds: tuple[int, ...] = (0,),
+    **kw: Any,
+) -> tuple[float, Run]:
+    """Routed tokens in `window` over the better of always-on and always-off there, each
+    summed over `seeds` (a small load delivers few requests in 30 s: more seeds, less noise).
+    Returns the routed run of the first seed too."""
+    routed_runs = [run(profile, changes, seconds=seconds, seed=s, **kw) for s in seeds]
+    statics = [
+        sum(
+            run(
+                profile, changes, seconds=seconds, threshold=t, dynamic=False, seed=s, **kw
+            ).tokens_between(*window)
+            for s in seeds
+        )
+        for t in (None, 0)
+    ]
+    routed = sum(r.tokens_between(*window) for r in routed_runs)
+    return routed / max(statics), routed_runs[0]
+
+
+__all__: list[str] = ["Change", "Run", "ratio_to_better_static", "run"]
