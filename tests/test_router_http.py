@@ -521,3 +521,39 @@ async def test_a_pod_held_away_from_its_threshold_is_probed(http: httpx.AsyncCli
     threshold = view["decidedThreshold"]
     assert isinstance(threshold, int)
     assert threshold >= 10 if ended == ["kept"] else threshold == 2, view
+
+
+async def test_a_new_pod_gets_the_predicted_threshold_without_learning(
+    http: httpx.AsyncClient,
+) -> None:
+    """The issue's reproduction over real HTTP: one pod at the resource's default threshold of
+    8 and default cooldown, a profile where speculation pays at every batch, 16 streams. The
+    router reads the pod's step profile and acceptance and moves the threshold above the load
+    at once (in one step, not by doubling), and the pod speculates at batch 16. The
+    prediction shows in /specgate/pods and /metrics."""
+    h200 = profiles.load("h200-3b-synthetic-deployed")
+    settings = PodSettings(api_key=KEY, threshold=8, time_scale=5.0, model="m", seed=4)
+    async with SimCluster(h200, 1, settings=settings) as pods:
+        config = router_settings(pods.urls)
+        config["control"] = {"scrapeIntervalSeconds": 0.25, "staleAfterSeconds": 1.5}
+        async with (
+            run_router(config) as r,
+            closed_loop(http, r.url + CHAT, 16, chat(max_tokens=300)),
+        ):
+            view: dict[str, object] = {}
+            for _ in range(100):
+                await asyncio.sleep(0.1)
+                view = (await http.get(r.url + "/specgate/pods")).json()["pods"][0]
+                if isinstance(view["threshold"], int) and view["threshold"] > 16:
+                    break
+            metrics = (await http.get(r.url + "/metrics")).text
+            pods_core = pods.pods[0].core
+            await asyncio.sleep(1.0)
+            speculating = pods_core.speculating and len(pods_core.running) >= 12
+    assert isinstance(view["threshold"], int) and view["threshold"] >= 32, view
+    assert str(view["reason"]).startswith("predicted: speculation pays up to"), view
+    prediction = view["prediction"]
+    assert isinstance(prediction, dict) and prediction["confident"] is True
+    assert prediction["acceptLengthSource"] in ("measured", "estimated while off (uncalibrated)")
+    assert 'specgate_pod_predicted_threshold{engine_pod="' in metrics
+    assert speculating

@@ -477,3 +477,79 @@ def test_a_profile_cites_files_that_exist(name: str) -> None:
     assert cited, source
     for path in cited:
         assert list(ROOT.glob(path)), f"{name} cites {path}, which does not exist"
+
+
+# ---- what the router's prediction reads ----
+
+
+def _closed_loop(core: EngineCore, clients: int, seconds: float) -> None:
+    now, issued = 0.0, 0
+
+    def submit() -> None:
+        nonlocal issued
+        issued += 1
+        req = SimRequest(f"r{issued}", 64, 200, now)
+        req.sink = lambda n, done: submit() if done else None
+        core.add(req)
+
+    for _ in range(clients):
+        submit()
+    while now < seconds and (step := core.plan()) is not None:
+        now += step.duration
+        core.finish(step, now)
+
+
+def test_off_steps_count_the_drafts_first_position_agreement() -> None:
+    """While off, the draft's proposal agrees with the target's token at the workload's
+    per-token rate; the speculating draws are the ones they were without this count."""
+    core = EngineCore(PROFILE, threshold=0, seed=3)
+    core.set_acceptance(0.7)
+    _closed_loop(core, 16, 30.0)
+    stats = core.stats
+    assert stats.decode_steps_on == 0 and stats.draft_first_proposed > 5000
+    assert stats.draft_first_agreed / stats.draft_first_proposed == pytest.approx(0.7, abs=0.02)
+    assert stats.live_accept_length() is None  # no stale figure while off
+    on = EngineCore(PROFILE, threshold=None, seed=3)
+    on.set_acceptance(0.7)
+    _closed_loop(on, 4, 30.0)
+    assert on.stats.draft_first_proposed == 0
+    assert on.stats.spec_first_agreed / on.stats.spec_request_steps == pytest.approx(0.7, abs=0.03)
+    assert on.stats.live_accept_length() == pytest.approx(1 + 0.7 + 0.7**2 + 0.7**3, abs=0.08)
+
+
+def test_set_acceptance_changes_the_workload_from_the_next_step() -> None:
+    core = EngineCore(PROFILE, threshold=None, seed=1)
+    _closed_loop(core, 4, 20.0)
+    before = core.stats.accept_length()
+    core.set_acceptance(0.2)
+    steps, accepted = core.stats.spec_request_steps, core.stats.spec_accepted_tokens
+    _closed_loop(core, 4, 20.0)
+    after = (core.stats.spec_accepted_tokens - accepted) / (core.stats.spec_request_steps - steps)
+    assert before > 2.5 and 1 + after == pytest.approx(1.25, abs=0.05)
+    with pytest.raises(ValueError, match="a rate in"):
+        core.set_acceptance(1.5)
+
+
+@pytest.mark.parametrize("model_inputs", [True, False])
+async def test_loads_carry_the_step_profile_in_wall_clock_seconds(
+    model_inputs: bool, http: httpx.AsyncClient
+) -> None:
+    settings = PodSettings(time_scale=20.0, seed=1, model_inputs=model_inputs)
+    async with SimCluster(PROFILE, 1, settings=settings) as cluster:
+        spec = (await http.get(cluster.urls[0] + "/v1/loads?include=spec")).json()["loads"][0][
+            "speculative"
+        ]
+    if not model_inputs:
+        assert contract.STEP_PROFILE not in spec
+        assert not set(contract.ACCEPTANCE_COUNTERS) & set(spec)
+        return
+    profile = spec[contract.STEP_PROFILE]
+    batches = [b for b, _ in profile["on"]]
+    assert batches == sorted(batches) and batches[0] == 1
+    for b, seconds in profile["on"]:
+        assert seconds == pytest.approx(PROFILE.step_time(b, True) / 20.0)
+    for b, seconds in profile["off"]:
+        assert seconds == pytest.approx(PROFILE.step_time(b, False) / 20.0)
+    assert spec["num_steps"] == PROFILE.num_steps and spec["off_step_tokens"] == 1
+    assert set(contract.ACCEPTANCE_COUNTERS) <= set(spec)
+    assert spec["accept_length"] is None  # an idle pod has not speculated lately

@@ -39,6 +39,22 @@ POD_GAUGES: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "Output tokens/s the engine reports (its own recent average).",
         (),
     ),
+    "predicted": (
+        "specgate_pod_predicted_threshold",
+        "The threshold the step profile and acceptance predict (-1: no prediction).",
+        (),
+    ),
+    "expected_accept": (
+        "specgate_pod_expected_accept_length",
+        "Accept length the prediction uses: measured while speculating, estimated while off"
+        " (0: none).",
+        (),
+    ),
+    "model_ratio": (
+        "specgate_pod_model_ratio",
+        "Profiled over measured decode step time, by mode (1: the profile holds; 0: no data).",
+        ("mode",),
+    ),
 }
 """Per engine pod gauges: key -> (metric name, help, labels beyond engine_pod)."""
 
@@ -77,6 +93,11 @@ class PodCollector(Collector):
             families["circuit"].add_metric(name, 0.0 if state == "closed" else 1.0)
             families["in_flight"].add_metric(name, pod.in_flight)
             families["gen"].add_metric(name, load.gen_throughput if load else 0.0)
+            prediction = pod.prediction
+            families["predicted"].add_metric(name, prediction.threshold if prediction else -1)
+            families["expected_accept"].add_metric(name, prediction.tau if prediction else 0.0)
+            for mode, ratio in pod.residuals.view().items():
+                families["model_ratio"].add_metric([pod.name, mode], ratio or 0.0)
         yield from families.values()
 
 

@@ -1,0 +1,165 @@
+"""The predicted crossover (router/specgate_router/predict.py): the profile read from the wire
+and refused when malformed, acceptance measured and estimated, residuals, and the threshold."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from specgate import contract
+from specgate_router import predict
+from specgate_router.predict import AcceptanceTracker, Residuals, StepProfile
+from specgate_sim import profile as profiles
+
+WIRE = {"on": [[1, 0.010], [8, 0.012], [32, 0.020]], "off": [[1, 0.004], [8, 0.006], [32, 0.010]]}
+
+
+def test_the_chain_formula() -> None:
+    assert predict.chain_accept_length(0.0, 3) == 1.0
+    assert predict.chain_accept_length(1.0, 3) == 4.0
+    assert predict.chain_accept_length(0.5, 3) == pytest.approx(1.875)
+
+
+def test_a_profile_is_read_and_interpolated() -> None:
+    profile = StepProfile.from_wire(WIRE, off_step_tokens=2, num_steps=3)
+    assert profile is not None and profile.off_step_tokens == 2
+    assert profile.step_seconds(8, True) == pytest.approx(0.012)
+    assert profile.step_seconds(20, False) == pytest.approx(0.008)
+    assert profile.step_seconds(33, True) is None  # no guessing beyond the profile
+    assert profile.top() == 32
+    assert StepProfile.from_wire(None) is None
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        [1, 2],
+        {"on": WIRE["on"]},
+        {"on": [[1, float("nan")]], "off": WIRE["off"]},
+        {"on": [[1, float("inf")]], "off": WIRE["off"]},
+        {"on": [[1, -0.01]], "off": WIRE["off"]},
+        {"on": [[0, 0.01]], "off": WIRE["off"]},
+        {"on": [[1, 0.01], [1, 0.02]], "off": WIRE["off"]},
+        {"on": [[1, "0.01"]], "off": WIRE["off"]},
+        {"on": [[1, True]], "off": WIRE["off"]},
+        {"on": [[b, 0.01] for b in range(1, contract.MAX_PROFILE_POINTS + 2)], "off": WIRE["off"]},
+    ],
+)
+def test_a_malformed_profile_is_refused(wire: object) -> None:
+    with pytest.raises(ValueError):
+        StepProfile.from_wire(wire)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -1.0, "7", None])
+def test_malformed_counters_are_refused(bad: object) -> None:
+    spec = dict.fromkeys(contract.ACCEPTANCE_COUNTERS, 10.0)
+    assert predict.counters_from_wire(spec) is not None
+    spec["draft_first_agreed"] = bad  # type: ignore[assignment]
+    with pytest.raises(ValueError):
+        predict.counters_from_wire(spec)
+    assert predict.counters_from_wire({}) is None  # an engine that reports none
+
+
+def _counters(**kw: float) -> dict[str, float]:
+    return {name: kw.get(name, 0.0) for name in contract.ACCEPTANCE_COUNTERS}
+
+
+def test_acceptance_is_measured_while_speculating_and_estimated_while_off() -> None:
+    tracker = AcceptanceTracker()
+    tracker.update(_counters(), 0.0, 3)
+    # Speculating: 100 request-steps accepted 150 drafts (tau 2.5); first drafts 70 of 100.
+    tracker.update(
+        _counters(spec_request_steps=100, spec_accepted_tokens=150, spec_first_agreed=70), 1.0, 3
+    )
+    assert tracker.current(1.0) == (2.5, "measured")
+    assert tracker.calibration == pytest.approx(2.5 / predict.chain_accept_length(0.7, 3))
+    # Off for a while: no measured figure after MEASURED_FRESH_SECONDS, and none estimated
+    # before enough proposals.
+    assert tracker.current(7.0) is None
+    base = dict(spec_request_steps=100, spec_accepted_tokens=150, spec_first_agreed=70)
+    tracker.update(_counters(**base, draft_first_proposed=40, draft_first_agreed=20), 8.0, 3)
+    assert tracker.current(8.0) is None
+    tracker.update(_counters(**base, draft_first_proposed=200, draft_first_agreed=100), 9.0, 3)
+    tau, source = tracker.current(9.0)  # type: ignore[misc]
+    assert source == "estimated while off (calibrated)"
+    assert tau == pytest.approx(tracker.calibration * predict.chain_accept_length(0.5, 3))
+
+
+def test_counters_that_go_backwards_start_over() -> None:
+    tracker = AcceptanceTracker()
+    tracker.update(_counters(spec_request_steps=100, spec_accepted_tokens=200), 0.0, 3)
+    tracker.update(_counters(spec_request_steps=10, spec_accepted_tokens=30), 1.0, 3)
+    assert tracker.current(1.0) is None  # a restart: nothing read across it
+
+
+H200 = profiles.load("h200-3b-synthetic-deployed")
+RTX = profiles.load("rtx-pro-6000-x8")
+
+
+@pytest.mark.parametrize(("prof", "rate"), [(RTX, 0.5), (RTX, 0.8), (RTX, 0.99), (H200, 0.6)])
+def test_the_prediction_is_the_profile_crossover(prof: profiles.Profile, rate: float) -> None:
+    """Against the simulator's own analytic rates: the largest batch where speculating gives
+    each request at least what plain decoding does."""
+    wire = prof.step_profile(1, 128)
+    profile = StepProfile.from_wire(wire, num_steps=prof.num_steps)
+    tau = predict.chain_accept_length(rate, prof.num_steps)
+    got = predict.predict(profile, (tau, "measured"), None, min_threshold=0, max_threshold=128)
+    assert got is not None and got.confident
+    per_batch = [
+        b
+        for b in range(1, 129)
+        if tau / prof.step_time(b, True) >= 1 / prof.step_time(b, False)
+        and profile.step_seconds(b, True) is not None  # type: ignore[union-attr]
+    ]
+    # The profile samples CUDA-graph batch sizes: interpolation may move the crossover by
+    # the gap between two of them.
+    expected = max(per_batch, default=0)
+    assert abs(got.threshold - expected) <= max(2, expected // 4), (got.threshold, expected)
+    assert predict.predict(profile, None, None, min_threshold=0, max_threshold=64) is None
+
+
+def test_bounds_and_the_profiles_top() -> None:
+    profile = StepProfile.from_wire(H200.step_profile(1, 32))
+    high = predict.predict(profile, (4.0, "measured"), None, min_threshold=0, max_threshold=64)
+    assert high is not None and high.threshold == 32  # pays at the top: stops there
+    assert "largest batch, 32" in high.why
+    low = predict.predict(profile, (1.0, "measured"), None, min_threshold=2, max_threshold=64)
+    assert low is not None and low.threshold == 2  # pays nowhere: the resource's minimum
+
+
+def test_residuals_correct_a_steady_bias_and_flag_a_wrong_model() -> None:
+    profile = StepProfile.from_wire(WIRE)
+    assert profile is not None
+    slower = Residuals()
+    for i in range(10):  # every step takes 10% longer than profiled, in both modes
+        for mode in (True, False):
+            seconds = profile.step_seconds(8, mode) * 1.1  # type: ignore[operator]
+            slower.add(batch=8, speculating=mode, step_seconds=seconds, profile=profile, at=i)
+    assert slower.modes[True].factor() == pytest.approx(1 / 1.1)
+    got = predict.predict(profile, (2.0, "measured"), slower, min_threshold=0, max_threshold=32)
+    assert got is not None and got.confident and got.correction[0] == pytest.approx(1 / 1.1)
+    wrong = Residuals()
+    for i in range(10):  # speculating steps three times the profile: the model is wrong
+        seconds = profile.step_seconds(8, True) * 3  # type: ignore[operator]
+        wrong.add(batch=8, speculating=True, step_seconds=seconds, profile=profile, at=i)
+    got = predict.predict(profile, (2.0, "measured"), wrong, min_threshold=0, max_threshold=32)
+    assert got is not None and not got.confident
+    assert "samples disagree" in got.why
+
+
+def test_a_mode_without_samples_takes_the_others_correction() -> None:
+    """A busy host slows both modes: the prediction's ratio does not move on one mode's
+    samples alone."""
+    profile = StepProfile.from_wire(WIRE)
+    assert profile is not None
+    residuals = Residuals()
+    for i in range(5):
+        seconds = profile.step_seconds(8, False) * 1.25  # type: ignore[operator]
+        residuals.add(batch=8, speculating=False, step_seconds=seconds, profile=profile, at=i)
+    got = predict.predict(profile, (2.0, "measured"), residuals, min_threshold=0, max_threshold=32)
+    plain = predict.predict(profile, (2.0, "measured"), None, min_threshold=0, max_threshold=32)
+    assert got is not None and plain is not None
+    assert got.threshold == plain.threshold
+    assert got.ratio(8) == pytest.approx(plain.ratio(8))  # type: ignore[arg-type]
+    assert math.isclose(got.correction[0], got.correction[1])
