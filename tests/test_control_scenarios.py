@@ -16,8 +16,7 @@ import pytest
 
 from specgate_router.settings import ControlSettings
 from specgate_sim import profile as profiles
-
-from .control_harness import Change, ratio_to_better_static, run
+from specgate_sim.virtual import Change, ratio_to_better_static, run
 
 # The resource's bounds: maxThreshold above the largest load, so that speculation can run at
 # 128 where it pays (with the default of 64 the bound, not the controller, would decide).

@@ -1106,6 +1106,7 @@ never reads; the next commit dropped them, changing the checksum and not one lin
 
 SAME_STEPS_PATCH_SHA256 = {
     "3b32944d20e5744a0194aeb130062845327a158b66cd9f2f0f3d1eacc96c3002": "bf5b1680eb0dea8903198f4fff12bfc486e8c32e86f7d3b7dcf3ce6054888d06",  # noqa: E501
+    "bf5b1680eb0dea8903198f4fff12bfc486e8c32e86f7d3b7dcf3ce6054888d06": "cc14c4f8f41e014673f38fcaba8276b0b9d4c425c7462b0926943cce82f0a1cd",  # noqa: E501
 }
 """Checksums that GPU runs recorded, each with the checksum of a later patch whose steps compute
 the same on the path those runs took. Jobs 77-81 ran the patch of 73e8933. The next one
@@ -1114,7 +1115,10 @@ the same on the path those runs took. Jobs 77-81 ran the patch of 73e8933. The n
 benchmark counts tokens at its clients; and (2) lays the off step's KV slot indices out one
 contiguous row per forward, the same values, which a decode CUDA graph copies into its own
 buffer either way (only an eager decode's KV store reads them in place; the runs' batches
-all fit the graphs). Their figures stand for both."""
+all fit the graphs). Their figures stand for both. The patch of bf5b168 became the product
+patch without its four A/B environment switches (lab/gpu/patches/ab-toggles.patch keeps
+them): with the switches unset, as every run of the product's servers left them, the same
+steps. Checksums chain: a run of 3b32944 counts for the patch in the tree today."""
 
 
 def ran_patch(name: str, result: dict[str, Any], sha: str) -> bool:
@@ -1123,11 +1127,15 @@ def ran_patch(name: str, result: dict[str, Any], sha: str) -> bool:
     SAME_STEPS_PATCH_SHA256)."""
     recorded = result.get("patch_sha256")
     if recorded is not None:
-        return bool(
-            recorded == sha
-            or SAME_SOURCE_PATCH_SHA256.get(recorded) == sha
-            or SAME_STEPS_PATCH_SHA256.get(recorded) == sha
-        )
+        seen: set[str] = set()
+        while isinstance(recorded, str) and recorded not in seen:
+            if recorded == sha:
+                return True
+            seen.add(recorded)
+            recorded = SAME_SOURCE_PATCH_SHA256.get(recorded) or SAME_STEPS_PATCH_SHA256.get(
+                recorded
+            )
+        return False
     return sha == UNRECORDED_PATCH_SHA256 and job_number(name) in UNRECORDED_PATCH_JOBS
 
 

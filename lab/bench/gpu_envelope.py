@@ -1165,6 +1165,8 @@ def launch(servers: list[Server], out: Path, sim: bool, routed_threshold: int = 
                     str(server.port),
                     "--off-step-tokens",
                     str(off_step_tokens_of(server.args)),
+                    # As the patched SGLang engine reports today: no step profile.
+                    "--no-model-inputs",
                 ]
                 with open(out / f"{server.label}.log", "wb") as log:
                     pin = verify.pin_to(server.cpus)

@@ -30,7 +30,6 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-
 PROFILE_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 """Batch sizes of an engine's step-cost profile (SGLang's CUDA-graph sizes, thinned)."""
 

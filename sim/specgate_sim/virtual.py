@@ -1,4 +1,6 @@
-"""One simulated engine pod behind the router's own control code, in virtual time.
+"""One simulated engine pod behind the router's own control code, in virtual time: how the
+controller is tested on workloads it was not tuned on (tests/test_control_scenarios.py) and
+measured across them (lab/bench/control_grid.py).
 
 The pod is the simulator's `EngineCore`; the router side is what the router runs every scrape
 interval: `PodState.record` of a scrape (as `/v1/loads` reports it, the step profile and the
