@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -164,12 +165,68 @@ def _cel_errors(obj: dict[str, Any], schema: dict[str, Any]) -> list[FieldError]
     return errors
 
 
+API_VERSION = "specgate.io/v1alpha1"
+KIND = "SpecDecodeDeployment"
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+CHILD_SUFFIXES = ("-engine", "-router", "-engine-key", "-router-leader")
+"""What the operator appends to a resource's name for its children (render.names)."""
+MAX_NAME = 63 - max(len(s) for s in CHILD_SUFFIXES)
+"""Longest resource name whose children (Services among them: DNS labels) stay within 63."""
+
+
+def identity_errors(obj: Any) -> list[FieldError]:
+    """What the API server checks before the schema: the type, and a name it accepts. Names
+    are DNS labels here, and short enough that every child the operator creates is one too."""
+    if not isinstance(obj, dict):
+        return [FieldError("<root>", f"Invalid value: a mapping, got {type(obj).__name__}")]
+    errors = []
+    if obj.get("apiVersion") != API_VERSION:
+        errors.append(
+            FieldError("apiVersion", f"Invalid value: {obj.get('apiVersion')!r}: use {API_VERSION}")
+        )
+    if obj.get("kind") != KIND:
+        errors.append(FieldError("kind", f"Invalid value: {obj.get('kind')!r}: use {KIND}"))
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict) or "name" not in meta:
+        errors.append(FieldError("metadata.name", "Required value: name the resource"))
+        return errors
+    name = meta["name"]
+    if not isinstance(name, str) or not _DNS_LABEL.match(name):
+        errors.append(
+            FieldError(
+                "metadata.name",
+                f"Invalid value: {name!r}: lowercase letters, digits and '-', starting and"
+                " ending with a letter or digit",
+            )
+        )
+    elif len(name) > MAX_NAME:
+        longest = name + max(CHILD_SUFFIXES, key=len)
+        errors.append(
+            FieldError(
+                "metadata.name",
+                f"Invalid value: {name!r}: its child {longest!r} would be {len(longest)}"
+                f" characters, over 63: use at most {MAX_NAME}",
+            )
+        )
+    namespace = meta.get("namespace")
+    if namespace is not None and (
+        not isinstance(namespace, str) or not _DNS_LABEL.match(namespace)
+    ):
+        errors.append(
+            FieldError("metadata.namespace", f"Invalid value: {namespace!r}: a DNS label")
+        )
+    return errors
+
+
 def admit(obj: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
     """Default and validate `obj` against a CRD's openAPIV3Schema.
 
     Returns the defaulted object, or raises AdmissionError naming every bad field. CEL rules run
     only when the schema checks pass, as in the API server (rules assume well-typed input).
     """
+    errors = identity_errors(obj)
+    if errors:
+        raise AdmissionError(errors)
     defaulted: dict[str, Any] = apply_defaults(obj, schema)
     errors = _schema_errors(defaulted, schema)
     if not errors:

@@ -30,15 +30,32 @@ def _cmd_crd(args: argparse.Namespace) -> int:
     return 0
 
 
+MAX_INPUT_BYTES = 4 * 1024 * 1024
+"""A resource file larger than this is refused (the API server's own request limit is 3 MiB)."""
+
+
 def load_resources(path: str) -> list[dict[str, Any]]:
     """SpecDecodeDeployments from a YAML file (several documents allowed; '-' is stdin)."""
-    text = sys.stdin.read() if path == "-" else Path(path).read_text()
-    docs = [d for d in yaml.safe_load_all(text) if d]
+    source = "stdin" if path == "-" else path
+    text = sys.stdin.read(MAX_INPUT_BYTES + 1) if path == "-" else _read_bounded(path)
+    if len(text) > MAX_INPUT_BYTES:
+        raise ValueError(f"{source}: larger than {MAX_INPUT_BYTES // 2**20} MiB")
+    docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    if not docs:
+        raise ValueError(f"{source}: no SpecDecodeDeployment in it (the file is empty)")
     for i, doc in enumerate(docs):
         if not isinstance(doc, dict) or doc.get("kind") != "SpecDecodeDeployment":
             kind = doc.get("kind") if isinstance(doc, dict) else type(doc).__name__
-            raise ValueError(f"{path}: document {i + 1} is a {kind}, not a SpecDecodeDeployment")
+            raise ValueError(
+                f"{source}: document {i + 1} is a {kind}, not a SpecDecodeDeployment"
+                " (set kind: SpecDecodeDeployment)"
+            )
     return docs
+
+
+def _read_bounded(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read(MAX_INPUT_BYTES + 1)
 
 
 def _cmd_render(args: argparse.Namespace) -> int:
@@ -55,18 +72,21 @@ def _cmd_render(args: argparse.Namespace) -> int:
     try:
         docs = load_resources(args.filename)
     except (OSError, ValueError, yaml.YAMLError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(
+            f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+            file=sys.stderr,
+        )
         return 2
     failed = False
     for doc in docs:
-        name = (doc.get("metadata") or {}).get("name", "?")
+        meta = doc.get("metadata")
+        name = meta.get("name", "?") if isinstance(meta, dict) else "?"
         try:
             admitted = admission.admit(doc, schema)
         except admission.AdmissionError as exc:
             failed = True
-            print(f"error: SpecDecodeDeployment {name!r} is invalid:", file=sys.stderr)
-            for err in exc.errors:
-                print(f"  {err}", file=sys.stderr)
+            for err in exc.errors:  # one line each: the resource, the field, what to do
+                print(f"error: SpecDecodeDeployment {name!r}: {err}", file=sys.stderr)
             continue
         admitted.setdefault("metadata", {}).setdefault("namespace", args.namespace)
         sdd = api.SpecDecodeDeployment.model_validate(admitted)
@@ -160,14 +180,21 @@ def _sim_arguments(p: argparse.ArgumentParser) -> None:
 def _up_arguments(p: argparse.ArgumentParser) -> None:
     from specgate_sim import cli as sim_cli
 
-    p.add_argument("--pods", type=int, default=4)
+    p.add_argument("--pods", type=_count_arg("--pods", 1, 64), default=4)
     p.add_argument("--engine", choices=["sim", "sglang"], default="sim")
-    p.add_argument("--port", type=int, default=8000, help="router port")
+    p.add_argument("--port", type=_count_arg("--port", 1, 65535), default=8000, help="router port")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--profile", default="rtx-pro-6000-x8", help="simulator profile")
     p.add_argument("--model", default="sim-model", help="served model name")
-    p.add_argument("--threshold", type=int, default=8, help="initial threshold")
-    p.add_argument("--time-scale", type=float, default=1.0, help="simulator time scale")
+    p.add_argument(
+        "--threshold", type=_count_arg("--threshold", 0, 4096), default=8, help="initial threshold"
+    )
+    p.add_argument(
+        "--time-scale",
+        type=_positive_float_arg("--time-scale"),
+        default=1.0,
+        help="simulator time scale",
+    )
     p.add_argument(
         "--off-step-tokens",
         type=sim_cli.off_step_tokens_arg,
@@ -177,6 +204,35 @@ def _up_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--model-path", help="--engine sglang: target model")
     p.add_argument("--draft-model-path", help="--engine sglang: EAGLE-3 draft model")
+
+
+def _count_arg(flag: str, low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer in [low, high], or one line naming the flag and the range
+    (argparse turns it into exit code 2, no traceback)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} takes a whole number, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{flag} must be {low}-{high}, got {value}")
+        return value
+
+    return parse
+
+
+def _positive_float_arg(flag: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} takes a number, got {text!r}") from None
+        if not (value > 0 and value < float("inf")):
+            raise argparse.ArgumentTypeError(f"{flag} must be a number > 0, got {text}")
+        return value
+
+    return parse
 
 
 def _demo_arguments(p: argparse.ArgumentParser) -> None:

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from .conftest import EXAMPLES, ROOT
@@ -63,3 +64,76 @@ def test_render_rejects_other_kinds(tmp_path: Path) -> None:
 def test_render_reads_stdin() -> None:
     result = specgate("render", "-f", "-", stdin=EXAMPLES[1].read_text())
     assert result.returncode == 0 and "kind: Deployment" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", "no SpecDecodeDeployment in it"),
+        ("# only a comment\n", "no SpecDecodeDeployment in it"),
+        ("kind: SpecDecodeDeployment\nmetadata: {name: x}\n", "apiVersion: Invalid value: None"),
+        (
+            "apiVersion: v1\nkind: SpecDecodeDeployment\nmetadata: {name: x}\n",
+            "apiVersion: Invalid value: 'v1': use specgate.io/v1alpha1",
+        ),
+        (
+            "apiVersion: specgate.io/v1alpha1\nkind: SpecDecodeDeployment\nspec: {}\n",
+            "metadata.name: Required value",
+        ),
+        (
+            "apiVersion: specgate.io/v1alpha1\nkind: SpecDecodeDeployment\nmetadata: x\n",
+            "metadata.name: Required value",
+        ),
+        (
+            "apiVersion: specgate.io/v1alpha1\nkind: SpecDecodeDeployment\n"
+            "metadata: {name: Bad_Name}\n",
+            "metadata.name: Invalid value: 'Bad_Name': lowercase letters",
+        ),
+        (
+            "apiVersion: specgate.io/v1alpha1\nkind: SpecDecodeDeployment\n"
+            f"metadata: {{name: {'a' * 60}}}\n",
+            "over 63: use at most 49",
+        ),
+        ("[1, 2]\n", "document 1 is a list, not a SpecDecodeDeployment"),
+        ("a: [\n", "error: "),
+    ],
+)
+def test_render_answers_bad_input_with_one_line_and_exit_2(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    result = specgate("render", "-f", str(bad))
+    assert result.returncode == 2, result
+    assert expected in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    assert all(line.startswith("error: ") for line in result.stderr.splitlines())
+
+
+def test_a_name_of_the_longest_allowed_length_renders_children_within_63() -> None:
+    text = EXAMPLES[1].read_text()
+    doc = yaml.safe_load(text)
+    doc["metadata"]["name"] = "a" * 49
+    result = specgate("render", "-f", "-", stdin=yaml.safe_dump(doc))
+    assert result.returncode == 0, result.stderr
+    names = [d["metadata"]["name"] for d in yaml.safe_load_all(result.stdout)]
+    assert max(len(n) for n in names) <= 63
+    from specgate_operator.render import names as child_names
+
+    assert max(len(n) for n in child_names("a" * 49).values()) == 63  # the Lease's name
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--pods", "0"], "--pods must be 1-64, got 0"),
+        (["--threshold", "-3"], "--threshold must be 0-4096, got -3"),
+        (["--pods", "two"], "--pods takes a whole number"),
+        (["--time-scale", "0"], "--time-scale must be a number > 0"),
+        (["--time-scale", "nan"], "--time-scale must be a number > 0"),
+    ],
+)
+def test_up_refuses_bad_arguments_with_one_line(args: list[str], expected: str) -> None:
+    result = specgate("up", *args)
+    assert result.returncode == 2 and expected in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
