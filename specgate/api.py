@@ -402,6 +402,18 @@ class RouterPlugins(_Model):
         return self
 
 
+class RouterTimeouts(_Model):
+    """How long the router waits on an engine pod before giving up on it."""
+
+    first_byte_seconds: float = Field(default=60.0, gt=0.0, le=3600.0)
+    """Longest wait for the first byte of an answer, prompt processing included. Past it the
+    request is retried on another pod (nothing reached the client yet) and the silent pod is
+    taken out of rotation until it answers again. Raise it for very long prompts."""
+    between_chunks_seconds: float = Field(default=30.0, gt=0.0, le=3600.0)
+    """Longest silence between two chunks of an answer; past it a stream ends with an error
+    event and `data: [DONE]`."""
+
+
 class RouterSpec(_Model):
     """The speculation-aware router in front of the engine pods."""
 
@@ -417,6 +429,8 @@ class RouterSpec(_Model):
     """Latency/throughput pool split."""
     plugins: RouterPlugins = Field(default_factory=RouterPlugins)
     """Placement plugins: filters, weighted scorers and the picker."""
+    timeouts: RouterTimeouts = Field(default_factory=RouterTimeouts)
+    """Time limits on engine pods' answers."""
     resources: KubeObject = Field(
         default_factory=lambda: {
             "requests": {"cpu": "500m", "memory": "256Mi"},

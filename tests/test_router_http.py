@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -557,3 +558,108 @@ async def test_a_new_pod_gets_the_predicted_threshold_without_learning(
     assert prediction["acceptLengthSource"] in ("measured", "estimated while off (uncalibrated)")
     assert 'specgate_pod_predicted_threshold{engine_pod="' in metrics
     assert speculating
+
+
+@contextlib.asynccontextmanager
+async def frozen_pod() -> AsyncIterator[str]:
+    """An engine that answers its scrapes (idle, patched) but never answers a request: the
+    socket stays open, as with a stopped process behind a live proxy or a wedged scheduler."""
+    loads = json.dumps(
+        {
+            "loads": [
+                {
+                    "num_running_reqs": 0,
+                    "num_waiting_reqs": 0,
+                    "max_running_requests": 256,
+                    "speculative": {
+                        "disable_batch_threshold": 8,
+                        "speculating": True,
+                        "decode_steps_on": 0,
+                        "decode_steps_off": 0,
+                    },
+                }
+            ]
+        }
+    ).encode()
+    hung: list[asyncio.StreamWriter] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            line = head.split(b"\r\n", 1)[0]
+            length = (
+                int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+                if re.search(rb"(?i)content-length", head)
+                else 0
+            )
+            await reader.readexactly(length)
+            if b" /v1/loads" in line or b" /server_info" in line:
+                body = (
+                    loads if b"/v1/loads" in line else b'{"speculative_disable_batch_threshold": 8}'
+                )
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
+                await writer.drain()
+                continue
+            hung.append(writer)  # a request: never answered
+            await asyncio.sleep(3600)
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        for writer in hung:
+            writer.close()
+        server.close()
+
+
+async def test_a_frozen_pod_costs_one_first_byte_timeout_and_leaves_rotation(
+    http: httpx.AsyncClient,
+) -> None:
+    """Requests to a pod that never answers wait the first-byte limit, are retried on the
+    other pod and succeed; the frozen pod's circuit opens, so the next requests go straight to
+    the live pod. A busy live pod (one long request sent to it directly) makes the frozen,
+    idle-looking one the first choice."""
+    async with sims(1, time_scale=1.0, threshold=8) as pods, frozen_pod() as frozen:
+        config = router_settings([frozen, *pods.urls])
+        config["resilience"] = {
+            **config["resilience"],  # type: ignore[dict-item]
+            "firstByteTimeoutSeconds": 0.5,
+            "breakerOpenSeconds": 30,
+        }
+        background = asyncio.create_task(
+            http.post(
+                pods.urls[0] + "/v1/chat/completions",
+                json=chat(max_tokens=2000),
+                headers={"Authorization": f"Bearer {KEY}"},
+            )
+        )
+        try:
+            async with run_router(config) as r:
+                for _ in range(50):  # both scraped, the live pod busy
+                    view = (await http.get(r.url + "/specgate/pods")).json()["pods"]
+                    if all(p["fresh"] for p in view) and max(p["batch"] or 0 for p in view) >= 1:
+                        break
+                    await asyncio.sleep(0.1)
+                took = []
+                for _ in range(4):
+                    started = asyncio.get_running_loop().time()
+                    resp = await http.post(r.url + CHAT, json=chat(max_tokens=4))
+                    took.append(asyncio.get_running_loop().time() - started)
+                    assert resp.status_code == 200, resp.text
+                    assert resp.headers["x-specgate-pod"] != frozen.split("://")[1]
+                metrics = (await http.get(r.url + "/metrics")).text
+                view = (await http.get(r.url + "/specgate/pods")).json()["pods"]
+        finally:
+            background.cancel()
+            with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
+                await background
+    assert 0.5 <= took[0] < 1.5, took  # the limit, then the live pod
+    assert max(took[1:]) < 0.5, took  # the frozen pod is out of rotation
+    assert 'specgate_router_retries_total{reason="first_byte_timeout"} 1.0' in metrics
+    (state,) = [p for p in view if p["url"] == frozen]
+    assert state["circuit"] == "open"

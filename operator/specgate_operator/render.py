@@ -297,6 +297,10 @@ def router_config(sdd: api.SpecDecodeDeployment) -> dict[str, Any]:
         },
         "control": control.model_dump(by_alias=True, mode="json"),
         "plugins": sdd.spec.router.plugins.model_dump(by_alias=True, mode="json"),
+        "resilience": {
+            "firstByteTimeoutSeconds": sdd.spec.router.timeouts.first_byte_seconds,
+            "readTimeoutSeconds": sdd.spec.router.timeouts.between_chunks_seconds,
+        },
         "pools": {
             "minLatencyFraction": sdd.spec.router.pools.min_latency_fraction,
             "maxLatencyFraction": sdd.spec.router.pools.max_latency_fraction,

@@ -44,6 +44,12 @@ class CircuitBreaker:
     def on_success(self) -> None:
         self.failures, self.opened_at, self.trial_in_flight = 0, None, False
 
+    def trip(self, now: float, params: ResilienceSettings) -> None:
+        """Open at once: the pod went silent, which one more try would only wait out again."""
+        self.failures = max(self.failures, params.breaker_failures)
+        self.trial_in_flight = False
+        self.opened_at = now
+
     def on_failure(self, now: float, params: ResilienceSettings) -> None:
         self.failures += 1
         self.trial_in_flight = False

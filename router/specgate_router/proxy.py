@@ -3,7 +3,8 @@ pod, then relay the answer unbuffered.
 
 Failure handling, from the list of mistakes not to repeat:
 - every engine call has connect and read timeouts (`resilience`);
-- a connection error, a timeout or a 5xx before the first byte is retried on a different pod,
+- a connection error, a 5xx, or no first byte within `firstByteTimeoutSeconds` (the pod is
+  then marked unhealthy and its circuit opened) is retried on a different pod,
   or on one already tried once every pod has been (a single pod's dropped keep-alive connection
   is worth a second try), at most `maxAttempts` times, with jittered exponential backoff, and
   counts against that pod's circuit breaker, which takes a failing pod out of the retries;
@@ -168,10 +169,22 @@ async def forward(state: RouterState, req: RoutedRequest, request_id: str) -> Re
                 state.metrics.in_flight.dec()
 
         try:
-            resp, chunks, first = await _open(state, pod, req, request_id)
-        except _Retry as exc:
+            async with asyncio.timeout(res.first_byte_timeout_seconds):
+                resp, chunks, first = await _open(state, pod, req, request_id)
+        except (_Retry, TimeoutError) as failure:
             release()
-            pod.breaker.on_failure(state.clock(), res)
+            if isinstance(failure, TimeoutError):
+                # Silent past the limit: a frozen or wedged engine. Out of rotation until a
+                # scrape answers again and its circuit half-opens.
+                exc = _Retry(
+                    "first_byte_timeout",
+                    f"no first byte within {res.first_byte_timeout_seconds:g}s",
+                )
+                pod.healthy = False
+                pod.breaker.trip(state.clock(), res)
+            else:
+                exc = failure
+                pod.breaker.on_failure(state.clock(), res)
             last_error = f"{pod.name}: {exc}"
             log.warning(
                 "attempt %d on %s failed: %s",

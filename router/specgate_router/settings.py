@@ -88,8 +88,13 @@ class ClassRules(_Model):
 
 class ResilienceSettings(_Model):
     connect_timeout_seconds: float = Field(default=2.0, gt=0)
-    read_timeout_seconds: float = Field(default=120.0, gt=0)
-    """Longest silence allowed between two chunks of an engine's answer."""
+    first_byte_timeout_seconds: float = Field(default=60.0, gt=0)
+    """Longest wait for the first byte of an engine's answer (prompt processing included):
+    past it the attempt is retried on another pod, and the silent pod is marked unhealthy and
+    its circuit opened (a frozen process keeps its socket open)."""
+    read_timeout_seconds: float = Field(default=30.0, gt=0)
+    """Longest silence allowed between two chunks of an engine's answer; past it a stream
+    ends with an error event and [DONE]."""
     max_attempts: int = Field(default=3, ge=1, le=10)
     """Attempts per request on different pods, for failures before the first byte."""
     backoff_base_seconds: float = Field(default=0.05, ge=0)
