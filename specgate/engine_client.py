@@ -59,10 +59,13 @@ class EngineLoad(BaseModel):
 
     @classmethod
     def from_response(cls, data: dict[str, Any]) -> EngineLoad:
-        loads = data.get("loads") or []
-        if not loads:
+        """Parse and check: every number finite and in range, or ValueError naming the field.
+        An engine's numbers move thresholds; a broken or hostile one must not."""
+        loads = data.get("loads") if isinstance(data, dict) else None
+        if not isinstance(loads, list) or not loads or not isinstance(loads[0], dict):
             raise ValueError("no loads in /v1/loads response")
         load = loads[0]
+        _check_numbers(load)
         spec = load.get("speculative") or {}
         moments = dict(zip(contract.DECODE_MOMENTS, load.get("decode_moments") or (), strict=False))
         return cls(
@@ -83,6 +86,45 @@ class EngineLoad(BaseModel):
             decode_steps_off=spec.get("decode_steps_off"),
             speculative=spec if isinstance(spec, dict) else {},
         )
+
+
+_COUNTS = ("num_running_reqs", "num_waiting_reqs", "max_running_requests")
+_LIMIT = float(1 << 40)
+
+
+def _check_numbers(load: dict[str, Any]) -> None:
+    for name in _COUNTS:
+        value = load.get(name, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1 << 24:
+            raise ValueError(f"{name}: a whole number in [0, 2^24], got {value!r}")
+    for name in ("token_usage", "gen_throughput"):
+        _finite(load.get(name, 0.0), name)
+    moments = load.get("decode_moments")
+    if moments is not None:
+        if not isinstance(moments, list) or len(moments) > 16:
+            raise ValueError("decode_moments: a short list of numbers")
+        for i, value in enumerate(moments):
+            _finite(value, f"decode_moments[{i}]")
+    spec = load.get("speculative")
+    if spec is None:
+        return
+    if not isinstance(spec, dict):
+        raise ValueError("speculative: an object")
+    threshold = spec.get("disable_batch_threshold")
+    if threshold is not None:
+        contract.parse_threshold(threshold)  # ThresholdError is a ValueError
+    for name in ("decode_steps_on", "decode_steps_off"):
+        if spec.get(name) is not None:
+            _finite(spec[name], f"speculative.{name}")
+    if spec.get("accept_length") is not None:
+        _finite(spec["accept_length"], "speculative.accept_length", high=257.0)
+
+
+def _finite(value: Any, name: str, high: float = _LIMIT) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name}: a number, got {value!r}")
+    if not 0 <= value <= high:  # NaN fails both comparisons
+        raise ValueError(f"{name}: a finite number in [0, {high:g}], got {value!r}")
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -108,6 +150,29 @@ def counter_total(text: str, name: str) -> float:
     return total
 
 
+MAX_REPLY_BYTES = 4 * 1024 * 1024
+"""The most the router reads of an engine's control-plane answer (/v1/loads, /server_info,
+/metrics): a few KiB normally; a hostile or broken engine's 100 MB would cost the router
+that much memory every scrape."""
+
+
+class ReplyTooLarge(Exception):
+    pass
+
+
+async def _read_capped(resp: Any, limit: int) -> bytes:
+    length = resp.headers.get("Content-Length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise ReplyTooLarge(f"answer of {int(length)} bytes, over {limit}")
+    chunks, size = [], 0
+    async for chunk in resp.content.iter_chunked(64 * 1024):
+        size += len(chunk)
+        if size > limit:
+            raise ReplyTooLarge(f"answer over {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 class EngineReply:
     """An engine's answer, read whole: status and body."""
 
@@ -129,7 +194,12 @@ class EngineClient:
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     async def _call(
-        self, method: str, path: str, timeout: float | None, body: bytes | None = None
+        self,
+        method: str,
+        path: str,
+        timeout: float | None,
+        body: bytes | None = None,
+        max_bytes: int = MAX_REPLY_BYTES,
     ) -> EngineReply:
         headers = self._headers
         if body is not None:
@@ -139,7 +209,7 @@ class EngineClient:
                 method, self.base_url + path, body=body, headers=headers, timeout=timeout
             )
             try:
-                reply = EngineReply(resp.status, await resp.read())
+                reply = EngineReply(resp.status, await _read_capped(resp, max_bytes))
             finally:
                 resp.release()
         except UNREACHABLE as exc:
@@ -148,6 +218,8 @@ class EngineClient:
             ) from exc
         except RETRYABLE as exc:
             raise EngineError(self.base_url, 0, str(exc) or type(exc).__name__) from exc
+        except ReplyTooLarge as exc:
+            raise EngineError(self.base_url, 200, f"bad {path.split('?')[0]}: {exc}") from exc
         if reply.status >= 400:
             raise EngineError(self.base_url, reply.status, reply.text[:500])
         return reply

@@ -561,26 +561,30 @@ async def test_a_new_pod_gets_the_predicted_threshold_without_learning(
 
 
 @contextlib.asynccontextmanager
-async def frozen_pod() -> AsyncIterator[str]:
-    """An engine that answers its scrapes (idle, patched) but never answers a request: the
-    socket stays open, as with a stopped process behind a live proxy or a wedged scheduler."""
-    loads = json.dumps(
-        {
-            "loads": [
-                {
-                    "num_running_reqs": 0,
-                    "num_waiting_reqs": 0,
-                    "max_running_requests": 256,
-                    "speculative": {
-                        "disable_batch_threshold": 8,
-                        "speculating": True,
-                        "decode_steps_on": 0,
-                        "decode_steps_off": 0,
-                    },
-                }
-            ]
-        }
-    ).encode()
+async def frozen_pod(loads_body: bytes | None = None) -> AsyncIterator[str]:
+    """An engine that answers its scrapes (idle, patched; or `loads_body`) but never answers
+    a request: the socket stays open, as with a stopped process behind a live proxy or a
+    wedged scheduler."""
+    loads = (
+        loads_body
+        or json.dumps(
+            {
+                "loads": [
+                    {
+                        "num_running_reqs": 0,
+                        "num_waiting_reqs": 0,
+                        "max_running_requests": 256,
+                        "speculative": {
+                            "disable_batch_threshold": 8,
+                            "speculating": True,
+                            "decode_steps_on": 0,
+                            "decode_steps_off": 0,
+                        },
+                    }
+                ]
+            }
+        ).encode()
+    )
     hung: list[asyncio.StreamWriter] = []
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -75,6 +75,13 @@ class UpstreamFailed(RouterError):
     status = 502
     error_type = "upstream_error"
 
+    def __init__(self, message: str, *, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}
+
 
 class UpstreamRejectedKey(UpstreamFailed):
     pass

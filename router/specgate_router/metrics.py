@@ -149,6 +149,12 @@ class RouterMetrics:
             ["engine_pod"],
             registry=r,
         )
+        self.rejected_metrics = Counter(
+            "specgate_pod_rejected_metrics",
+            "Scrapes dropped because the engine's numbers were malformed or out of range.",
+            ["engine_pod"],
+            registry=r,
+        )
         self.threshold_changes = Counter(
             "specgate_threshold_changes",
             "Thresholds pushed to pods, by direction.",

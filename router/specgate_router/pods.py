@@ -82,6 +82,7 @@ class PodState:
     threshold_known: bool = False
     push_failures: int = 0
     next_push_at: float = 0.0
+    rejected_logged_at: float = -math.inf
     profile: predict.StepProfile | None = None
     """The engine's step-cost profile (None: it reports none)."""
     profile_error: str | None = None

@@ -229,7 +229,17 @@ async def forward(state: RouterState, req: RoutedRequest, request_id: str) -> Re
             headers={"x-request-id": request_id, "x-specgate-pod": pod.name},
         )
     state.metrics.requests.labels(req.traffic_class, "", "502").inc()
-    raise UpstreamFailed(f"all {len(tried)} attempts failed; last: {last_error}")
+    # Which pods failed and how goes to the log, not to clients: pod addresses are internal.
+    log.warning(
+        "request failed on %d pods; last: %s",
+        len(tried),
+        last_error,
+        extra={"request_id": request_id},
+    )
+    raise UpstreamFailed(
+        f"the engine pods failed {len(tried)} attempts before answering; retry shortly",
+        retry_after=res.retry_after_seconds,
+    )
 
 
 async def _relay(

@@ -67,14 +67,49 @@ def classify(
     return settings.default_class
 
 
+MAX_JSON_DEPTH = 64
+"""Deeper bodies are refused before parsing: the parser recurses once a level."""
+
+
+def _nesting(raw: bytes) -> int:
+    """The deepest bracket nesting in `raw`, brackets inside strings not counted (a linear
+    pass in Python: only bodies with many brackets take it)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > MAX_JSON_DEPTH:
+                return deepest
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
+
+
 def parse(
     path: str, raw: bytes, headers: Mapping[str, str], settings: RouterSettings
 ) -> RoutedRequest:
     kind = PATHS[path]
+    # Counting brackets is C-fast; only a body with many walks them.
+    brackets = raw.count(b"[") + raw.count(b"{")
+    if brackets > MAX_JSON_DEPTH and _nesting(raw) > MAX_JSON_DEPTH:
+        raise BadRequest(f"request body is nested deeper than {MAX_JSON_DEPTH} levels")
     try:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise BadRequest("request body is nested too deeply") from exc
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     stream = body.get("stream", False)

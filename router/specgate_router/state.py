@@ -171,13 +171,29 @@ class RouterState:
             return
         except EngineError as error:
             pod.scrape_failed(str(error), unreachable=error.unreachable)
+            if error.message.startswith("bad "):
+                # Malformed or out-of-range numbers: dropped, counted, logged once a minute.
+                self.metrics.rejected_metrics.labels(pod.name).inc()
+                if self.clock() - pod.rejected_logged_at >= 60:
+                    pod.rejected_logged_at = self.clock()
+                    log.warning("metrics of %s rejected: %s", pod.name, error.message[:300])
             return
         first = pod.last is None
         pod.record(Scrape(self.clock(), load))
-        if first and load.threshold_known and self.settings.control.mode == "dynamic":
-            # A new leader or a restarted router continues from what the pod runs with.
-            initial = control.initial_decision(self.settings.control, self.clock())
-            pod.decision = replace(initial, threshold=load.threshold, reason="adopted from the pod")
+        params = self.settings.control
+        if first and load.threshold_known and params.mode == "dynamic":
+            # A new leader or a restarted router continues from what the pod runs with, when
+            # that lies within the resource's bounds; otherwise from the resource's threshold.
+            initial = control.initial_decision(params, self.clock())
+            value = load.threshold
+            if value is not None and params.min_threshold <= value <= params.max_threshold:
+                pod.decision = replace(initial, threshold=value, reason="adopted from the pod")
+            else:
+                pod.decision = replace(
+                    initial,
+                    reason=f"the pod reported threshold {value}, outside the resource's bounds"
+                    f" [{params.min_threshold}, {params.max_threshold}]: not adopted",
+                )
 
     # ---- control ----
 
