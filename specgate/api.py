@@ -273,8 +273,11 @@ class EngineSpec(_Model):
     """Cap on concurrently running requests per pod (`--max-running-requests`)."""
     cuda_graph_max_bs: int | None = Field(default=None, ge=1, le=4096)
     """Largest decode batch captured in CUDA graphs (`--cuda-graph-max-bs-decode`)."""
-    extra_args: list[str] = Field(default_factory=list, max_length=64)
-    """Further SGLang flags, appended verbatim."""
+    extra_args: list[Annotated[str, Field(max_length=512)]] = Field(
+        default_factory=list, max_length=64
+    )
+    """Further SGLang flags, appended verbatim (at most 64, each at most 512 characters: the
+    API server bounds the cost of the rule that checks them)."""
     env: list[KubeObject] = Field(default_factory=list, max_length=128)
     """Environment variables (core/v1 EnvVar) for the engine container."""
     resources: KubeObject = Field(default_factory=dict)

@@ -21,8 +21,9 @@ from specgate import api
 
 class _WithFactoryDefaults(GenerateJsonSchema):
     """Pydantic leaves `default_factory` defaults out of schemas; the CRD needs them so the API
-    server applies them. A model-valued default becomes `{}`: its own field defaults then fill
-    it in, exactly as for a user-supplied empty object."""
+    server applies them. A model-valued default is the model with its own defaults filled in:
+    the API server checks a default against the object's CEL rules, and `{}` would fail every
+    rule that reads a field ("no such key")."""
 
     def default_schema(self, schema: core_schema.WithDefaultSchema) -> JsonSchemaValue:
         factory = schema.get("default_factory")
@@ -30,7 +31,11 @@ class _WithFactoryDefaults(GenerateJsonSchema):
             return super().default_schema(schema)
         inner = self.generate_inner(schema["schema"])
         value = factory()  # type: ignore[call-arg]
-        inner["default"] = {} if isinstance(value, BaseModel) else to_jsonable_python(value)
+        inner["default"] = (
+            value.model_dump(by_alias=True, mode="json", exclude_none=True)
+            if isinstance(value, BaseModel)
+            else to_jsonable_python(value)
+        )
         return inner
 
 

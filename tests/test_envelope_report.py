@@ -1792,15 +1792,22 @@ def test_runs_before_checksums_count_only_while_the_patch_is_theirs(report: Modu
 def test_a_run_of_a_patch_with_the_same_steps_counts_as_the_later_one(
     report: ModuleType,
 ) -> None:
-    """Jobs 77-81's patch computed every step they ran as the next one does; the mapping is one
-    way and to that one patch only."""
-    ((recorded, later),) = report.SAME_STEPS_PATCH_SHA256.items()
-    assert recorded != later
-    run = {"patch_sha256": recorded}
-    assert report.ran_patch("gpu-envelope-78-x.json", run, later)
-    assert not report.ran_patch("gpu-envelope-78-x.json", run, "a later patch")
-    assert not report.ran_patch("gpu-envelope-78-x.json", {"patch_sha256": later}, recorded)
-    assert recorded not in report.SAME_SOURCE_PATCH_SHA256
+    """Jobs 77-81's patch computed every step they ran as the next one does, and that one as
+    the product patch without its A/B switches: each mapping is one way, to that patch only,
+    and they chain (a run of the first counts for the last)."""
+    same = report.SAME_STEPS_PATCH_SHA256
+    assert len(same) == 2
+    for recorded, later in same.items():
+        assert recorded != later
+        run = {"patch_sha256": recorded}
+        assert report.ran_patch("gpu-envelope-78-x.json", run, later)
+        assert not report.ran_patch("gpu-envelope-78-x.json", run, "a later patch")
+        assert not report.ran_patch("gpu-envelope-78-x.json", {"patch_sha256": later}, recorded)
+        assert recorded not in report.SAME_SOURCE_PATCH_SHA256
+    (first,) = set(same) - set(same.values())
+    (last,) = set(same.values()) - set(same)
+    assert report.ran_patch("gpu-envelope-78-x.json", {"patch_sha256": first}, last)
+    assert last == report.patch_sha256()  # the patch in the tree
 
 
 def test_a_run_of_a_patch_with_the_same_source_counts_as_the_later_one(

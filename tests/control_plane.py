@@ -1,0 +1,227 @@
+"""A real Kubernetes control plane on loopback: etcd, kube-apiserver and kube-controller-manager
+built from their Go modules by scripts/build-control-plane.sh (run by `make test` through
+`make tools`).
+
+The API server authorizes with RBAC and signs service-account tokens with a key generated at
+start; it serves HTTPS with a certificate it generates itself. The admin authenticates with a
+static token in the group system:masters. The controller manager runs the garbage collector,
+the Deployment, ReplicaSet, EndpointSlice, ServiceAccount and namespace controllers. No
+kubelet runs: pods are created and stay Pending.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import socket
+import ssl
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+K8S_VERSION = os.environ.get("K8S_VERSION", "1.34.4")
+ETCD_VERSION = os.environ.get("ETCD_VERSION", "3.6.5")
+BINARIES = ROOT / ".tools" / "control-plane" / f"k8s-{K8S_VERSION}-etcd-{ETCD_VERSION}"
+KUBECTL = ROOT / ".tools" / "bin" / "kubectl"
+HELM = ROOT / ".tools" / "bin" / "helm"
+START_SECONDS = 90.0
+
+
+class ControlPlaneError(RuntimeError):
+    """The control plane did not start; the message says which part and its log's tail."""
+
+
+@dataclass
+class ControlPlane:
+    server: str
+    admin_token: str
+    kubeconfig: Path
+    folder: Path
+
+    def kubeconfig_for(self, token: str, name: str) -> Path:
+        """A kubeconfig that authenticates with `token` (a service account's, say)."""
+        path = self.folder / f"kubeconfig-{name}"
+        path.write_text(_kubeconfig(self.server, token))
+        return path
+
+    def kubectl(
+        self,
+        *args: str,
+        kubeconfig: Path | None = None,
+        stdin: str | None = None,
+        check: bool = True,
+    ) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [
+                str(KUBECTL),
+                f"--kubeconfig={kubeconfig or self.kubeconfig}",
+                f"--cache-dir={self.folder / 'kube-cache'}",
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            input=stdin,
+            timeout=60,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)}: {result.stderr or result.stdout}")
+        return result
+
+    def forget_discovery(self) -> None:
+        """Drop kubectl's cached API discovery (after a CRD is registered, say)."""
+        shutil.rmtree(self.folder / "kube-cache", ignore_errors=True)
+
+    def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [str(HELM), f"--kubeconfig={self.kubeconfig}", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={
+                **os.environ,
+                "HELM_CACHE_HOME": str(self.folder / "helm-cache"),
+                "HELM_CONFIG_HOME": str(self.folder / "helm-config"),
+                "HELM_DATA_HOME": str(self.folder / "helm-data"),
+            },
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)}: {result.stderr or result.stdout}")
+        return result
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _kubeconfig(server: str, token: str) -> str:
+    return (
+        "apiVersion: v1\nkind: Config\n"
+        "clusters:\n- name: local\n"
+        f"  cluster: {{server: '{server}', insecure-skip-tls-verify: true}}\n"
+        f"users:\n- name: user\n  user: {{token: '{token}'}}\n"
+        "contexts:\n- name: local\n  context: {cluster: local, user: user, namespace: default}\n"
+        "current-context: local\n"
+    )
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _wait_ready(server: str, token: str, deadline: float, logs: Path) -> None:
+    context = ssl._create_unverified_context()  # the server's own self-signed certificate
+    request = urllib.request.Request(
+        server + "/readyz", headers={"Authorization": f"Bearer {token}"}
+    )
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(request, context=context, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError as exc:
+            last = str(exc)
+        time.sleep(0.3)
+    raise ControlPlaneError(
+        f"kube-apiserver not ready within {START_SECONDS:.0f}s ({last}); its log:\n"
+        + _tail(logs / "kube-apiserver.log")
+    )
+
+
+@contextlib.contextmanager
+def running(folder: Path) -> Iterator[ControlPlane]:
+    """etcd, kube-apiserver and kube-controller-manager on loopback, stopped on exit."""
+    missing = [b for b in ("etcd", "kube-apiserver", "kube-controller-manager")
+               if not (BINARIES / b).is_file()]  # fmt: skip
+    if missing:
+        raise ControlPlaneError(
+            f"{', '.join(missing)} not built in {BINARIES}: run `make tools`"
+            " (scripts/build-control-plane.sh)"
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    etcd_port, peer_port, api_port = _free_ports(3)
+    token = secrets.token_hex(16)
+    (folder / "tokens.csv").write_text(f'{token},admin,admin,"system:masters"\n')
+    key = folder / "sa.key"
+    subprocess.run(["openssl", "genrsa", "-out", str(key), "2048"], check=True,
+                   capture_output=True)  # fmt: skip
+    server = f"https://127.0.0.1:{api_port}"
+    kubeconfig = folder / "kubeconfig"
+    kubeconfig.write_text(_kubeconfig(server, token))
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(name: str, *args: str) -> None:
+        log = open(folder / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        procs.append(subprocess.Popen([str(BINARIES / name), *args], stdout=log,
+                                      stderr=subprocess.STDOUT))  # fmt: skip
+
+    try:
+        start(
+            "etcd",
+            f"--data-dir={folder / 'etcd'}",
+            f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
+            f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
+            f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
+            f"--initial-cluster=default=http://127.0.0.1:{peer_port}",
+            "--log-level=warn",
+        )
+        start(
+            "kube-apiserver",
+            f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={api_port}",
+            f"--cert-dir={folder / 'certs'}",
+            f"--token-auth-file={folder / 'tokens.csv'}",
+            "--authorization-mode=RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc",
+            f"--service-account-key-file={key}",
+            f"--service-account-signing-key-file={key}",
+            "--service-cluster-ip-range=10.96.0.0/16",
+            "--enable-priority-and-fairness=false",
+        )
+        _wait_ready(server, token, time.monotonic() + START_SECONDS, folder)
+        start(
+            "kube-controller-manager",
+            f"--kubeconfig={kubeconfig}",
+            "--controllers=garbagecollector,deployment,replicaset,endpointslice,"
+            "serviceaccount,serviceaccount-token,namespace",
+            f"--service-account-private-key-file={key}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            "--secure-port=0",
+            "--concurrent-gc-syncs=5",
+        )
+        time.sleep(0.5)
+        for proc, name in zip(
+            procs, ("etcd", "kube-apiserver", "kube-controller-manager"), strict=True
+        ):
+            if proc.poll() is not None:
+                raise ControlPlaneError(f"{name} exited: \n" + _tail(folder / f"{name}.log"))
+        yield ControlPlane(server, token, kubeconfig, folder)
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+        for proc in reversed(procs):
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        shutil.rmtree(folder / "etcd", ignore_errors=True)

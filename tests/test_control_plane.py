@@ -1,0 +1,197 @@
+"""specgate against a real kube-apiserver (tests/control_plane.py): the CRD as the API server
+registers and explains it, the examples and malformed resources as `kubectl apply` answers
+them (the same verdicts as `specgate render`), and the operator installed by `helm install`,
+running as a local process with the chart's ServiceAccount token, reconciling a resource whose
+children the garbage collector removes after it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from . import control_plane
+from .conftest import EXAMPLES, ROOT
+from .control_plane import ControlPlane
+
+pytestmark = pytest.mark.integration
+CRD = ROOT / "crds" / "specdecodedeployments.specgate.io.yaml"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    with control_plane.running(tmp_path_factory.mktemp("control-plane")) as plane:
+        plane.kubectl("apply", "--server-side", "-f", str(CRD))
+        plane.kubectl(
+            "wait", "--for=condition=Established", "--timeout=60s",
+            "crd/specdecodedeployments.specgate.io",
+        )  # fmt: skip
+        plane.forget_discovery()
+        yield plane
+
+
+def _wait(check: Any, what: str, seconds: float = 60.0) -> Any:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_kubectl_explain_prints_the_field_docs(cluster: ControlPlane) -> None:
+    out = cluster.kubectl("explain", "specdecodedeployment.spec.speculative").stdout
+    assert "numSteps" in out and "offStepTokens" in out and "control" in out
+    control = cluster.kubectl("explain", "sdd.spec.speculative.control.threshold").stdout
+    assert "speculates while its decode batch holds" in " ".join(control.split())  # api.py
+
+
+def test_every_example_is_accepted_and_listed_with_its_columns(cluster: ControlPlane) -> None:
+    cluster.kubectl("create", "namespace", "llm")
+    for example in EXAMPLES:
+        cluster.kubectl("apply", "-f", str(example))
+    listed = cluster.kubectl("get", "sdd", "-A").stdout
+    header = listed.splitlines()[0].split()
+    assert header[:6] == ["NAMESPACE", "NAME", "REPLICAS", "READY", "MODE", "THRESHOLD"], listed
+    names = {yaml.safe_load(e.read_text())["metadata"]["name"] for e in EXAMPLES}
+    assert names <= {line.split()[1] for line in listed.splitlines()[1:]}
+    for example in EXAMPLES:
+        cluster.kubectl("delete", "-f", str(example), "--wait=false")
+
+
+def _example() -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load(EXAMPLES[-1].read_text())
+    doc["metadata"] = {"name": "bad", "namespace": "default"}
+    return doc
+
+
+MALFORMED = [
+    ("spec.speculative", lambda d: d["spec"]["speculative"].update(numDraftTokens=7)),
+    ("spec.engine", lambda d: d["spec"]["engine"].update(gpusPerPod=3, tensorParallelSize=2)),
+    ("spec.speculative.control", lambda d: d["spec"]["speculative"].update(
+        control={"threshold": 100, "maxThreshold": 64})),
+    ("spec.replicas", lambda d: d["spec"].update(replicas=-1)),
+    ("spec.speculative.offStepTokens", lambda d: d["spec"]["speculative"].update(offStepTokens=0)),
+    ("spec.router.plugins", lambda d: d["spec"]["router"].update(
+        plugins={"filters": ["not-draining"]})),
+    ("spec.unknownField", lambda d: d["spec"].update(unknownField=1)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("field", "mutate"), MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_malformed_resources_get_the_same_verdict_from_the_api_server_and_render(
+    cluster: ControlPlane, field: str, mutate: Any
+) -> None:
+    doc = _example()
+    doc["spec"].setdefault("router", {})
+    mutate(doc)
+    text = yaml.safe_dump(doc)
+    server = cluster.kubectl(
+        "apply", "--dry-run=server", "--validate=strict", "-f", "-", stdin=text, check=False
+    )
+    assert server.returncode != 0, server.stdout
+    assert field in server.stderr, server.stderr
+    local = subprocess.run(
+        [sys.executable, "-m", "specgate.cli", "render", "-f", "-"],
+        input=text, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert local.returncode == 2 and field in local.stderr, local.stderr
+    # And the valid resource passes both.
+    good = yaml.safe_dump(_example())
+    assert cluster.kubectl("apply", "--dry-run=server", "-f", "-", stdin=good).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: ControlPlane) -> Iterator[Path]:
+    """`helm install` of the chart, then its operator as a local process with a token of the
+    chart's ServiceAccount: every call it makes is one the chart's RBAC grants."""
+    cluster.helm(
+        "install", "specgate", str(ROOT / "charts" / "specgate"),
+        "--namespace", "specgate-system", "--create-namespace", "--skip-crds",
+    )  # fmt: skip
+    token = cluster.kubectl(
+        "create", "token", "specgate", "-n", "specgate-system", "--duration=2h"
+    ).stdout.strip()
+    kubeconfig = cluster.kubeconfig_for(token, "operator")
+    log = open(cluster.folder / "operator.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specgate.cli", "operator", "-A", "--resync-seconds", "5"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+    )
+    try:
+        yield kubeconfig
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def _get(cluster: ControlPlane, *args: str) -> dict[str, Any] | None:
+    result = cluster.kubectl("get", *args, "-o", "json", check=False)
+    return json.loads(result.stdout) if result.returncode == 0 else None
+
+
+def test_the_operator_reconciles_with_the_charts_rights_and_children_go_with_the_resource(
+    cluster: ControlPlane, operator: Path
+) -> None:
+    doc = _example()
+    doc["metadata"] = {"name": "demo", "namespace": "default"}
+    cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(doc))
+    sdd = _wait(lambda: _get(cluster, "sdd", "demo"), "the resource")
+    uid = sdd["metadata"]["uid"]
+    children = [
+        ("deployment", "demo-engine"),
+        ("deployment", "demo-router"),
+        ("service", "demo-engine"),
+        ("service", "demo-router"),
+        ("configmap", "demo-router"),
+        ("secret", "demo-engine-key"),
+    ]
+    for kind, name in children:
+        obj = _wait(lambda k=kind, n=name: _get(cluster, k, n), f"{kind}/{name}")
+        owners = obj["metadata"].get("ownerReferences", [])
+        assert any(o["uid"] == uid and o.get("controller") for o in owners), (kind, owners)
+    status = _wait(
+        lambda: (s := _get(cluster, "sdd", "demo")) and s.get("status", {}).get("conditions") and s,
+        "status conditions",
+    )["status"]
+    assert status["observedGeneration"] == 1
+    assert {c["type"] for c in status["conditions"]} >= {"Ready", "Progressing", "Degraded"}
+    # The ReplicaSet controller acted on the engine Deployment (no kubelet: pods stay Pending).
+    _wait(lambda: (_get(cluster, "replicasets", "-l", "app.kubernetes.io/instance=demo") or {})
+          .get("items"), "ReplicaSets")  # fmt: skip
+
+    # A spec change rolls the engine Deployment and moves observedGeneration.
+    before = _get(cluster, "deployment", "demo-engine")["metadata"]["generation"]  # type: ignore[index]
+    cluster.kubectl(
+        "patch", "sdd", "demo", "--type=merge",
+        "-p", '{"spec": {"speculative": {"control": {"threshold": 12}}}}',
+    )  # fmt: skip
+    _wait(lambda: _get(cluster, "deployment", "demo-engine")["metadata"]["generation"] > before,  # type: ignore[index]
+          "the engine Deployment to roll")  # fmt: skip
+    _wait(lambda: _get(cluster, "sdd", "demo")["status"].get("observedGeneration") == 2,  # type: ignore[index]
+          "observedGeneration 2")  # fmt: skip
+
+    # The chart's role, and nothing beyond it.
+    can = cluster.kubectl("auth", "can-i", "delete", "nodes", kubeconfig=operator, check=False)
+    assert can.stdout.strip() == "no"
+    refused = cluster.kubectl("get", "nodes", kubeconfig=operator, check=False)
+    assert refused.returncode != 0 and "forbidden" in refused.stderr.lower()
+
+    cluster.kubectl("delete", "sdd", "demo", "--timeout=60s")
+    for kind, name in children:
+        _wait(lambda k=kind, n=name: _get(cluster, k, n) is None, f"{kind}/{name} to go", 90)
