@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck crd docs deploy dashboards chart-crd tools clean
+.PHONY: demo test lint typecheck crd docs deploy dashboards chart-crd tools cluster clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,10 @@ chart-crd:
 
 tools: $(STAMP)
 	bash scripts/install-tools.sh
+
+# A real control plane (kube-apiserver, kube-controller-manager, etcd) on loopback until Ctrl-C.
+cluster: tools
+	$(BIN)/python -m tests.control_plane
 
 deploy: $(STAMP)
 	$(BIN)/specgate install-manifests > deploy/operator.yaml

@@ -18,6 +18,7 @@ import shutil
 import socket
 import ssl
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -225,3 +226,26 @@ def running(folder: Path) -> Iterator[ControlPlane]:
             except subprocess.TimeoutExpired:
                 proc.kill()
         shutil.rmtree(folder / "etcd", ignore_errors=True)
+
+
+def main() -> int:
+    """`make cluster`: the control plane on loopback until Ctrl-C, to try `helm install` and
+    `kubectl apply` by hand (no kubelet: pods stay Pending)."""
+    import signal
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="specgate-cluster-"))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop the servers on a kill too
+    with running(folder) as plane:
+        print(f"control plane up at {plane.server}")
+        print(f"export KUBECONFIG={plane.kubeconfig}")
+        print(f"kubectl and helm are in {KUBECTL.parent}; Ctrl-C stops it", flush=True)
+        try:
+            signal.pause()
+        except KeyboardInterrupt:
+            print("stopping")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
