@@ -23,13 +23,18 @@ from .conftest import EXAMPLES, ROOT
 from .control_plane import ControlPlane
 
 pytestmark = pytest.mark.integration
-CRD = ROOT / "crds" / "specdecodedeployments.specgate.io.yaml"
+CHART = ROOT / "charts" / "specgate"
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """The control plane with the chart installed by `helm install`: the CRD comes from the
+    chart's crds/ and the API server registers it."""
     with control_plane.running(tmp_path_factory.mktemp("control-plane")) as plane:
-        plane.kubectl("apply", "--server-side", "-f", str(CRD))
+        plane.helm(
+            "install", "specgate", str(CHART), "--namespace", "specgate-system",
+            "--create-namespace",
+        )  # fmt: skip
         plane.kubectl(
             "wait", "--for=condition=Established", "--timeout=60s",
             "crd/specdecodedeployments.specgate.io",
@@ -110,34 +115,46 @@ def test_malformed_resources_get_the_same_verdict_from_the_api_server_and_render
     assert cluster.kubectl("apply", "--dry-run=server", "-f", "-", stdin=good).returncode == 0
 
 
+class LocalOperator:
+    """`specgate operator` in a local process, with a kubeconfig of the chart's ServiceAccount."""
+
+    def __init__(self, cluster: ControlPlane, kubeconfig: Path) -> None:
+        self.cluster, self.kubeconfig = cluster, kubeconfig
+        self.log = cluster.folder / "operator.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "specgate.cli", "operator", "-A", "--resync-seconds", "5"],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
+            )
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+            self.proc = None
+
+
 @pytest.fixture(scope="module")
-def operator(cluster: ControlPlane) -> Iterator[Path]:
-    """`helm install` of the chart, then its operator as a local process with a token of the
-    chart's ServiceAccount: every call it makes is one the chart's RBAC grants."""
-    cluster.helm(
-        "install", "specgate", str(ROOT / "charts" / "specgate"),
-        "--namespace", "specgate-system", "--create-namespace", "--skip-crds",
-    )  # fmt: skip
+def operator(cluster: ControlPlane) -> Iterator[LocalOperator]:
+    """The chart's operator as a local process with a token of the chart's ServiceAccount:
+    every call it makes is one the chart's RBAC grants."""
     token = cluster.kubectl(
         "create", "token", "specgate", "-n", "specgate-system", "--duration=2h"
     ).stdout.strip()
-    kubeconfig = cluster.kubeconfig_for(token, "operator")
-    log = open(cluster.folder / "operator.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "specgate.cli", "operator", "-A", "--resync-seconds", "5"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "KUBECONFIG": str(kubeconfig)},
-    )
+    local = LocalOperator(cluster, cluster.kubeconfig_for(token, "operator"))
+    local.start()
     try:
-        yield kubeconfig
+        yield local
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        local.stop()
 
 
 def _get(cluster: ControlPlane, *args: str) -> dict[str, Any] | None:
@@ -146,7 +163,7 @@ def _get(cluster: ControlPlane, *args: str) -> dict[str, Any] | None:
 
 
 def test_the_operator_reconciles_with_the_charts_rights_and_children_go_with_the_resource(
-    cluster: ControlPlane, operator: Path
+    cluster: ControlPlane, operator: LocalOperator
 ) -> None:
     doc = _example()
     doc["metadata"] = {"name": "demo", "namespace": "default"}
@@ -187,11 +204,71 @@ def test_the_operator_reconciles_with_the_charts_rights_and_children_go_with_the
           "observedGeneration 2")  # fmt: skip
 
     # The chart's role, and nothing beyond it.
-    can = cluster.kubectl("auth", "can-i", "delete", "nodes", kubeconfig=operator, check=False)
+    as_operator = operator.kubeconfig
+    can = cluster.kubectl("auth", "can-i", "delete", "nodes", kubeconfig=as_operator, check=False)
     assert can.stdout.strip() == "no"
-    refused = cluster.kubectl("get", "nodes", kubeconfig=operator, check=False)
+    refused = cluster.kubectl("get", "nodes", kubeconfig=as_operator, check=False)
     assert refused.returncode != 0 and "forbidden" in refused.stderr.lower()
+
+    # A restarted operator converges on what is there: one of each child, no conflicts.
+    operator.stop()
+    operator.start()
+    time.sleep(8)  # a resync or more
+    engines = _get(cluster, "deployments", "-l", "app.kubernetes.io/instance=demo")
+    assert engines is not None and len(engines["items"]) == 2  # engine and router, once each
+    log = operator.log.read_text(errors="replace")
+    assert "403" not in log and "Forbidden" not in log and "conflict" not in log.lower(), log[
+        -3000:
+    ]
 
     cluster.kubectl("delete", "sdd", "demo", "--timeout=60s")
     for kind, name in children:
         _wait(lambda k=kind, n=name: _get(cluster, k, n) is None, f"{kind}/{name} to go", 90)
+
+
+def test_helm_upgrade_then_uninstall_leaves_only_the_documented_crd(
+    cluster: ControlPlane, tmp_path: Path
+) -> None:
+    """helm upgrade with changed values and a changed CRD: Helm leaves CRDs alone, and the
+    documented `kubectl apply --server-side -f charts/specgate/crds/` brings the new one; helm
+    uninstall removes the chart's objects and leaves the CRD (and so every resource), as Helm
+    does and the README says."""
+    import shutil
+
+    chart = tmp_path / "specgate"
+    shutil.copytree(CHART, chart)
+    crd_file = next((chart / "crds").glob("*.yaml"))
+    crd = yaml.safe_load(crd_file.read_text())
+    columns = crd["spec"]["versions"][0]["additionalPrinterColumns"]
+    columns.append({"name": "Note", "type": "string", "jsonPath": ".metadata.name"})
+    crd_file.write_text(yaml.safe_dump(crd, sort_keys=False))
+    cluster.helm(
+        "upgrade", "specgate", str(chart), "-n", "specgate-system",
+        "--set", "operator.resyncSeconds=12",
+    )  # fmt: skip
+    deployment = _get(cluster, "deployment", "-n", "specgate-system", "-l",
+                      "app.kubernetes.io/name=specgate")  # fmt: skip
+    assert deployment is not None
+    args = " ".join(deployment["items"][0]["spec"]["template"]["spec"]["containers"][0]["args"])
+    assert "12" in args  # the new value reached the operator's Deployment
+    registered = _get(cluster, "crd", "specdecodedeployments.specgate.io")
+    assert registered is not None
+    names = [c["name"] for c in registered["spec"]["versions"][0]["additionalPrinterColumns"]]
+    assert "Note" not in names  # Helm does not upgrade CRDs ...
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(chart / "crds"))
+    registered = _get(cluster, "crd", "specdecodedeployments.specgate.io")
+    names = [c["name"] for c in registered["spec"]["versions"][0]["additionalPrinterColumns"]]  # type: ignore[index]
+    assert "Note" in names  # ... the documented step does
+
+    def installed() -> list[str]:
+        return cluster.kubectl(
+            "get", "deployments,serviceaccounts,clusterroles,clusterrolebindings",
+            "-A", "-l", "app.kubernetes.io/name=specgate", "-o", "name",
+        ).stdout.split()  # fmt: skip
+
+    before = installed()
+    assert any(n.startswith("clusterrole.") for n in before), before  # the selector finds them
+    assert any(n.startswith("deployment.") for n in before), before
+    cluster.helm("uninstall", "specgate", "-n", "specgate-system", "--wait")
+    assert installed() == []
+    assert _get(cluster, "crd", "specdecodedeployments.specgate.io") is not None
