@@ -226,6 +226,91 @@ def test_the_operator_reconciles_with_the_charts_rights_and_children_go_with_the
         _wait(lambda k=kind, n=name: _get(cluster, k, n) is None, f"{kind}/{name} to go", 90)
 
 
+async def test_the_router_discovers_leads_and_publishes_with_its_own_service_account(
+    cluster: ControlPlane, operator: LocalOperator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two router replicas, in process, with a token of the router ServiceAccount the operator
+    made (so with the Role it made): they elect one leader through the Lease, hand over when
+    the leader stops, and the leader publishes the pods to the resource's status. May the
+    router's account follow EndpointSlices? The API server says."""
+    import asyncio
+
+    from specgate_router.settings import RouterSettings
+    from specgate_router.state import RouterState
+    from specgate_sim import profile as profiles
+    from specgate_sim.cluster import SimCluster, free_ports
+    from specgate_sim.pod import PodSettings
+
+    doc = _example()
+    doc["metadata"] = {"name": "routed", "namespace": "default"}
+    cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(doc))
+    _wait(lambda: _get(cluster, "role", "routed-router"), "the router's Role")
+    token = cluster.kubectl("create", "token", "routed-router", "--duration=1h").stdout.strip()
+    monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig_for(token, "router")))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    port = free_ports(1)[0]
+    settings = RouterSettings.model_validate(
+        {
+            "model": "m",
+            # Static backends: the API server refuses loopback addresses in EndpointSlices, and
+            # the simulated pod listens on loopback (discovery runs against the emulator).
+            "backends": [f"http://127.0.0.1:{port}"],
+            "control": {"scrapeIntervalSeconds": 0.2},
+            "leaderElection": {
+                "leaseName": "routed-router-leader",
+                "namespace": "default",
+                "leaseSeconds": 3,
+                "renewSeconds": 0.5,
+            },
+            "statusTarget": {"namespace": "default", "name": "routed", "intervalSeconds": 1},
+        }
+    )
+    pods = SimCluster(
+        profiles.load("rtx-pro-6000-x8"), 1, base_port=port, settings=PodSettings(model="m")
+    )
+
+    async def until(check: Any, what: str, seconds: float = 30.0) -> None:
+        deadline = asyncio.get_running_loop().time() + seconds
+        while not check():
+            assert asyncio.get_running_loop().time() < deadline, f"timed out: {what}"
+            await asyncio.sleep(0.2)
+
+    replicas = [RouterState(settings, identity=name) for name in ("replica-a", "replica-b")]
+    async with pods:
+        for state in replicas:
+            await state.start()
+        try:
+            await until(lambda: all(r.kube is not None for r in replicas), "connected")
+            await until(lambda: sum(r.is_leader for r in replicas) == 1, "one leader")
+            await asyncio.sleep(1.5)  # renewals: still one
+            leaders = [r for r in replicas if r.is_leader]
+            assert len(leaders) == 1
+            await until(
+                lambda: bool(
+                    ((_get(cluster, "sdd", "routed") or {}).get("status") or {}).get("pods")
+                ),
+                "status.pods published",
+            )
+            (follower,) = [r for r in replicas if r is not leaders[0]]
+            await leaders[0].stop()
+            replicas.remove(leaders[0])
+            started = asyncio.get_running_loop().time()
+            await until(lambda: follower.is_leader, "takeover", seconds=15)
+            assert asyncio.get_running_loop().time() - started < 3 + 2  # lease + a renewal
+        finally:
+            for state in replicas:
+                await state.stop()
+    as_router = cluster.folder / "kubeconfig-router"
+    for verb in ("list", "watch"):
+        allowed = cluster.kubectl("auth", "can-i", verb, "endpointslices", kubeconfig=as_router)
+        assert allowed.stdout.strip() == "yes"
+    denied = cluster.kubectl("auth", "can-i", "list", "secrets", kubeconfig=as_router, check=False)
+    assert denied.stdout.strip() == "no"
+    lease = _get(cluster, "lease", "routed-router-leader")
+    assert lease is not None and lease["spec"]["holderIdentity"] == follower.identity
+    cluster.kubectl("delete", "sdd", "routed", "--wait=false")
+
+
 def test_helm_upgrade_then_uninstall_leaves_only_the_documented_crd(
     cluster: ControlPlane, tmp_path: Path
 ) -> None:

@@ -39,7 +39,7 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     _rule("monitoring.coreos.com", ["servicemonitors"], _CHILD_VERBS),
     # RBAC forbids granting what one does not hold: the router's Role needs these.
     _rule("discovery.k8s.io", ["endpointslices"], ["get", "list", "watch"]),
-    _rule("coordination.k8s.io", ["leases"], ["get", "create", "update"]),
+    _rule("coordination.k8s.io", ["leases"], ["get", "create", "patch"]),
 ]
 
 

@@ -351,7 +351,8 @@ ROUTER_RULES: list[dict[str, Any]] = [
     {
         "apiGroups": ["coordination.k8s.io"],
         "resources": ["leases"],
-        "verbs": ["get", "create", "update"],
+        # Renewals and takeovers are merge patches conditional on resourceVersion.
+        "verbs": ["get", "create", "patch"],
     },
     {"apiGroups": [api.GROUP], "resources": [api.PLURAL], "verbs": ["get"]},
     {"apiGroups": [api.GROUP], "resources": [f"{api.PLURAL}/status"], "verbs": ["get", "patch"]},
