@@ -160,16 +160,20 @@ class SpeculationControl(_Model):
     )
 
     mode: Literal["dynamic", "alwaysOn", "off"] = "dynamic"
-    """`dynamic`: the router moves each pod's speculation-disable batch threshold with load;
+    """`dynamic`: the router sets each pod's speculation-disable batch threshold where it
+    predicts speculation stops paying, from the engine's step-cost profile and acceptance
+    (or, for an engine that reports neither, where its samples show it);
     `alwaysOn`: speculate at every batch size; `off`: never speculate (the draft stays loaded and in
     sync, so switching back needs no restart)."""
     threshold: int = Field(default=8, ge=0, le=4096)
-    """Initial speculation-disable batch threshold: a pod speculates while its decode batch holds
-    at most this many requests. 0 never speculates."""
+    """Speculation-disable batch threshold a pod starts with, until the router predicts or
+    learns its own: a pod speculates while its decode batch holds at most this many requests.
+    0 never speculates."""
     min_threshold: int = Field(default=0, ge=0, le=4096)
     """Lowest threshold the controller may set."""
     max_threshold: int = Field(default=64, ge=0, le=4096)
-    """Highest threshold the controller may set."""
+    """Highest threshold the controller may set: above this batch a pod never speculates, even
+    where speculation would pay. Raise it for engines that run larger batches."""
     hysteresis: int = Field(default=2, ge=0, le=256)
     """The controller changes a pod's threshold only when its estimate moves more than this many
     requests away from the current value."""
