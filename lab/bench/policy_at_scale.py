@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from specgate.api import RouterPlugins, WeightedScorer
-from specgate.engine_client import EngineClient, EngineLoad
+from specgate.engine_client import EngineClient
 from specgate_router import control, placement
 from specgate_router.pods import PodState, Scrape
 from specgate_router.settings import (
@@ -62,6 +62,7 @@ from specgate_router.settings import (
 )
 from specgate_sim.engine import EngineCore, HostSpells, SimRequest
 from specgate_sim.profile import Profile, load
+from specgate_sim.virtual import engine_load
 
 PROFILE = "rtx-pro-6000-x8"
 SCRAPE_SECONDS = 0.5
@@ -263,19 +264,8 @@ class Fleet:
     def scrape_and_control(self, outcome: Outcome) -> None:
         now = self.now
         for core, view in zip(self.cores, self.views, strict=True):
-            load = EngineLoad(
-                running=len(core.running),
-                waiting=len(core.waiting),
-                max_running=core.max_running,
-                threshold=core.threshold,
-                threshold_known=True,
-                speculating=core.speculating,
-                decode_steps_on=core.stats.decode_steps_on,
-                decode_steps_off=core.stats.decode_steps_off,
-                decode_steps=core.stats.decode_moments[0],
-                decode_batch_sum=core.stats.decode_moments[1],
-                decode_tokens=core.stats.decode_moments[5],
-            )
+            # No step profile: the fleet measures the controller's sample fit and probes.
+            load = engine_load(core)
             view.record(Scrape(at=now, load=load))
         if not self.policy.dynamic:
             return

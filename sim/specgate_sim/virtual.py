@@ -134,17 +134,13 @@ def run(
     return out
 
 
-def _scrape_and_decide(
-    core: EngineCore,
-    view: PodState,
-    step_profile: dict[str, list[list[float]]] | None,
-    params: ControlSettings,
-    now: float,
-    dynamic: bool,
-    out: Run,
-) -> None:
+def engine_load(
+    core: EngineCore, step_profile: dict[str, list[list[float]]] | None = None
+) -> EngineLoad:
+    """What a scrape of the engine's /v1/loads gives the router, read straight off the core;
+    with `step_profile`, the prediction's inputs too (contract.STEP_PROFILE)."""
     stats = core.stats
-    load = EngineLoad(
+    return EngineLoad(
         running=len(core.running),
         waiting=len(core.waiting),
         max_running=core.max_running,
@@ -166,6 +162,18 @@ def _scrape_and_decide(
             **{name: getattr(stats, name) for name in contract.ACCEPTANCE_COUNTERS},
         },
     )
+
+
+def _scrape_and_decide(
+    core: EngineCore,
+    view: PodState,
+    step_profile: dict[str, list[list[float]]] | None,
+    params: ControlSettings,
+    now: float,
+    dynamic: bool,
+    out: Run,
+) -> None:
+    load = engine_load(core, step_profile)
     view.record(Scrape(at=now, load=load))
     out.speculating.append((now, core.speculating))
     if not dynamic:
@@ -210,4 +218,4 @@ def ratio_to_better_static(
     return routed / max(statics), routed_runs[0]
 
 
-__all__: list[str] = ["Change", "Run", "ratio_to_better_static", "run"]
+__all__: list[str] = ["Change", "Run", "engine_load", "ratio_to_better_static", "run"]
