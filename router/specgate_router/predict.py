@@ -25,7 +25,7 @@ Everything here is pure and takes time as an argument.
 
 from __future__ import annotations
 
-import itertools
+import bisect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -108,14 +108,17 @@ class StepProfile:
         return cls(modes["on"], modes["off"], int(k), int(n))
 
     def step_seconds(self, batch: float, speculating: bool) -> float | None:
-        """Interpolated linearly between profiled batches; None beyond them (no guessing)."""
+        """Interpolated linearly between profiled batches; None beyond them (no guessing).
+        A bisection, not a scan: the controller asks at every batch size for every pod on
+        every control step."""
         points = self.on if speculating else self.off
         if batch < points[0][0] or batch > points[-1][0]:
             return None
-        for (b0, s0), (b1, s1) in itertools.pairwise(points):
-            if b0 <= batch <= b1:
-                return s0 + (s1 - s0) * (batch - b0) / (b1 - b0)
-        return points[0][1]  # a profile of one batch size
+        i = bisect.bisect_left(points, (batch, -math.inf))
+        if points[i][0] == batch or i == 0:
+            return points[i][1]
+        (b0, s0), (b1, s1) = points[i - 1], points[i]
+        return s0 + (s1 - s0) * (batch - b0) / (b1 - b0)
 
     def top(self) -> float:
         """The largest batch both modes are profiled at."""
