@@ -35,8 +35,8 @@ DECODE_MOMENTS = ("steps", "batch", "step_us", "batch_sq", "batch_x_step_us", "g
 
 
 # What an engine reports for the controller's prediction, in /v1/loads' `speculative` section
-# (the simulator implements it; the patched SGLang engine does not yet, and the router then
-# falls back to learning from samples alone):
+# (the simulator and the patched SGLang engine implement it; from an engine that does not, the
+# router learns from samples alone):
 # - "step_profile": {"on": [[batch, seconds], ...], "off": [[batch, seconds], ...]}, the
 #   decode step time by batch with speculation on (the configured draft steps) and off (the
 #   configured off-step tokens), ascending batches;

@@ -1910,3 +1910,103 @@ def test_a_warm_gpu_machine_patches_again_when_the_patch_changed(tmp_path: Path)
     assert run_with("speed = 2").endswith("# kept: same patch, no unpacking\n")
     assert run_with("speed = 3") == "speed = 3\n"
     assert (tmp_path / "site-upstream" / "engine.py").read_text() == "speed = 1\n"
+
+
+def _step_profile_module(site: Path) -> ModuleType:
+    # step_profile.py imports torch only inside the functions that time graphs or count.
+    path = site / "sglang" / "srt" / "speculative" / "step_profile.py"
+    return load_module(path, "step_profile_under_test")
+
+
+def test_the_engine_step_profile_is_what_the_router_parses(patched_site: Path) -> None:
+    """The profile the engine exports (/v1/loads `step_profile`) goes through the router's own
+    parser: seeded points, live points that replace a seed after enough steps, and seeds
+    shifted by the host time the live steps show (a graph replay leaves it out)."""
+    from specgate_router import predict
+
+    module = _step_profile_module(patched_site)
+    table = module.StepProfileTable([1, 2, 4, 8, 16, 32])
+    assert table.to_wire() is None  # nothing measured yet: no profile rather than half of one
+    for batch in table.batch_sizes:
+        table.seed("on", batch, 0.004 + 0.0001 * batch)
+        table.seed("off", batch, 0.002 + 0.0002 * batch)
+    wire = table.to_wire()
+    profile = predict.StepProfile.from_wire(wire, off_step_tokens=4, num_steps=3)
+    assert profile is not None and profile.on[0] == (1.0, 0.0041)
+    # Live off steps at batch 8 (bucketed from 5-8) with 1 ms of host time beyond the seed:
+    for _ in range(module.LIVE_MIN_STEPS - 1):
+        table.observe(False, 7, 0.0036 + 0.001)
+    assert dict(map(tuple, table.to_wire()["off"]))[8] == pytest.approx(0.0036)  # not yet
+    table.observe(False, 6, 0.0036 + 0.001)
+    off = dict(map(tuple, table.to_wire()["off"]))
+    on = dict(map(tuple, table.to_wire()["on"]))
+    assert off[8] == pytest.approx(0.0046)  # measured
+    assert off[32] == pytest.approx(0.0084 + 0.001)  # seed plus the measured host offset
+    assert on[16] == pytest.approx(0.0056 + 0.001)  # the other mode's offset until its own
+    # A hostile or broken step never enters the table.
+    for bad in (float("nan"), float("inf"), -1.0, 0.0, 11.0):
+        table.observe(True, 4, bad)
+    table.observe(True, 64, 0.01)  # beyond the largest graph: no point for it
+    assert predict.StepProfile.from_wire(table.to_wire(), off_step_tokens=4, num_steps=3)
+
+
+def test_the_engine_profile_keeps_at_most_the_contracts_points(patched_site: Path) -> None:
+    module = _step_profile_module(patched_site)
+    sizes = module.profile_batch_sizes(range(1, 513))
+    assert len(sizes) == contract.MAX_PROFILE_POINTS == module.MAX_PROFILE_POINTS
+    assert sizes[0] == 1 and sizes[-1] == 512 and sizes == sorted(set(sizes))
+    assert module.profile_batch_sizes([8, 1, 4, 4, 0]) == [1, 4, 8]
+    table = module.StepProfileTable([1, 4, 8])
+    assert [table.bucket(b) for b in (1, 2, 4, 5, 8, 9)] == [1, 4, 4, 8, 8, None]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, 8),
+        ("", 8),
+        ("0", 0),
+        ("16", 16),
+        ("-1", "error"),
+        ("often", "error"),
+        ("2.5", "error"),
+    ],
+)
+def test_the_off_agreement_sampling_rate_is_checked(
+    value: Any, expected: Any, patched_site: Path
+) -> None:
+    module = _step_profile_module(patched_site)
+    if expected == "error":
+        with pytest.raises(ValueError, match=module.OFF_AGREEMENT_EVERY_ENV):
+            module.parse_agreement_every(value)
+    else:
+        assert module.parse_agreement_every(value) == expected
+
+
+def test_the_engine_counts_acceptance_as_the_router_reads_it(patched_site: Path) -> None:
+    """Speculating steps' per-request accept lengths become the contract's counters; the
+    router's tracker turns two readings into the accept length those steps had."""
+    from specgate_router import predict
+
+    module = _module(patched_site)
+
+    class Worker:
+        speculative_num_steps = 3
+
+    ctrl = module.ThresholdController(Worker(), 8)
+    before = ctrl.model_inputs()
+    assert before["step_profile"] is None and before["num_steps"] == 3
+    assert ctrl.recent_accept_length is None
+    for _ in range(20):
+        ctrl.count_speculating_step([4, 1, 2, 3])  # mean 2.5; three of four first drafts taken
+    after = ctrl.model_inputs()
+    assert set(contract.ACCEPTANCE_COUNTERS) <= set(after)
+    assert (after["spec_request_steps"], after["spec_accepted_tokens"]) == (80, 120)
+    assert after["spec_first_agreed"] == 60
+    assert ctrl.recent_accept_length == pytest.approx(2.5)
+    tracker = predict.AcceptanceTracker()
+    tracker.update(predict.counters_from_wire(before) or {}, at=0.0, num_steps=3)
+    tracker.update(predict.counters_from_wire(after) or {}, at=1.0, num_steps=3)
+    assert tracker.current(1.0) == (pytest.approx(2.5), "measured")
+    ctrl.count_speculating_step([])  # an empty step changes nothing
+    assert ctrl.model_inputs()["spec_request_steps"] == 80
