@@ -238,3 +238,35 @@ def test_every_envelope_server_has_engine_flags_and_the_off_step_extras_their_to
     changed = {name for name in four if four[name] != flags[name]}
     assert changed == {"specgate", "specgate-probes", "patched-8"}
     assert all(four[name] == [*flags[name], *several] for name in changed)
+
+
+def test_the_hold_grid_runs_the_router_and_engine_as_the_operator_renders_them(
+    tmp_path: Path,
+) -> None:
+    """The GPU hold grid measures the product as deployed: the router's control section and
+    the engine's threshold flags come from the operator's rendering of a resource that sets
+    only its models, so a changed default reaches the benchmark, and the router accepts it."""
+    from specgate import api
+    from specgate_router import settings
+
+    grid = load_module(ROOT / "lab" / "bench" / "hold_grid.py", "hold_grid")
+    config, flags = grid.operator_defaults()
+    defaults = api.SpeculationControl()
+    assert flags[:2] == ["--speculative-disable-batch-threshold", str(defaults.threshold)]
+    assert "discovery" not in config and "leaderElection" not in config
+    config.update(backends=["http://127.0.0.1:9"], engineApiKey="k")
+    path = tmp_path / "router.yaml"
+    path.write_text(json.dumps(config))
+    loaded = settings.load(path)
+    assert loaded.control.max_threshold == defaults.max_threshold
+    assert loaded.control.cooldown_seconds == defaults.cooldown_seconds
+    cell = {
+        "c": 16,
+        "routed": {"from": 64, "tok_s": [900.0, 1000.0], "pods": [{"threshold": 32}]},
+        "plain_median": 800.0,
+        "eagle3_median": 1000.0,
+        "routed_median": 950.0,
+        "ratio": 0.95,
+    }
+    table = grid.report({"temperature": 0.8, "predicted_accept_length": 3.83, "cells": [cell]})
+    assert "| 16 | 64 | 800 | 1000 | 950 | **0.950** | 900-1000 | 32 |" in table

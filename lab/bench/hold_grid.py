@@ -1,0 +1,366 @@
+"""The controller on a GPU as a user deploys it: loads held a minute, no learning phase.
+
+Three servers share one GPU, on the synthetic 3B-class pair (lab/gpu/synthetic.py; the request
+temperature sets the accept length: 0.8 gives about 3.8, 1.0 about 2.3):
+
+  plain    upstream SGLang 0.5.17 without speculation
+  eagle3   upstream SGLang 0.5.17 with EAGLE-3 always on
+  routed   the patched engine behind specgate's router, the engine's threshold flags and the
+           router's whole control section rendered by the operator from a SpecDecodeDeployment
+           that sets only its models (every control default as shipped)
+
+For each level c in --levels, in order: the routed server first holds the previous level (or
+--first-from) for --pre seconds, so that c is arrived at from another load, then c for --hold
+seconds, of which the last --measure are measured in --window-second windows; then plain and
+eagle3 each run c for the same windows. A cell is routed / max(plain, eagle3), medians over
+its windows, with every window's figure kept (the spread). The router's threshold and its
+prediction are read each window from /specgate/pods.
+
+--step T1,T2 adds an acceptance step at c = --step-level: T1 held --hold seconds, then T2, the
+routed pod's threshold read every second; it says when the threshold settled after the step.
+
+    bash lab/gpu/run-on-gpu.sh SITE OUT lab/bench/hold_grid.py --temperature 0.8
+Results: OUT/hold-grid.json after every cell; lab/bench/hold_grid.py --report OUT/hold-grid.json
+prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO / "lab" / "gpu"), str(REPO), str(REPO / "router"), str(REPO / "operator")]
+
+import verify  # type: ignore[import-not-found]  # noqa: E402
+from speed import tokens_in_window, write_synthetic_pair  # type: ignore[import-not-found]  # noqa: E402
+from synthetic import acceptance  # type: ignore[import-not-found]  # noqa: E402
+
+from specgate import api  # noqa: E402
+from specgate_operator import render  # noqa: E402
+
+NEW_TOKENS = (64, 192)
+"""Each request's max_new_tokens (ignore_eos), uniform in this range, after a 32-token prompt."""
+ROUTER_PORT_OFFSET = 500
+
+
+def operator_defaults() -> tuple[dict[str, Any], list[str]]:
+    """The router's config and the engine's control flags as the operator renders them for a
+    resource that names only its models: (router config without cluster discovery, flags)."""
+    sdd = api.SpecDecodeDeployment.model_validate(
+        {
+            "apiVersion": "specgate.io/v1alpha1",
+            "kind": "SpecDecodeDeployment",
+            "metadata": {"name": "hold-grid", "namespace": "lab"},
+            "spec": {
+                "model": {"path": "/models/target"},
+                "speculative": {"draftModel": {"path": "/models/draft"}},
+            },
+        }
+    )
+    config = render.router_config(sdd)
+    for cluster_only in ("discovery", "leaderElection", "statusTarget"):
+        config.pop(cluster_only, None)
+    args = render.engine_args(sdd)
+    flags: list[str] = []
+    for flag in ("--speculative-disable-batch-threshold", "--speculative-off-step-tokens"):
+        if flag in args:
+            flags += [flag, args[args.index(flag) + 1]]
+    return config, flags
+
+
+class Clients:
+    """`n` closed-loop clients on one port until stopped; every request's (began, ended,
+    tokens) kept for tokens_in_window."""
+
+    def __init__(self, port: int, n: int, temperature: float) -> None:
+        self.port, self.temperature = port, temperature
+        self.spans: list[tuple[float, float, int]] = []
+        self.errors = 0
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run, args=(i,)) for i in range(n)]
+        for t in self._threads:
+            t.start()
+
+    def _run(self, i: int) -> None:
+        rng = random.Random(i * 7919 + self.port)
+        while not self._stop.is_set():
+            body = {
+                "input_ids": [rng.randrange(3, 32000) for _ in range(32)],
+                "sampling_params": {
+                    "max_new_tokens": rng.randint(*NEW_TOKENS),
+                    "temperature": self.temperature,
+                    "ignore_eos": True,
+                },
+            }
+            began = time.monotonic()
+            status, answer = verify.call(self.port, "/generate", body, timeout=120)
+            ended = time.monotonic()
+            with self._lock:
+                if status != 200 or not isinstance(answer, dict):
+                    self.errors += 1
+                    continue
+                tokens = int(answer.get("meta_info", {}).get("completion_tokens", 0))
+                self.spans.append((began, ended, tokens))
+
+    def rate(self, start: float, stop: float) -> float:
+        with self._lock:
+            spans = list(self.spans)
+        return float(tokens_in_window(spans, start, stop)) / (stop - start)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join()
+
+
+def pod_view(router_port: int) -> dict[str, Any]:
+    try:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{router_port}/specgate/pods", timeout=5
+        ) as resp:
+            pods = json.loads(resp.read())["pods"]
+    except (OSError, ValueError, KeyError) as exc:
+        return {"error": str(exc)}
+    view: dict[str, Any] = pods[0] if pods else {}
+    return {k: view.get(k) for k in ("threshold", "prediction", "acceptance", "learning")}
+
+
+def windows(clients: Clients, count: int, seconds: float) -> list[float]:
+    rates = []
+    for _ in range(count):
+        start = time.monotonic()
+        time.sleep(seconds)
+        rates.append(round(clients.rate(start, time.monotonic()), 1))
+    return rates
+
+
+def routed_cell(
+    router_port: int, c: int, before: int, temperature: float, args: argparse.Namespace
+) -> dict[str, Any]:
+    warm = Clients(router_port, before, temperature)
+    time.sleep(args.pre)
+    warm.stop()
+    clients = Clients(router_port, c, temperature)
+    time.sleep(args.hold - args.measure)
+    rates, views = [], []
+    for _ in range(int(args.measure / args.window)):
+        rates += windows(clients, 1, args.window)
+        views.append(pod_view(router_port))
+    clients.stop()
+    return {"from": before, "tok_s": rates, "pods": views, "errors": clients.errors}
+
+
+def static_cell(port: int, c: int, temperature: float, args: argparse.Namespace) -> list[float]:
+    clients = Clients(port, c, temperature)
+    time.sleep(args.warmup)
+    rates = windows(clients, args.static_windows, args.window)
+    clients.stop()
+    return rates
+
+
+def acceptance_step(router_port: int, args: argparse.Namespace) -> dict[str, Any]:
+    t1, t2 = (float(x) for x in args.step.split(","))
+    trace: list[dict[str, Any]] = []
+    origin = time.monotonic()
+    for temperature in (t1, t2):
+        clients = Clients(router_port, args.step_level, temperature)
+        end = time.monotonic() + args.hold
+        while time.monotonic() < end:
+            time.sleep(1.0)
+            view = pod_view(router_port)
+            trace.append({"t": round(time.monotonic() - origin, 1), "T": temperature, **view})
+        clients.stop()
+    after = [p for p in trace if p["T"] == t2]
+    final = after[-1].get("threshold") if after else None
+    settled = next((p["t"] - after[0]["t"] for p in after if p.get("threshold") == final), None)
+    return {"temperatures": [t1, t2], "c": args.step_level, "trace": trace,
+            "settled_after_step_s": settled, "final_threshold": final}  # fmt: skip
+
+
+def start_router(engine_port: int, router_port: int, out: Path) -> subprocess.Popen[bytes]:
+    config, _ = operator_defaults()
+    config["backends"] = [f"http://127.0.0.1:{engine_port}"]
+    config["engineApiKey"] = verify.KEY
+    path = out / "router.yaml"
+    path.write_text(json.dumps(config))  # JSON is YAML
+    code = (
+        "import argparse, sys; from specgate_router import main as m; "
+        "p = argparse.ArgumentParser(); m.add_arguments(p); "
+        "sys.exit(m.run(p.parse_args(sys.argv[1:])))"
+    )
+    log = open(out / "router.log", "wb")  # noqa: SIM115 (the router process writes it)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "--config",
+            str(path),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(router_port),
+            "--no-access-log",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{router_port}/readyz", timeout=2):
+                return proc
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError(f"router exited with {proc.returncode}") from None
+            time.sleep(0.5)
+    raise RuntimeError("router not ready after 60 s")
+
+
+def report(results: dict[str, Any]) -> str:
+    lines = [
+        f"T = {results['temperature']} (accept length {results['predicted_accept_length']} "
+        "by construction): routed / max(plain, EAGLE-3), medians over windows",
+        "",
+        "| c | from | plain | EAGLE-3 | routed | ratio | routed windows | threshold |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for cell in results["cells"]:
+        thresholds = sorted({str(v.get("threshold")) for v in cell["routed"]["pods"]})
+        lines.append(
+            f"| {cell['c']} | {cell['routed']['from']} | {cell['plain_median']:.0f} | "
+            f"{cell['eagle3_median']:.0f} | {cell['routed_median']:.0f} | "
+            f"**{cell['ratio']:.3f}** | {min(cell['routed']['tok_s']):.0f}-"
+            f"{max(cell['routed']['tok_s']):.0f} | {', '.join(thresholds)} |"
+        )
+    step = results.get("step")
+    if step:
+        lines += [
+            "",
+            f"Acceptance step at c = {step['c']}, T {step['temperatures'][0]} -> "
+            f"{step['temperatures'][1]}: threshold {step['final_threshold']} "
+            f"{step['settled_after_step_s']} s after the step.",
+        ]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="hold-grid-results")
+    parser.add_argument("--temperature", type=float, default=0.8)
+    parser.add_argument("--c", type=float, default=12.0, help="synthetic pair: the repeat logit")
+    parser.add_argument("--levels", default="64,16,1,4")
+    parser.add_argument("--first-from", type=int, default=16)
+    parser.add_argument("--pre", type=float, default=20.0)
+    parser.add_argument("--hold", type=float, default=60.0)
+    parser.add_argument("--measure", type=float, default=30.0)
+    parser.add_argument("--window", type=float, default=5.0)
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--static-windows", type=int, default=2)
+    parser.add_argument("--step", default="", help="T1,T2: an acceptance step after the grid")
+    parser.add_argument("--step-level", type=int, default=16)
+    parser.add_argument("--deadline", type=float, default=570.0, help="no new cell after this")
+    parser.add_argument("--mem-fraction", type=float, default=0.25)
+    parser.add_argument("--port-base", type=int, default=32400)
+    parser.add_argument("--report", type=Path, help="print the table of a results file")
+    args = parser.parse_args()
+    if args.report:
+        print(report(json.loads(args.report.read_text())))
+        return 0
+    started = time.monotonic()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    models = Path("/tmp/specgate-models-synthetic")
+    write_synthetic_pair(models, args.c)
+    common = verify.server_flags(
+        models / "target",
+        mem_fraction=args.mem_fraction,
+        max_running=128,
+        max_graph_batch=128,
+        dummy_weights=False,
+        sleep_on_idle=True,
+    )
+    eagle = [*verify.EAGLE, "--speculative-draft-model-path", str(models / "draft")]
+    _, control_flags = operator_defaults()
+    upstream = os.environ.get("SPECGATE_UPSTREAM_SITE")
+    servers: dict[str, tuple[list[str], dict[str, str]]] = {
+        "plain": (common, {"PYTHONPATH": upstream} if upstream else {}),
+        "eagle3": ([*common, *eagle], {"PYTHONPATH": upstream} if upstream else {}),
+        "routed": ([*common, *eagle, *control_flags], {}),
+    }
+    ports = {name: args.port_base + i for i, name in enumerate(servers)}
+    router_port = args.port_base + ROUTER_PORT_OFFSET
+    results: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d"),
+        "temperature": args.temperature,
+        "predicted_accept_length": round(acceptance(args.c, args.temperature, 3)[1], 2),
+        "engine_control_flags": control_flags,
+        "router_control": operator_defaults()[0]["control"],
+        "cells": [],
+    }
+    path = out / "hold-grid.json"
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for name, (flags, env) in servers.items():
+            procs.append(verify.start(name, flags, ports[name], out, env))
+            verify.wait_for_log(out / f"{name}.log", verify.MEMORY_SIZED, procs[-1])
+        for (name, _), proc in zip(servers.items(), procs, strict=True):
+            results[f"startup_seconds_{name}"] = round(verify.wait_healthy(ports[name], proc), 1)
+        procs.append(start_router(ports["routed"], router_port, out))
+        verify.log(f"servers and router up after {time.monotonic() - started:.0f} s")
+        before = args.first_from
+        for c in (int(x) for x in args.levels.split(",")):
+            if time.monotonic() - started > args.deadline:
+                break
+            routed = routed_cell(router_port, c, before, args.temperature, args)
+            plain = static_cell(ports["plain"], c, args.temperature, args)
+            eagle3 = static_cell(ports["eagle3"], c, args.temperature, args)
+            cell = {
+                "c": c,
+                "routed": routed,
+                "plain": plain,
+                "eagle3": eagle3,
+                "routed_median": statistics.median(routed["tok_s"]),
+                "plain_median": statistics.median(plain),
+                "eagle3_median": statistics.median(eagle3),
+            }
+            cell["ratio"] = round(
+                cell["routed_median"] / max(cell["plain_median"], cell["eagle3_median"]), 3
+            )
+            results["cells"].append(cell)
+            path.write_text(json.dumps(results, indent=1))
+            verify.log(f"c={c}: ratio {cell['ratio']} threshold {routed['pods'][-1]}")
+            before = c
+        if args.step and time.monotonic() - started + 2 * args.hold < args.deadline + 30:
+            results["step"] = acceptance_step(router_port, args)
+    except Exception as exc:  # keep what was measured
+        results["error"] = f"{type(exc).__name__}: {exc}"
+        verify.log(results["error"])
+    finally:
+        path.write_text(json.dumps(results, indent=1))
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    if results["cells"]:
+        print(report(results))
+    return 1 if "error" in results else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
