@@ -230,9 +230,12 @@ async def test_the_router_discovers_leads_and_publishes_with_its_own_service_acc
     cluster: ControlPlane, operator: LocalOperator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two router replicas, in process, with a token of the router ServiceAccount the operator
-    made (so with the Role it made): they elect one leader through the Lease, hand over when
-    the leader stops, and the leader publishes the pods to the resource's status. May the
-    router's account follow EndpointSlices? The API server says."""
+    made (so with the Role it made): they follow the engine Service's EndpointSlices as its
+    pod turns ready, unready and ready again and its slice goes; they elect one leader
+    through the Lease, hand over when the leader stops, and the leader publishes the pods to
+    the resource's status. The slice points at a simulated pod on this machine's own address
+    (the API server refuses loopback addresses in EndpointSlices; the kernel delivers traffic
+    to the machine's own address locally)."""
     import asyncio
 
     from specgate_router.settings import RouterSettings
@@ -248,13 +251,14 @@ async def test_the_router_discovers_leads_and_publishes_with_its_own_service_acc
     token = cluster.kubectl("create", "token", "routed-router", "--duration=1h").stdout.strip()
     monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig_for(token, "router")))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    port = free_ports(1)[0]
+    address = _own_address()
+    port = free_ports(1, address)[0]
     settings = RouterSettings.model_validate(
         {
             "model": "m",
-            # Static backends: the API server refuses loopback addresses in EndpointSlices, and
-            # the simulated pod listens on loopback (discovery runs against the emulator).
-            "backends": [f"http://127.0.0.1:{port}"],
+            "discovery": {
+                "kubernetes": {"namespace": "default", "service": "routed-engine", "port": port}
+            },
             "control": {"scrapeIntervalSeconds": 0.2},
             "leaderElection": {
                 "leaseName": "routed-router-leader",
@@ -266,8 +270,17 @@ async def test_the_router_discovers_leads_and_publishes_with_its_own_service_acc
         }
     )
     pods = SimCluster(
-        profiles.load("rtx-pro-6000-x8"), 1, base_port=port, settings=PodSettings(model="m")
+        profiles.load("rtx-pro-6000-x8"),
+        1,
+        base_port=port,
+        host=address,
+        settings=PodSettings(model="m"),
     )
+    url = f"http://{address}:{port}"
+
+    def endpoint_slice(ready: bool) -> None:
+        cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(
+            _endpoint_slice("routed-engine", "routed-engine-0", address, port, ready)))  # fmt: skip
 
     async def until(check: Any, what: str, seconds: float = 30.0) -> None:
         deadline = asyncio.get_running_loop().time() + seconds
@@ -281,6 +294,17 @@ async def test_the_router_discovers_leads_and_publishes_with_its_own_service_acc
             await state.start()
         try:
             await until(lambda: all(r.kube is not None for r in replicas), "connected")
+
+            # Discovery: the pod comes, goes unready, comes back, and its slice goes.
+            def backends(state: RouterState) -> set[str]:
+                return {p.url for p in state.pods.values() if not p.draining}
+
+            endpoint_slice(ready=True)
+            await until(lambda: all(backends(r) == {url} for r in replicas), "ready pod followed")
+            endpoint_slice(ready=False)
+            await until(lambda: all(backends(r) == set() for r in replicas), "unready pod dropped")
+            endpoint_slice(ready=True)
+            await until(lambda: all(backends(r) == {url} for r in replicas), "the pod back")
             await until(lambda: sum(r.is_leader for r in replicas) == 1, "one leader")
             await asyncio.sleep(1.5)  # renewals: still one
             leaders = [r for r in replicas if r.is_leader]
@@ -297,6 +321,8 @@ async def test_the_router_discovers_leads_and_publishes_with_its_own_service_acc
             started = asyncio.get_running_loop().time()
             await until(lambda: follower.is_leader, "takeover", seconds=15)
             assert asyncio.get_running_loop().time() - started < 3 + 2  # lease + a renewal
+            cluster.kubectl("delete", "endpointslice", "routed-engine-sim")
+            await until(lambda: not follower.pods, "the deleted slice's pod dropped")
         finally:
             for state in replicas:
                 await state.stop()
@@ -309,6 +335,48 @@ async def test_the_router_discovers_leads_and_publishes_with_its_own_service_acc
     lease = _get(cluster, "lease", "routed-router-leader")
     assert lease is not None and lease["spec"]["holderIdentity"] == follower.identity
     cluster.kubectl("delete", "sdd", "routed", "--wait=false")
+
+
+def _own_address() -> str:
+    """This machine's address on its default route, found without sending a packet (a UDP
+    socket's connect only picks the route). Loopback will not do: the API server refuses it
+    in an EndpointSlice."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("203.0.113.1", 9))  # TEST-NET-3: routed, never reached
+            address = str(probe.getsockname()[0])
+        except OSError as exc:
+            raise AssertionError(f"no non-loopback IPv4 address for the slice: {exc}") from exc
+    assert not address.startswith("127."), f"only a loopback address: {address}"
+    return address
+
+
+def _endpoint_slice(service: str, pod: str, address: str, port: int, ready: bool) -> dict[str, Any]:
+    """A slice as the EndpointSlice controller would write for one pod of `service` (managed
+    by the tests, so the controller leaves it alone)."""
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": f"{service}-sim",
+            "namespace": "default",
+            "labels": {
+                "kubernetes.io/service-name": service,
+                "endpointslice.kubernetes.io/managed-by": "specgate-tests",
+            },
+        },
+        "addressType": "IPv4",
+        "endpoints": [
+            {
+                "addresses": [address],
+                "conditions": {"ready": ready},
+                "targetRef": {"kind": "Pod", "name": pod, "namespace": "default"},
+            }
+        ],
+        "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
+    }
 
 
 def test_helm_upgrade_then_uninstall_leaves_only_the_documented_crd(
