@@ -5,13 +5,19 @@ built from their Go modules by scripts/build-control-plane.sh (run by `make test
 The API server authorizes with RBAC and signs service-account tokens with a key generated at
 start; it serves HTTPS with a certificate it generates itself. The admin authenticates with a
 static token in the group system:masters. The controller manager runs the garbage collector,
-the Deployment, ReplicaSet, EndpointSlice, ServiceAccount and namespace controllers. No
-kubelet runs: pods are created and stay Pending.
+the Deployment, ReplicaSet, EndpointSlice, ServiceAccount and namespace controllers.
+
+No kubelet or scheduler runs. `FakeKubelet` stands in for both, as kwok does (not served by
+the Go module proxy here): it registers one Ready node, binds every pending pod to it, reports
+the pod Running and Ready with this machine's own address as its IP (loopback is refused in
+EndpointSlices), and completes deletions. Nothing runs in the pods: a test that needs an engine
+behind a pod's IP starts a simulated one on that address itself.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -19,11 +25,13 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S_VERSION = os.environ.get("K8S_VERSION", "1.34.4")
@@ -145,6 +153,114 @@ def _wait_ready(server: str, token: str, deadline: float, logs: Path) -> None:
     )
 
 
+def own_address() -> str:
+    """This machine's IPv4 address on its default route, found without sending a packet (a
+    UDP socket's connect only picks the route). Traffic to it stays on the machine."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("203.0.113.1", 9))  # TEST-NET-3: routed, never reached
+            address = str(probe.getsockname()[0])
+        except OSError as exc:
+            raise ControlPlaneError(f"no non-loopback IPv4 address: {exc}") from exc
+    if address.startswith("127."):
+        raise ControlPlaneError(f"only a loopback address ({address}): pods need another")
+    return address
+
+
+class FakeKubelet:
+    """One node's kubelet and the scheduler, as far as the API server can tell (see the
+    module docstring), on a thread of its own; `stop` ends it."""
+
+    NODE = "fake-node-0"
+
+    def __init__(self, server: str, token: str, address: str, interval: float = 0.5) -> None:
+        self.server, self.address, self.interval = server, address, interval
+        self._headers = {"Authorization": f"Bearer {token}"}
+        self._context = ssl._create_unverified_context()  # the server's self-signed certificate
+        self._stop = threading.Event()
+        self.errors: list[str] = []
+        self._thread = threading.Thread(target=self._run, name="fake-kubelet", daemon=True)
+
+    def start(self) -> None:
+        self._register_node()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _call(self, method: str, path: str, body: object = None,
+              content_type: str = "application/json") -> Any:  # fmt: skip
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            self.server + path,
+            data=data,
+            method=method,
+            headers={**self._headers, "Content-Type": content_type},
+        )
+        with urllib.request.urlopen(request, context=self._context, timeout=10) as resp:
+            return json.loads(resp.read() or b"null")
+
+    def _register_node(self) -> None:
+        self._call("POST", "/api/v1/nodes", {
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": self.NODE, "labels": {"kubernetes.io/hostname": self.NODE}},
+        })  # fmt: skip
+        self._call("PATCH", f"/api/v1/nodes/{self.NODE}/status", {"status": {
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                            "message": "fake kubelet"}],
+            "addresses": [{"type": "InternalIP", "address": self.address}],
+            "capacity": {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": "8"},
+            "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110",
+                            "nvidia.com/gpu": "8"},
+        }}, "application/merge-patch+json")  # fmt: skip
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.sync()
+            except (OSError, ValueError) as exc:  # the server is going away, or a race
+                self.errors.append(str(exc))
+
+    def sync(self) -> None:
+        """One pass: bind, start and delete what a scheduler and kubelet would."""
+        listed = self._call("GET", "/api/v1/pods")
+        for pod in listed["items"]:
+            meta, spec = pod["metadata"], pod["spec"]
+            where = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
+            if meta.get("deletionTimestamp"):
+                self._call("DELETE", where, {"gracePeriodSeconds": 0})
+            elif not spec.get("nodeName"):
+                self._call("POST", where + "/binding", {
+                    "apiVersion": "v1", "kind": "Binding",
+                    "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+                    "target": {"apiVersion": "v1", "kind": "Node", "name": self.NODE},
+                })  # fmt: skip
+            elif (pod.get("status") or {}).get("phase") != "Running":
+                self._call("PATCH", where + "/status", self._running(spec),
+                           "application/merge-patch+json")  # fmt: skip
+
+    def _running(self, spec: dict[str, Any]) -> dict[str, Any]:
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        containers: list[dict[str, Any]] = spec.get("containers") or []
+        return {"status": {
+            "phase": "Running",
+            "hostIP": self.address,
+            "podIP": self.address,
+            "podIPs": [{"ip": self.address}],
+            "startTime": now,
+            "conditions": [
+                {"type": t, "status": "True", "lastTransitionTime": now}
+                for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+            ],
+            "containerStatuses": [
+                {"name": c["name"], "image": c["image"], "imageID": "", "ready": True,
+                 "started": True, "restartCount": 0, "state": {"running": {"startedAt": now}}}
+                for c in containers
+            ],
+        }}  # fmt: skip
+
+
 @contextlib.contextmanager
 def running(folder: Path) -> Iterator[ControlPlane]:
     """etcd, kube-apiserver and kube-controller-manager on loopback, stopped on exit."""
@@ -216,7 +332,12 @@ def running(folder: Path) -> Iterator[ControlPlane]:
         ):
             if proc.poll() is not None:
                 raise ControlPlaneError(f"{name} exited: \n" + _tail(folder / f"{name}.log"))
-        yield ControlPlane(server, token, kubeconfig, folder)
+        kubelet = FakeKubelet(server, token, own_address())
+        kubelet.start()
+        try:
+            yield ControlPlane(server, token, kubeconfig, folder)
+        finally:
+            kubelet.stop()
     finally:
         for proc in reversed(procs):
             proc.terminate()

@@ -20,7 +20,7 @@ import yaml
 
 from . import control_plane
 from .conftest import EXAMPLES, ROOT
-from .control_plane import ControlPlane
+from .control_plane import ControlPlane, own_address
 
 pytestmark = pytest.mark.integration
 CHART = ROOT / "charts" / "specgate"
@@ -188,9 +188,16 @@ def test_the_operator_reconciles_with_the_charts_rights_and_children_go_with_the
     )["status"]
     assert status["observedGeneration"] == 1
     assert {c["type"] for c in status["conditions"]} >= {"Ready", "Progressing", "Degraded"}
-    # The ReplicaSet controller acted on the engine Deployment (no kubelet: pods stay Pending).
-    _wait(lambda: (_get(cluster, "replicasets", "-l", "app.kubernetes.io/instance=demo") or {})
-          .get("items"), "ReplicaSets")  # fmt: skip
+
+    # The ReplicaSet controller made the pods, the fake kubelet started them, and the operator
+    # saw its Deployments become available.
+    def condition(kind: str) -> dict[str, Any]:
+        conditions = (_get(cluster, "sdd", "demo") or {}).get("status", {}).get("conditions", [])
+        return next((c for c in conditions if c["type"] == kind), {})
+
+    _wait(lambda: condition("Ready").get("status") == "True", "Ready", 90)
+    assert condition("Ready")["reason"] == "AllReplicasReady", condition("Ready")
+    assert condition("Progressing").get("reason") == "RolloutComplete", condition("Progressing")
 
     # A spec change rolls the engine Deployment and moves observedGeneration.
     before = _get(cluster, "deployment", "demo-engine")["metadata"]["generation"]  # type: ignore[index]
@@ -230,12 +237,12 @@ async def test_the_router_discovers_leads_and_publishes_with_its_own_service_acc
     cluster: ControlPlane, operator: LocalOperator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two router replicas, in process, with a token of the router ServiceAccount the operator
-    made (so with the Role it made): they follow the engine Service's EndpointSlices as its
-    pod turns ready, unready and ready again and its slice goes; they elect one leader
+    made (so with the Role it made). They follow the engine pods through the whole chain: the
+    operator's Deployment, its pods (started by the fake kubelet at this machine's address,
+    where a simulated engine listens on the resource's engine port), the EndpointSlice
+    controller's slices, as pods are added, turn unready and go. They elect one leader
     through the Lease, hand over when the leader stops, and the leader publishes the pods to
-    the resource's status. The slice points at a simulated pod on this machine's own address
-    (the API server refuses loopback addresses in EndpointSlices; the kernel delivers traffic
-    to the machine's own address locally)."""
+    the resource's status."""
     import asyncio
 
     from specgate_router.settings import RouterSettings
@@ -244,15 +251,17 @@ async def test_the_router_discovers_leads_and_publishes_with_its_own_service_acc
     from specgate_sim.cluster import SimCluster, free_ports
     from specgate_sim.pod import PodSettings
 
+    address = own_address()
+    port = free_ports(1, address)[0]
     doc = _example()
     doc["metadata"] = {"name": "routed", "namespace": "default"}
+    doc["spec"]["engine"]["port"] = port
+    doc["spec"]["replicas"] = 1
     cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(doc))
     _wait(lambda: _get(cluster, "role", "routed-router"), "the router's Role")
     token = cluster.kubectl("create", "token", "routed-router", "--duration=1h").stdout.strip()
     monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig_for(token, "router")))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    address = _own_address()
-    port = free_ports(1, address)[0]
     settings = RouterSettings.model_validate(
         {
             "model": "m",
@@ -269,18 +278,33 @@ async def test_the_router_discovers_leads_and_publishes_with_its_own_service_acc
             "statusTarget": {"namespace": "default", "name": "routed", "intervalSeconds": 1},
         }
     )
-    pods = SimCluster(
+    engine = SimCluster(
         profiles.load("rtx-pro-6000-x8"),
         1,
         base_port=port,
         host=address,
         settings=PodSettings(model="m"),
     )
-    url = f"http://{address}:{port}"
+    selector = "app.kubernetes.io/instance=routed,app.kubernetes.io/component=engine"
 
-    def endpoint_slice(ready: bool) -> None:
-        cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(
-            _endpoint_slice("routed-engine", "routed-engine-0", address, port, ready)))  # fmt: skip
+    def ready_engine_pods() -> set[str]:
+        listed = _get(cluster, "pods", "-l", selector) or {"items": []}
+        return {
+            p["metadata"]["name"]
+            for p in listed["items"]
+            if not p["metadata"].get("deletionTimestamp")
+            and any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in (p.get("status") or {}).get("conditions") or []
+            )
+        }
+
+    def routed_pods(state: RouterState) -> set[str]:
+        return {name for name, pod in state.pods.items() if not pod.draining}
+
+    def scale(replicas: int) -> None:
+        cluster.kubectl("patch", "sdd", "routed", "--type=merge",
+                        "-p", json.dumps({"spec": {"replicas": replicas}}))  # fmt: skip
 
     async def until(check: Any, what: str, seconds: float = 30.0) -> None:
         deadline = asyncio.get_running_loop().time() + seconds
@@ -289,22 +313,31 @@ async def test_the_router_discovers_leads_and_publishes_with_its_own_service_acc
             await asyncio.sleep(0.2)
 
     replicas = [RouterState(settings, identity=name) for name in ("replica-a", "replica-b")]
-    async with pods:
+
+    async def following(what: str, count: int) -> None:
+        def agree() -> bool:
+            ready = ready_engine_pods()
+            return len(ready) == count and all(routed_pods(r) == ready for r in replicas)
+
+        await until(agree, what, seconds=45)
+
+    async with engine:
         for state in replicas:
             await state.start()
         try:
             await until(lambda: all(r.kube is not None for r in replicas), "connected")
-
-            # Discovery: the pod comes, goes unready, comes back, and its slice goes.
-            def backends(state: RouterState) -> set[str]:
-                return {p.url for p in state.pods.values() if not p.draining}
-
-            endpoint_slice(ready=True)
-            await until(lambda: all(backends(r) == {url} for r in replicas), "ready pod followed")
-            endpoint_slice(ready=False)
-            await until(lambda: all(backends(r) == set() for r in replicas), "unready pod dropped")
-            endpoint_slice(ready=True)
-            await until(lambda: all(backends(r) == {url} for r in replicas), "the pod back")
+            await following("the first engine pod", 1)
+            scale(2)
+            await following("a second engine pod", 2)
+            unready = sorted(ready_engine_pods())[0]
+            cluster.kubectl("patch", "pod", unready, "--subresource=status", "--type=merge",
+                            "-p", json.dumps({"status": {"conditions": [
+                                {"type": "Ready", "status": "False"}]}}))  # fmt: skip
+            await following("one pod unready", 1)
+            scale(1)
+            await until(lambda: len((_get(cluster, "pods", "-l", selector) or {"items": []})
+                                    ["items"]) == 1, "scaled down", seconds=45)  # fmt: skip
+            await following("back to one pod", 1)
             await until(lambda: sum(r.is_leader for r in replicas) == 1, "one leader")
             await asyncio.sleep(1.5)  # renewals: still one
             leaders = [r for r in replicas if r.is_leader]
@@ -321,8 +354,6 @@ async def test_the_router_discovers_leads_and_publishes_with_its_own_service_acc
             started = asyncio.get_running_loop().time()
             await until(lambda: follower.is_leader, "takeover", seconds=15)
             assert asyncio.get_running_loop().time() - started < 3 + 2  # lease + a renewal
-            cluster.kubectl("delete", "endpointslice", "routed-engine-sim")
-            await until(lambda: not follower.pods, "the deleted slice's pod dropped")
         finally:
             for state in replicas:
                 await state.stop()
@@ -335,48 +366,6 @@ async def test_the_router_discovers_leads_and_publishes_with_its_own_service_acc
     lease = _get(cluster, "lease", "routed-router-leader")
     assert lease is not None and lease["spec"]["holderIdentity"] == follower.identity
     cluster.kubectl("delete", "sdd", "routed", "--wait=false")
-
-
-def _own_address() -> str:
-    """This machine's address on its default route, found without sending a packet (a UDP
-    socket's connect only picks the route). Loopback will not do: the API server refuses it
-    in an EndpointSlice."""
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            probe.connect(("203.0.113.1", 9))  # TEST-NET-3: routed, never reached
-            address = str(probe.getsockname()[0])
-        except OSError as exc:
-            raise AssertionError(f"no non-loopback IPv4 address for the slice: {exc}") from exc
-    assert not address.startswith("127."), f"only a loopback address: {address}"
-    return address
-
-
-def _endpoint_slice(service: str, pod: str, address: str, port: int, ready: bool) -> dict[str, Any]:
-    """A slice as the EndpointSlice controller would write for one pod of `service` (managed
-    by the tests, so the controller leaves it alone)."""
-    return {
-        "apiVersion": "discovery.k8s.io/v1",
-        "kind": "EndpointSlice",
-        "metadata": {
-            "name": f"{service}-sim",
-            "namespace": "default",
-            "labels": {
-                "kubernetes.io/service-name": service,
-                "endpointslice.kubernetes.io/managed-by": "specgate-tests",
-            },
-        },
-        "addressType": "IPv4",
-        "endpoints": [
-            {
-                "addresses": [address],
-                "conditions": {"ready": ready},
-                "targetRef": {"kind": "Pod", "name": pod, "namespace": "default"},
-            }
-        ],
-        "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
-    }
 
 
 def test_helm_upgrade_then_uninstall_leaves_only_the_documented_crd(
