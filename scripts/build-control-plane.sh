@@ -4,7 +4,10 @@
 #  - kube-apiserver and kube-controller-manager from k8s.io/kubernetes, its k8s.io/* staging
 #    modules pinned with `replace` to the matching v0.x.y releases (the documented way to
 #    depend on k8s.io/kubernetes);
-#  - etcd from go.etcd.io/etcd/server/v3 (etcdmain, a few lines of main).
+#  - etcd from go.etcd.io/etcd/server/v3 (etcdmain, a few lines of main);
+#  - the Gateway API's standard CRDs (sigs.k8s.io/gateway-api) and the Inference Extension's
+#    InferencePool CRD (sigs.k8s.io/gateway-api-inference-extension), from their modules'
+#    config folders, into $OUT/crds (seconds).
 # Cold on 2 cores: about 7 min for kube-apiserver, 3 for kube-controller-manager (sharing its
 # build cache), 2 for etcd; warm: nothing to do.
 set -euo pipefail
@@ -17,7 +20,20 @@ cluster-bootstrap code-generator component-base component-helpers controller-man
 cri-client csi-translation-lib dynamic-resource-allocation endpointslice externaljwt kms
 kube-aggregator kube-controller-manager kube-proxy kube-scheduler kubectl kubelet metrics
 mount-utils pod-security-admission sample-apiserver sample-cli-plugin sample-controller"
+GATEWAY_API=${GATEWAY_API_VERSION:-1.4.1}
+INFERENCE_EXTENSION=${INFERENCE_EXTENSION_VERSION:-1.1.0}
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod
+CRDS=$OUT/crds/gateway-api-$GATEWAY_API-inference-extension-$INFERENCE_EXTENSION
+if [ ! -f "$CRDS/.complete" ]; then
+  mkdir -p "$CRDS"
+  module_dir() { go mod download -json "$1" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p'; }
+  gw=$(module_dir "sigs.k8s.io/gateway-api@v$GATEWAY_API")
+  ie=$(module_dir "sigs.k8s.io/gateway-api-inference-extension@v$INFERENCE_EXTENSION")
+  cp "$gw"/config/crd/standard/*.yaml "$CRDS/"
+  cp "$ie/config/crd/bases/inference.networking.k8s.io_inferencepools.yaml" "$CRDS/"
+  chmod u+w "$CRDS"/*.yaml
+  touch "$CRDS/.complete"
+fi
 if [ -x "$OUT/kube-apiserver" ] && [ -x "$OUT/kube-controller-manager" ] && [ -x "$OUT/etcd" ]; then
   echo "control plane ready in $OUT"
   exit 0

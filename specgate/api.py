@@ -421,6 +421,35 @@ class RouterTimeouts(_Model):
     event and `data: [DONE]`."""
 
 
+HOSTNAME_PATTERN = r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+"""A Gateway API hostname: a lower-case DNS name, optionally with a leading `*.` wildcard."""
+
+
+class GatewayParentRef(_Model):
+    """A Gateway the route attaches to (Gateway API ParentReference, kind Gateway)."""
+
+    name: str = Field(min_length=1, max_length=253)
+    """Gateway name."""
+    namespace: str | None = Field(default=None, min_length=1, max_length=63)
+    """Gateway namespace; the resource's own when unset (the Gateway must allow routes from
+    it)."""
+    section_name: str | None = Field(default=None, min_length=1, max_length=253)
+    """Listener of the Gateway to attach to; all that allow the route when unset."""
+
+
+class HTTPRouteSpec(_Model):
+    """A Gateway API HTTPRoute (gateway.networking.k8s.io/v1) to the router Service. It routes
+    the OpenAI API paths (`/v1/`) only: the router's `/specgate/` status and sample endpoints
+    and its `/metrics` stay inside the cluster."""
+
+    parent_refs: list[GatewayParentRef] = Field(min_length=1, max_length=16)
+    """Gateways to attach to."""
+    hostnames: list[Annotated[str, Field(max_length=253, pattern=HOSTNAME_PATTERN)]] = Field(
+        default_factory=list, max_length=16
+    )
+    """Host names the route matches; every host the Gateway accepts when empty."""
+
+
 class RouterSpec(_Model):
     """The speculation-aware router in front of the engine pods."""
 
@@ -447,6 +476,9 @@ class RouterSpec(_Model):
     """Router container resources (core/v1 ResourceRequirements)."""
     service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
     """Type of the router's Service."""
+    http_route: HTTPRouteSpec | None = None
+    """Expose the router through a Gateway API Gateway with an HTTPRoute (the Gateway API CRDs
+    must be installed); none when unset."""
 
 
 class SecretKeyRef(_Model):

@@ -38,6 +38,7 @@ _KINDS: dict[tuple[str, str], str] = {
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitors",
+    ("gateway.networking.k8s.io/v1", "HTTPRoute"): "httproutes",
     ("coordination.k8s.io/v1", "Lease"): "leases",
     ("discovery.k8s.io/v1", "EndpointSlice"): "endpointslices",
     ("specgate.io/v1alpha1", "SpecDecodeDeployment"): "specdecodedeployments",

@@ -37,6 +37,16 @@ ROOT = Path(__file__).resolve().parent.parent
 K8S_VERSION = os.environ.get("K8S_VERSION", "1.34.4")
 ETCD_VERSION = os.environ.get("ETCD_VERSION", "3.6.5")
 BINARIES = ROOT / ".tools" / "control-plane" / f"k8s-{K8S_VERSION}-etcd-{ETCD_VERSION}"
+GATEWAY_CRDS = (
+    BINARIES
+    / "crds"
+    / "gateway-api-{}-inference-extension-{}".format(
+        os.environ.get("GATEWAY_API_VERSION", "1.4.1"),
+        os.environ.get("INFERENCE_EXTENSION_VERSION", "1.1.0"),
+    )
+)
+"""The Gateway API's standard CRDs and the Inference Extension's InferencePool CRD, copied from
+their Go modules by scripts/build-control-plane.sh."""
 KUBECTL = ROOT / ".tools" / "bin" / "kubectl"
 HELM = ROOT / ".tools" / "bin" / "helm"
 START_SECONDS = 90.0

@@ -20,7 +20,7 @@ import yaml
 
 from . import control_plane
 from .conftest import EXAMPLES, ROOT
-from .control_plane import ControlPlane, own_address
+from .control_plane import GATEWAY_CRDS, ControlPlane, own_address
 
 pytestmark = pytest.mark.integration
 CHART = ROOT / "charts" / "specgate"
@@ -231,6 +231,48 @@ def test_the_operator_reconciles_with_the_charts_rights_and_children_go_with_the
     cluster.kubectl("delete", "sdd", "demo", "--timeout=60s")
     for kind, name in children:
         _wait(lambda k=kind, n=name: _get(cluster, k, n) is None, f"{kind}/{name} to go", 90)
+
+
+def test_the_gateway_api_accepts_the_route_the_operator_makes_with_the_charts_rights(
+    cluster: ControlPlane, operator: LocalOperator
+) -> None:
+    """The Gateway API's CRDs and the Inference Extension's InferencePool CRD, from their Go
+    modules, installed: the HTTPRoute the operator renders for spec.router.httpRoute passes
+    the API server's own validation of it (schema and CEL rules), is owned by the resource,
+    follows a spec change, and goes with the resource."""
+    crds = sorted(GATEWAY_CRDS.glob("*.yaml"))
+    assert len(crds) >= 7, f"Gateway API CRDs missing in {GATEWAY_CRDS}: run `make tools`"
+    for crd in crds:
+        cluster.kubectl("apply", "--server-side", "-f", str(crd))
+    for name in (
+        "httproutes.gateway.networking.k8s.io",
+        "inferencepools.inference.networking.k8s.io",
+    ):
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+    cluster.forget_discovery()
+    doc = _example()
+    doc["metadata"] = {"name": "gated", "namespace": "default"}
+    doc["spec"]["router"]["httpRoute"] = {
+        "parentRefs": [{"name": "inference-gateway", "sectionName": "http"}],
+        "hostnames": ["llm.example.com"],
+    }
+    cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(doc))
+    uid = _wait(lambda: _get(cluster, "sdd", "gated"), "the resource")["metadata"]["uid"]
+    route = _wait(lambda: _get(cluster, "httproute", "gated-router"), "the HTTPRoute", 60)
+    assert [o["uid"] for o in route["metadata"]["ownerReferences"]] == [uid]
+    assert route["spec"]["rules"][0]["backendRefs"][0]["name"] == "gated-router"
+    assert route["spec"]["hostnames"] == ["llm.example.com"]
+    cluster.kubectl("patch", "sdd", "gated", "--type=merge", "-p", json.dumps(
+        {"spec": {"router": {"httpRoute": {"hostnames": ["chat.example.com"]}}}}))  # fmt: skip
+    _wait(lambda: (_get(cluster, "httproute", "gated-router") or {}).get("spec", {})
+          .get("hostnames") == ["chat.example.com"], "the route to follow the spec")  # fmt: skip
+    # The API server's own checks of a route, the same ones the operator's route passed.
+    bad = {**route, "metadata": {"name": "bad-route", "namespace": "default"}}
+    bad["spec"] = {**route["spec"], "hostnames": ["Not A Hostname"]}
+    refused = cluster.kubectl("apply", "-f", "-", stdin=json.dumps(bad), check=False)
+    assert refused.returncode != 0 and "hostnames" in refused.stderr, refused.stderr
+    cluster.kubectl("delete", "sdd", "gated", "--timeout=60s")
+    _wait(lambda: _get(cluster, "httproute", "gated-router") is None, "the route to go", 90)
 
 
 async def test_the_router_discovers_leads_and_publishes_with_its_own_service_account(

@@ -335,3 +335,54 @@ def test_strict_validation_catches_a_broken_manifest() -> None:
     }
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(bad, KUBERNETES_VERSION, strict=True)
+
+
+def test_an_http_route_exposes_only_the_openai_paths_of_the_router(
+    schema: dict[str, Any],
+) -> None:
+    """With spec.router.httpRoute the operator renders a Gateway API HTTPRoute to the router
+    Service for `/v1/` only (the router's status and sample endpoints stay in the cluster);
+    without it, none."""
+    plain = render.render(_sdd(minimal_resource(), schema))
+    assert not [m for m in plain if m["kind"] == "HTTPRoute"]
+    resource = minimal_resource(
+        router={
+            "port": 8080,
+            "httpRoute": {
+                "parentRefs": [
+                    {"name": "inference", "namespace": "gateways"},
+                    {"name": "edge", "sectionName": "https"},
+                ],
+                "hostnames": ["llm.example.com", "*.llm.example.com"],
+            },
+        }
+    )
+    route = _by_kind(render.render(_sdd(resource, schema)))[("HTTPRoute", "demo-router")]
+    assert route["apiVersion"] == "gateway.networking.k8s.io/v1"
+    assert route["spec"]["parentRefs"] == [
+        {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "inference",
+         "namespace": "gateways"},
+        {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "edge",
+         "sectionName": "https"},
+    ]  # fmt: skip
+    assert route["spec"]["hostnames"] == ["llm.example.com", "*.llm.example.com"]
+    (rule,) = route["spec"]["rules"]
+    assert rule["matches"] == [{"path": {"type": "PathPrefix", "value": "/v1/"}}]
+    assert rule["backendRefs"] == [{"name": "demo-router", "port": 8080}]
+    assert ("gateway.networking.k8s.io/v1", "HTTPRoute", "default", "demo-router") in (
+        render.child_refs("demo", "default")
+    )
+
+
+@pytest.mark.parametrize(
+    "route",
+    [
+        {"parentRefs": []},
+        {"parentRefs": [{"name": "g"}], "hostnames": ["Upper.example.com"]},
+        {"parentRefs": [{"name": "g"}], "hostnames": ["a..b"]},
+        {"hostnames": ["a.example.com"]},
+    ],
+)
+def test_a_malformed_http_route_is_refused(route: dict[str, Any], schema: dict[str, Any]) -> None:
+    with pytest.raises(admission.AdmissionError, match="httpRoute"):
+        admission.admit(minimal_resource(router={"httpRoute": route}), schema)

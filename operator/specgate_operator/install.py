@@ -37,6 +37,7 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     _rule("networking.k8s.io", ["networkpolicies"], _CHILD_VERBS),
     _rule("rbac.authorization.k8s.io", ["roles", "rolebindings"], _CHILD_VERBS),
     _rule("monitoring.coreos.com", ["servicemonitors"], _CHILD_VERBS),
+    _rule("gateway.networking.k8s.io", ["httproutes"], _CHILD_VERBS),
     # RBAC forbids granting what one does not hold: the router's Role needs these.
     _rule("discovery.k8s.io", ["endpointslices"], ["get", "list", "watch"]),
     _rule("coordination.k8s.io", ["leases"], ["get", "create", "patch"]),

@@ -465,6 +465,45 @@ def router_service(sdd: api.SpecDecodeDeployment) -> Manifest:
     }
 
 
+def http_route(sdd: api.SpecDecodeDeployment) -> Manifest | None:
+    """The Gateway API HTTPRoute to the router Service, or None when the spec asks for none.
+    Only the OpenAI API paths are routed (see api.HTTPRouteSpec)."""
+    route = sdd.spec.router.http_route
+    if route is None:
+        return None
+    parents = []
+    for ref in route.parent_refs:
+        parent: dict[str, Any] = {
+            "group": "gateway.networking.k8s.io",
+            "kind": "Gateway",
+            "name": ref.name,
+        }
+        if ref.namespace is not None:
+            parent["namespace"] = ref.namespace
+        if ref.section_name is not None:
+            parent["sectionName"] = ref.section_name
+        parents.append(parent)
+    spec: dict[str, Any] = {
+        "parentRefs": parents,
+        "rules": [
+            {
+                "matches": [{"path": {"type": "PathPrefix", "value": "/v1/"}}],
+                "backendRefs": [
+                    {"name": names(sdd.name)["router"], "port": sdd.spec.router.port}
+                ],
+            }
+        ],
+    }
+    if route.hostnames:
+        spec["hostnames"] = list(route.hostnames)
+    return {
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "HTTPRoute",
+        "metadata": _meta(sdd, names(sdd.name)["router"], "router"),
+        "spec": spec,
+    }
+
+
 def engine_api_key_secret(sdd: api.SpecDecodeDeployment, api_key: str) -> Manifest:
     return {
         "apiVersion": "v1",
@@ -549,6 +588,9 @@ def render(
         router_deployment(sdd, opts),
         router_service(sdd),
     ]
+    route = http_route(sdd)
+    if route is not None:
+        out.append(route)
     if opts.service_monitor:
         out += [service_monitor(sdd, "engine"), service_monitor(sdd, "router")]
     return out
@@ -559,6 +601,7 @@ def child_refs(sdd_name: str, namespace: str) -> list[tuple[str, str, str, str]]
     deletion; independent of the spec so a resource with a broken spec is still cleaned up."""
     n = names(sdd_name)
     return [
+        ("gateway.networking.k8s.io/v1", "HTTPRoute", namespace, n["router"]),
         ("monitoring.coreos.com/v1", "ServiceMonitor", namespace, n["router"]),
         ("monitoring.coreos.com/v1", "ServiceMonitor", namespace, n["engine"]),
         ("v1", "Service", namespace, n["router"]),
