@@ -14,6 +14,7 @@ import uvicorn
 
 from specgate.engine_http import EngineHttp
 from specgate_router.app import create_app
+from specgate_router.http_limits import BoundedHttpToolsProtocol
 from specgate_router.settings import RouterSettings
 from specgate_router.state import RouterState
 from specgate_sim.cluster import free_ports
@@ -43,8 +44,15 @@ async def run_router(
         settings = RouterSettings.model_validate(settings)
     app = create_app(settings, engine_http=engine_http, config_path=config_path, identity="test")
     port = port or free_ports(1)[0]
+    limits = settings.resilience
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=30
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        timeout_graceful_shutdown=30,
+        # As `specgate router` serves (main.run).
+        http=BoundedHttpToolsProtocol.with_limits(limits.max_header_bytes, limits.max_headers),
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())

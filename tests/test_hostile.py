@@ -126,3 +126,52 @@ async def test_a_502_says_when_to_retry_and_names_no_pod() -> None:
     assert resp.status_code in (502, 503), resp.text
     assert "Retry-After" in resp.headers
     assert "127.0.0.1" not in resp.text and str(KEY) not in resp.text
+
+
+async def _raw(port: int, head: bytes, body: bytes = b"") -> bytes:
+    """Send bytes on one connection; everything the router answers until it closes or 2 s."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    chunks: list[bytes] = []
+    try:
+        writer.write(head + body)
+        await writer.drain()
+        while chunk := await asyncio.wait_for(reader.read(65536), 2):
+            chunks.append(chunk)
+    except (ConnectionError, TimeoutError):
+        pass  # the router closed the connection mid-write, or kept it open: what came counts
+    finally:
+        writer.close()
+    return b"".join(chunks)
+
+
+async def test_an_oversized_request_head_gets_431_and_ordinary_ones_pass() -> None:
+    """The router bounds a request's head at the parser (resilience.maxHeaderBytes and
+    maxHeaders): one huge header, or too many, gets 431 and a closed connection before the
+    parser buffers it; normal requests, a big body behind a small head, and two requests on
+    one kept-alive connection are served."""
+    async with run_router(router_settings(["http://127.0.0.1:9"])) as router:
+        get = b"GET /healthz HTTP/1.1\r\nhost: x\r\n"
+        ok = await _raw(router.port, get + b"connection: close\r\n\r\n")
+        assert ok.startswith(b"HTTP/1.1 200"), ok[:200]
+        huge = await _raw(router.port, get + b"x-big: " + b"a" * (1 << 20) + b"\r\n\r\n")
+        assert huge.startswith(b"HTTP/1.1 431"), huge[:200]
+        assert b"maxHeaderBytes" not in huge and b"headers" in huge
+        many = b"".join(b"x-h%d: v\r\n" % i for i in range(150))
+        assert (await _raw(router.port, get + many + b"\r\n")).startswith(b"HTTP/1.1 431")
+        # Just under the bounds: served.
+        fine = b"".join(b"x-h%d: v\r\n" % i for i in range(90))
+        answer = await _raw(router.port, get + fine + b"x-big: " + b"a" * 30_000 + b"\r\n"
+                            b"connection: close\r\n\r\n")  # fmt: skip
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+        # A body is not a head: a 1 MiB body behind a small head reaches the application.
+        body = b'{"model": "m", "messages": [{"role": "user", "content": "' + b"a" * (1 << 20)
+        body += b'"}]}'
+        post = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
+                b"\r\nconnection: close\r\ncontent-length: %d\r\n\r\n" % len(body))  # fmt: skip
+        answer = await _raw(router.port, post, body)
+        assert not answer.startswith(b"HTTP/1.1 431") and answer.startswith(b"HTTP/1.1 "), answer
+        # Two requests on one connection, the second past the first's head bytes in total.
+        first = get + b"x-a: " + b"a" * 40_000 + b"\r\n\r\n"
+        second = get + b"x-b: " + b"b" * 40_000 + b"\r\nconnection: close\r\n\r\n"
+        twice = await _raw(router.port, first + second)
+        assert twice.count(b"HTTP/1.1 200") == 2, twice[:300]

@@ -12,6 +12,7 @@ import uvicorn
 
 from specgate_router import settings as settings_mod
 from specgate_router.app import create_app
+from specgate_router.http_limits import BoundedHttpToolsProtocol
 
 _STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
 
@@ -87,5 +88,8 @@ def run(args: argparse.Namespace) -> int:
         log_level=args.log_level.lower(),
         access_log=False,
         timeout_graceful_shutdown=int(settings.resilience.drain_seconds),
+        http=BoundedHttpToolsProtocol.with_limits(
+            settings.resilience.max_header_bytes, settings.resilience.max_headers
+        ),
     )
     return 0

@@ -104,6 +104,10 @@ class ResilienceSettings(_Model):
     breaker_open_seconds: float = Field(default=5.0, gt=0)
     retry_after_seconds: int = Field(default=1, ge=1)
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    max_header_bytes: int = Field(default=64 * 1024, ge=4096, le=1024 * 1024)
+    """Longest request head (request line and headers); past it, or past `maxHeaders`
+    headers, 431 and the connection closes (http_limits.py)."""
+    max_headers: int = Field(default=100, ge=16, le=1000)
     drain_seconds: float = Field(default=60.0, ge=0)
 
 
