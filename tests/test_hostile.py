@@ -175,3 +175,27 @@ async def test_an_oversized_request_head_gets_431_and_ordinary_ones_pass() -> No
         second = get + b"x-b: " + b"b" * 40_000 + b"\r\nconnection: close\r\n\r\n"
         twice = await _raw(router.port, first + second)
         assert twice.count(b"HTTP/1.1 200") == 2, twice[:300]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/v1/chat/completions", {"custom_logit_processor": "gASV..."}, "custom_logit_processor"),
+        ("/v1/completions", {"prompt": "x", "lora_path": "/etc/passwd"}, "lora_path"),
+        ("/v1/chat/completions", {"bootstrap_host": "10.0.0.1", "rid": "r"}, "bootstrap_host"),
+        ("/v1/chat/completions", {"priority": -100}, "priority"),
+        ("/generate", {"text": "x", "sampling_params": {"custom_params": {}}}, "custom_params"),
+        ("/generate", {"text": "x", "return_hidden_states": True}, "return_hidden_states"),
+    ],
+)
+def test_engine_internal_fields_are_refused_by_name(
+    path: str, body: dict[str, object], field: str
+) -> None:
+    if path.startswith("/v1/chat"):
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **body}
+    with pytest.raises(BadRequest, match=field) as caught:
+        routed.parse(path, json.dumps(body).encode(), {}, SETTINGS)
+    assert caught.value.param == field
+    # What a client may set still passes, cache_salt included.
+    ok = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "cache_salt": "tenant-a"}
+    assert routed.parse("/v1/chat/completions", json.dumps(ok).encode(), {}, SETTINGS).body

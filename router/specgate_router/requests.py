@@ -67,6 +67,29 @@ def classify(
     return settings.default_class
 
 
+ENGINE_ONLY_FIELDS = frozenset(
+    {
+        "custom_logit_processor",  # serialized code the engine would run
+        "custom_params",
+        "lora_path",  # an adapter path on the engine's filesystem
+        "session_id",  # engine-side sessions span requests, and so tenants
+        "session_params",
+        "bootstrap_host",  # disaggregation: where the engine connects
+        "bootstrap_port",
+        "bootstrap_room",
+        "routed_dp_rank",
+        "disagg_prefill_dp_rank",
+        "data_parallel_rank",
+        "rid",  # request ids: another tenant's could be aborted
+        "priority",  # the engine's queue order is the router's to set
+        "return_hidden_states",
+        "return_routed_experts",
+        "custom_labels",  # metric labels: unbounded cardinality
+    }
+)
+"""SGLang request fields a client of the router may not set: each hands a tenant control of
+the engine itself (code, files, connections, other requests, queue order, memory, metrics)."""
+
 MAX_JSON_DEPTH = 64
 """Deeper bodies are refused before parsing: the parser recurses once a level."""
 
@@ -112,6 +135,16 @@ def parse(
         raise BadRequest("request body is nested too deeply") from exc
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
+    params_in = body.get("sampling_params") if kind == "generate" else None
+    engine_only = ENGINE_ONLY_FIELDS & (
+        body.keys() | (params_in.keys() if isinstance(params_in, dict) else set())
+    )
+    if engine_only:
+        field = min(engine_only)
+        raise BadRequest(
+            f"{field} is an engine-internal field the router does not accept; remove it",
+            param=field,
+        )
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise BadRequest(f"stream must be true or false, got {stream!r}", param="stream")
