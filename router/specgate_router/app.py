@@ -12,12 +12,14 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import generate_latest
+from starlette.responses import StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from specgate.engine_http import EngineHttp
 from specgate_router import proxy, requests
+from specgate_router.client_auth import ClientAuth, bearer
 from specgate_router.errors import BadRequest, PayloadTooLarge, RouterError
-from specgate_router.settings import RouterSettings
+from specgate_router.settings import ClientKey, RouterSettings
 from specgate_router.state import RouterState
 
 log = logging.getLogger("specgate.router")
@@ -60,6 +62,8 @@ def create_app(
     """`engine_http` carries everything sent to the engine pods: tests replace it to inject
     failures."""
     state_box: dict[str, RouterState] = {}
+    # Built here, not in the lifespan: a malformed keys file stops the router at start.
+    auth = ClientAuth(settings.client_auth) if settings.client_auth is not None else None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -96,10 +100,17 @@ def create_app(
         state = current()
         if state.draining:
             raise RouterError("router is shutting down") from None
+        client = None
+        if auth is not None:  # before the body is read: a stranger costs no more than this
+            auth.refresh(state.clock())
+            client = auth.ring.identify(bearer(request.headers.get("authorization")))
         raw = await read_body(request, state.settings.resilience.max_body_bytes)
-        routed = requests.parse(request.url.path, raw, request.headers, state.settings)
+        routed = requests.parse(request.url.path, raw, request.headers, state.settings, client)
         rid = request.headers.get("x-request-id") or uuid.uuid4().hex
-        response = await proxy.forward(state, routed, rid)
+        if auth is None or client is None:
+            response = await proxy.forward(state, routed, rid)
+        else:
+            response = await _limited(auth, client, state, routed, rid)
         access_log.info(
             "request done",
             extra={
@@ -110,6 +121,32 @@ def create_app(
                 "status": response.status_code,
             },
         )
+        return response
+
+    async def _limited(
+        auth: ClientAuth, client: ClientKey, state: RouterState, routed: Any, rid: str
+    ) -> Response:
+        """proxy.forward within the key's limits: its slot is held until the answer (a
+        stream's last chunk) has gone."""
+        auth.limits.admit(client, state.clock())
+        try:
+            response = await proxy.forward(state, routed, rid)
+        except BaseException:
+            auth.limits.release(client)
+            raise
+        if isinstance(response, StreamingResponse):
+            chunks = response.body_iterator
+
+            async def released() -> AsyncIterator[Any]:
+                try:
+                    async for chunk in chunks:
+                        yield chunk
+                finally:
+                    auth.limits.release(client)
+
+            response.body_iterator = released()
+        else:
+            auth.limits.release(client)
         return response
 
     app.add_api_route(

@@ -80,7 +80,11 @@ def run(args: argparse.Namespace) -> int:
     except settings_mod.SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    app = create_app(settings, config_path=args.config)
+    try:
+        app = create_app(settings, config_path=args.config)
+    except (OSError, ValueError) as exc:  # the client keys file, say
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     uvicorn.run(
         app,
         host=args.host,

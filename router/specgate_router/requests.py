@@ -14,8 +14,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from specgate_router import client_auth
 from specgate_router.errors import BadRequest, ModelNotFound
-from specgate_router.settings import CLASSES, RouterSettings, TrafficClass
+from specgate_router.settings import CLASSES, ClientKey, RouterSettings, TrafficClass
 
 CLASS_HEADER = "x-specgate-class"
 Kind = Literal["chat", "completion", "generate"]
@@ -44,10 +45,15 @@ def _positive_int(value: Any, field: str) -> int:
 
 
 def classify(
-    headers: Mapping[str, str], max_tokens: int | None, settings: RouterSettings
+    headers: Mapping[str, str],
+    max_tokens: int | None,
+    settings: RouterSettings,
+    client: ClientKey | None = None,
 ) -> TrafficClass:
-    """Header first, then the configured rules (client API key, output length), then default."""
+    """Header first, then the configured rules (client API key, output length), then default;
+    with an authenticated `client`, only within the classes its key may send."""
     given = headers.get(CLASS_HEADER)
+    wanted: TrafficClass | None = None
     if given is not None:
         value = given.strip().lower()
         if value not in CLASSES:
@@ -55,7 +61,17 @@ def classify(
                 f"header {CLASS_HEADER} must be one of {', '.join(CLASSES)}, got {given!r}",
                 param=CLASS_HEADER,
             )
-        return value
+        wanted = "latency" if value == "latency" else "throughput"
+    if client is not None:
+        return client_auth.allowed_class(client, wanted, _by_rules(headers, max_tokens, settings))
+    if wanted is not None:
+        return wanted
+    return _by_rules(headers, max_tokens, settings)
+
+
+def _by_rules(
+    headers: Mapping[str, str], max_tokens: int | None, settings: RouterSettings
+) -> TrafficClass:
     rules = settings.class_rules
     auth = headers.get("authorization", "")
     scheme, _, token = auth.partition(" ")
@@ -120,7 +136,11 @@ def _nesting(raw: bytes) -> int:
 
 
 def parse(
-    path: str, raw: bytes, headers: Mapping[str, str], settings: RouterSettings
+    path: str,
+    raw: bytes,
+    headers: Mapping[str, str],
+    settings: RouterSettings,
+    client: ClientKey | None = None,
 ) -> RoutedRequest:
     kind = PATHS[path]
     # Counting brackets is C-fast; only a body with many walks them.
@@ -189,7 +209,7 @@ def parse(
             # again before it reaches a client that did not ask for it.
             body["stream_options"] = {**options, "include_usage": True}
             rewritten = True
-    traffic_class = classify(headers, max_tokens, settings)
+    traffic_class = classify(headers, max_tokens, settings, client)
     upstream = json.dumps(body).encode() if rewritten else raw
     return RoutedRequest(kind, path, upstream, stream, max_tokens, traffic_class, wants_usage)
 

@@ -86,6 +86,36 @@ class ClassRules(_Model):
     """Requests asking for more output tokens than this are throughput traffic."""
 
 
+class ClientKey(_Model):
+    """One client API key, stored as its SHA-256 (the key itself is never in a file)."""
+
+    name: str = Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    """Who holds the key (logs and errors name it)."""
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    """Hex SHA-256 of the key (`specgate client-key` makes both)."""
+    classes: list[TrafficClass] = Field(default_factory=lambda: list(CLASSES), min_length=1)
+    """Traffic classes the key may send; the class header is honoured within them."""
+    max_concurrent: int | None = Field(default=None, ge=1, le=100_000)
+    """Requests in flight at once; past it, 429."""
+    requests_per_minute: int | None = Field(default=None, ge=1, le=10_000_000)
+    """Sustained request rate (bursts of ten seconds' worth); past it, 429."""
+
+
+class ClientAuthSettings(_Model):
+    """Client authentication: every API request must carry one of these keys."""
+
+    keys_file: str | None = None
+    """A YAML list of keys (a mounted Secret), read again when it changes."""
+    keys: list[ClientKey] = Field(default_factory=list)
+    """Keys given inline (besides the file's)."""
+
+    @model_validator(mode="after")
+    def _some_keys(self) -> ClientAuthSettings:
+        if self.keys_file is None and not self.keys:
+            raise ValueError("clientAuth needs keysFile or keys")
+        return self
+
+
 class ResilienceSettings(_Model):
     connect_timeout_seconds: float = Field(default=2.0, gt=0)
     first_byte_timeout_seconds: float = Field(default=60.0, gt=0)
@@ -135,6 +165,8 @@ class RouterSettings(_Model):
     pools: PoolSettings = Field(default_factory=PoolSettings)
     plugins: api.RouterPlugins = Field(default_factory=api.RouterPlugins)
     class_rules: ClassRules = Field(default_factory=ClassRules)
+    client_auth: ClientAuthSettings | None = None
+    """Require client API keys on the API paths; none required when unset."""
     resilience: ResilienceSettings = Field(default_factory=ResilienceSettings)
     leader_election: LeaderElection | None = None
     status_target: StatusTarget | None = None

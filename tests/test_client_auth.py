@@ -1,0 +1,127 @@
+"""Client API keys at the router: hashed at rest, compared in constant time, classes per key,
+concurrency and rate limits per key, a keys file read again when it changes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+
+from specgate_router import client_auth
+from specgate_router.client_auth import ClientAuth, KeyRing, Limits
+from specgate_router.errors import Forbidden, TooManyRequests, Unauthorized
+from specgate_router.settings import ClientAuthSettings, ClientKey
+
+from .router_harness import run_router
+from .test_router_http import CHAT, chat, router_settings, sims
+
+ALICE, BOB = "sg-alice-key", "sg-bob-key"
+
+
+def _key(name: str, key: str, **limits: object) -> ClientKey:
+    return ClientKey.model_validate({"name": name, "sha256": client_auth.hash_key(key), **limits})
+
+
+def test_a_key_is_found_by_its_hash_and_strangers_are_refused() -> None:
+    ring = KeyRing([_key("alice", ALICE), _key("bob", BOB, classes=["throughput"])])
+    assert ring.identify(ALICE).name == "alice" and ring.identify(BOB).name == "bob"
+    for presented in (None, "", "sg-alice", ALICE + " ", client_auth.hash_key(ALICE)):
+        with pytest.raises(Unauthorized):
+            ring.identify(presented or None)
+    assert client_auth.bearer("Bearer  " + ALICE) == ALICE
+    assert client_auth.bearer("Basic " + ALICE) is None and client_auth.bearer(None) is None
+    with pytest.raises(ValueError, match="unique"):
+        KeyRing([_key("alice", ALICE), _key("alice", BOB)])
+    fresh = client_auth.new_key()
+    assert fresh.startswith(client_auth.KEY_PREFIX) and len(fresh) > 40
+    assert fresh != client_auth.new_key()
+
+
+def test_the_class_header_is_honoured_only_within_the_keys_classes() -> None:
+    bob = _key("bob", BOB, classes=["throughput"])
+    assert client_auth.allowed_class(bob, "throughput", "latency") == "throughput"
+    assert client_auth.allowed_class(bob, None, "latency") == "throughput"
+    with pytest.raises(Forbidden, match="latency"):
+        client_auth.allowed_class(bob, "latency", "latency")
+    alice = _key("alice", ALICE)
+    assert client_auth.allowed_class(alice, None, "latency") == "latency"
+
+
+def test_concurrency_and_rate_limits_answer_429_with_when_to_retry() -> None:
+    limits = Limits()
+    one = _key("one", "k1", maxConcurrent=1)
+    limits.admit(one, 0.0)
+    with pytest.raises(TooManyRequests) as caught:
+        limits.admit(one, 0.0)
+    assert caught.value.headers() == {"Retry-After": "1"}
+    limits.release(one)
+    limits.admit(one, 0.0)
+    limits.release(one)
+    paced = _key("paced", "k2", requestsPerMinute=6)  # one every 10 s, bursts of one
+    limits.admit(paced, 100.0)
+    limits.release(paced)
+    with pytest.raises(TooManyRequests) as caught:
+        limits.admit(paced, 101.0)
+    assert caught.value.retry_after == 9
+    limits.admit(paced, 110.5)
+
+
+def test_a_keys_file_is_read_again_when_it_changes_and_a_broken_one_keeps_the_last(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "keys.yaml"
+    path.write_text(json.dumps([_key("alice", ALICE).model_dump(by_alias=True)]))
+    auth = ClientAuth(ClientAuthSettings(keys_file=str(path)))
+    assert auth.ring.identify(ALICE).name == "alice"
+    path.write_text(json.dumps([_key("bob", BOB).model_dump(by_alias=True)]))
+
+    os.utime(path, (1, 1))
+    auth.refresh(1000.0)
+    assert auth.ring.identify(BOB).name == "bob"
+    with pytest.raises(Unauthorized):
+        auth.ring.identify(ALICE)
+    path.write_text("- {name: x, sha256: nothex}\n")
+    os.utime(path, (2, 2))
+    auth.refresh(2000.0)
+    assert auth.ring.identify(BOB).name == "bob" and "sha256" in (auth.error or "")
+    with pytest.raises(ValueError, match=r"entry 0\.sha256"):
+        client_auth.read_keys_file(str(path))
+
+
+async def test_the_router_requires_a_key_and_applies_its_class_and_limits() -> None:
+    keys = [
+        _key("alice", ALICE).model_dump(by_alias=True),
+        _key("bob", BOB, classes=["throughput"], maxConcurrent=1).model_dump(by_alias=True),
+    ]
+    async with sims(2) as cluster:
+        settings = router_settings(cluster.urls, clientAuth={"keys": keys})
+        async with run_router(settings) as router, httpx.AsyncClient(timeout=30) as client:
+            url = router.url + CHAT
+            anonymous = await client.post(url, json=chat())
+            assert anonymous.status_code == 401
+            assert anonymous.headers["www-authenticate"].startswith("Bearer")
+            assert anonymous.json()["error"]["type"] == "authentication_error"
+            wrong = await client.post(url, json=chat(), headers={"Authorization": "Bearer nope"})
+            assert wrong.status_code == 401
+            ok = await client.post(url, json=chat(), headers={"Authorization": f"Bearer {ALICE}"})
+            assert ok.status_code == 200, ok.text
+            bob = {"Authorization": f"Bearer {BOB}"}
+            refused = await client.post(url, json=chat(), headers={**bob, "x-specgate-class":
+                                                                   "latency"})  # fmt: skip
+            assert refused.status_code == 403 and "throughput" in refused.text
+            # Bob's one slot is held by a stream until its last chunk has gone.
+            async with client.stream("POST", url, json=chat(200, stream=True), headers=bob) as s:
+                assert s.status_code == 200
+                second = await client.post(url, json=chat(), headers=bob)
+                assert second.status_code == 429 and second.headers["retry-after"] == "1"
+                async for _ in s.aiter_bytes():
+                    pass
+            await asyncio.sleep(0.05)
+            third = await client.post(url, json=chat(), headers=bob)
+            assert third.status_code == 200, third.text
+            # Health and metrics stay open: probes and Prometheus carry no client key.
+            assert (await client.get(router.url + "/healthz")).status_code == 200
