@@ -450,6 +450,18 @@ class HTTPRouteSpec(_Model):
     """Host names the route matches; every host the Gateway accepts when empty."""
 
 
+class ClientAuthSpec(_Model):
+    """Client API keys the router requires on its API paths (`/v1/...`, `/generate`)."""
+
+    secret_name: str = Field(min_length=1, max_length=253)
+    """Secret in the resource's namespace holding the keys file: a YAML list of entries with
+    `name`, `sha256` (of the key), `classes` and optional `maxConcurrent` and
+    `requestsPerMinute`; `specgate client-key NAME` makes a key and its entry. Changes reach
+    the routers without a restart."""
+    key: str = Field(default="keys.yaml", min_length=1, max_length=253)
+    """Key in the Secret that holds the file."""
+
+
 class RouterSpec(_Model):
     """The speculation-aware router in front of the engine pods."""
 
@@ -476,6 +488,9 @@ class RouterSpec(_Model):
     """Router container resources (core/v1 ResourceRequirements)."""
     service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
     """Type of the router's Service."""
+    client_auth: ClientAuthSpec | None = None
+    """Require client API keys (hashed at rest, with classes and limits per key); any client
+    that reaches the router may send when unset."""
     http_route: HTTPRouteSpec | None = None
     """Expose the router through a Gateway API Gateway with an HTTPRoute (the Gateway API CRDs
     must be installed); none when unset."""

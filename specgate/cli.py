@@ -137,6 +137,31 @@ def _cmd_router(args: argparse.Namespace) -> int:
     return main.run(args)
 
 
+def _cmd_client_key(args: argparse.Namespace) -> int:
+    import yaml
+    from pydantic import ValidationError
+
+    from specgate_router import client_auth
+    from specgate_router.settings import ClientKey
+
+    key = client_auth.new_key()
+    entry = {"name": args.name, "sha256": client_auth.hash_key(key), "classes": args.classes}
+    if args.max_concurrent is not None:
+        entry["maxConcurrent"] = args.max_concurrent
+    if args.requests_per_minute is not None:
+        entry["requestsPerMinute"] = args.requests_per_minute
+    try:
+        ClientKey.model_validate(entry)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        print(f"error: {'.'.join(map(str, first['loc']))}: {first['msg']}", file=sys.stderr)
+        return 2
+    print(f"# key for {args.name} (shown once; the router keeps only its hash): {key}",
+          file=sys.stderr)  # fmt: skip
+    sys.stdout.write(yaml.safe_dump([entry], sort_keys=False))
+    return 0
+
+
 def _cmd_up(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -260,6 +285,24 @@ def _render_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--service-monitor", action="store_true", help="include ServiceMonitors")
 
 
+def _client_key_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", help="who holds the key (letters, digits, '.', '_', '-')")
+    p.add_argument(
+        "--classes",
+        type=lambda text: [c.strip() for c in text.split(",") if c.strip()],
+        default=["latency", "throughput"],
+        help="traffic classes the key may send, comma-separated (default: both)",
+    )
+    p.add_argument(
+        "--max-concurrent", type=_count_arg("--max-concurrent", 1, 100_000), default=None
+    )
+    p.add_argument(
+        "--requests-per-minute",
+        type=_count_arg("--requests-per-minute", 1, 10_000_000),
+        default=None,
+    )
+
+
 def _install_manifests_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check", metavar="FILE", help="exit 1 if FILE differs from the output")
 
@@ -284,6 +327,11 @@ COMMANDS: dict[str, tuple[str, ArgumentsOf, Command]] = {
         _cmd_install_manifests,
     ),
     "router": ("run the speculation-aware router", _router_arguments, _cmd_router),
+    "client-key": (
+        "make a client API key: the key on stderr, its keys-file entry on stdout",
+        _client_key_arguments,
+        _cmd_client_key,
+    ),
     "sim": ("serve simulated SGLang pods (no GPU needed)", _sim_arguments, _cmd_sim),
     "up": ("engine pods and the router on localhost, until Ctrl-C", _up_arguments, _cmd_up),
     "demo": (

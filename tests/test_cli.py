@@ -137,3 +137,29 @@ def test_up_refuses_bad_arguments_with_one_line(args: list[str], expected: str) 
     result = specgate("up", *args)
     assert result.returncode == 2 and expected in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_client_key_prints_the_key_once_and_an_entry_the_router_accepts(tmp_path: Path) -> None:
+    import yaml
+
+    from specgate_router import client_auth
+
+    done = subprocess.run(
+        [sys.executable, "-m", "specgate.cli", "client-key", "team-a", "--classes",
+         "throughput", "--requests-per-minute", "120"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    key = done.stderr.strip().rsplit(" ", 1)[-1]
+    assert key.startswith(client_auth.KEY_PREFIX) and key not in done.stdout
+    path = tmp_path / "keys.yaml"
+    path.write_text(done.stdout)
+    (entry,) = client_auth.read_keys_file(str(path))
+    assert entry.classes == ["throughput"] and entry.requests_per_minute == 120
+    assert client_auth.KeyRing([entry]).identify(key).name == "team-a"
+    assert yaml.safe_load(done.stdout)[0]["sha256"] == client_auth.hash_key(key)
+    bad = subprocess.run(
+        [sys.executable, "-m", "specgate.cli", "client-key", "team a"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "name" in bad.stderr

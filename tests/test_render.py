@@ -386,3 +386,47 @@ def test_an_http_route_exposes_only_the_openai_paths_of_the_router(
 def test_a_malformed_http_route_is_refused(route: dict[str, Any], schema: dict[str, Any]) -> None:
     with pytest.raises(admission.AdmissionError, match="httpRoute"):
         admission.admit(minimal_resource(router={"httpRoute": route}), schema)
+
+
+def test_client_auth_mounts_the_keys_secret_and_points_the_router_at_it(
+    schema: dict[str, Any], tmp_path: Path
+) -> None:
+    """spec.router.clientAuth: the router pods mount the Secret's keys file (hashes only) and
+    their config names it; the router accepts that config and reads such a file."""
+    import json as json_mod
+
+    import yaml
+
+    from specgate_router import client_auth, settings
+
+    resource = minimal_resource(router={"clientAuth": {"secretName": "demo-client-keys"}})
+    manifests = _by_kind(render.render(_sdd(resource, schema)))
+    pod = manifests[("Deployment", "demo-router")]["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "client-keys"]
+    assert volume["secret"] == {
+        "secretName": "demo-client-keys",
+        "items": [{"key": "keys.yaml", "path": render.CLIENT_KEYS_FILE}],
+    }
+    mounts = pod["containers"][0]["volumeMounts"]
+    assert {"name": "client-keys", "mountPath": render.CLIENT_KEYS_DIR, "readOnly": True} in mounts
+    config = yaml.safe_load(
+        manifests[("ConfigMap", "demo-router")]["data"][render.ROUTER_CONFIG_FILE]
+    )
+    keys_file = config["clientAuth"]["keysFile"]
+    assert keys_file == f"{render.CLIENT_KEYS_DIR}/{render.CLIENT_KEYS_FILE}"
+    # The router takes that config, with the file where the pod would have it.
+    local = tmp_path / "keys.yaml"
+    entry = {"name": "team-a", "sha256": client_auth.hash_key("sg-k"), "classes": ["latency"]}
+    local.write_text(yaml.safe_dump([entry]))
+    config["clientAuth"]["keysFile"] = str(local)
+    config.pop("discovery")
+    config["backends"] = ["http://127.0.0.1:9"]
+    path = tmp_path / "router.yaml"
+    path.write_text(json_mod.dumps(config))
+    auth = client_auth.ClientAuth(settings.load(path).client_auth)  # type: ignore[arg-type]
+    assert auth.ring.identify("sg-k").name == "team-a"
+    # Without clientAuth: no volume, no keys file in the config.
+    plain = _by_kind(render.render(_sdd(minimal_resource(), schema)))
+    assert "clientAuth" not in yaml.safe_load(
+        plain[("ConfigMap", "demo-router")]["data"][render.ROUTER_CONFIG_FILE]
+    )

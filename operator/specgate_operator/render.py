@@ -20,6 +20,8 @@ Manifest = dict[str, Any]
 ENGINE_KEY_ENV = "SPECGATE_ENGINE_API_KEY"
 ROUTER_CONFIG_FILE = "router.yaml"
 ROUTER_CONFIG_DIR = "/etc/specgate"
+CLIENT_KEYS_DIR = "/etc/specgate-client-keys"
+CLIENT_KEYS_FILE = "keys.yaml"
 MANAGED_BY = "specgate-operator"
 LABEL_DEPLOYMENT = "specgate.io/deployment"
 LABEL_COMPONENT = "app.kubernetes.io/component"
@@ -307,6 +309,11 @@ def router_config(sdd: api.SpecDecodeDeployment) -> dict[str, Any]:
             "throughputBatchPerPod": sdd.spec.router.pools.throughput_batch_per_pod,
             "latencyTpotTargetMs": sdd.spec.router.pools.latency_tpot_target_ms,
         },
+        **(
+            {"clientAuth": {"keysFile": f"{CLIENT_KEYS_DIR}/{CLIENT_KEYS_FILE}"}}
+            if sdd.spec.router.client_auth is not None
+            else {}
+        ),
         "leaderElection": {"leaseName": n["lease"], "namespace": sdd.namespace},
         "statusTarget": {"namespace": sdd.namespace, "name": sdd.name},
     }
@@ -418,6 +425,21 @@ def router_deployment(sdd: api.SpecDecodeDeployment, opts: RenderOptions) -> Man
         "volumeMounts": [{"name": "config", "mountPath": ROUTER_CONFIG_DIR, "readOnly": True}],
         "securityContext": restricted_container_security(),
     }
+    volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": n["router"]}}]
+    if router.client_auth is not None:
+        # The keys file (hashes only); the router reads it again when the Secret changes.
+        volumes.append(
+            {
+                "name": "client-keys",
+                "secret": {
+                    "secretName": router.client_auth.secret_name,
+                    "items": [{"key": router.client_auth.key, "path": CLIENT_KEYS_FILE}],
+                },
+            }
+        )
+        container["volumeMounts"].append(  # type: ignore[attr-defined]
+            {"name": "client-keys", "mountPath": CLIENT_KEYS_DIR, "readOnly": True}
+        )
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -441,7 +463,7 @@ def router_deployment(sdd: api.SpecDecodeDeployment, opts: RenderOptions) -> Man
                 "spec": {
                     "serviceAccountName": n["router"],
                     "containers": [container],
-                    "volumes": [{"name": "config", "configMap": {"name": n["router"]}}],
+                    "volumes": volumes,
                     # Long enough for in-flight streams to drain on shutdown.
                     "terminationGracePeriodSeconds": 120,
                     "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
@@ -488,9 +510,7 @@ def http_route(sdd: api.SpecDecodeDeployment) -> Manifest | None:
         "rules": [
             {
                 "matches": [{"path": {"type": "PathPrefix", "value": "/v1/"}}],
-                "backendRefs": [
-                    {"name": names(sdd.name)["router"], "port": sdd.spec.router.port}
-                ],
+                "backendRefs": [{"name": names(sdd.name)["router"], "port": sdd.spec.router.port}],
             }
         ],
     }
