@@ -114,6 +114,16 @@ def _cmd_install_manifests(args: argparse.Namespace) -> int:
 def _cmd_dashboards(args: argparse.Namespace) -> int:
     from specgate import dashboards
 
+    try:
+        written = dashboards.write(Path(args.out))
+    except ModuleNotFoundError as exc:  # the Grafana SDK is a dev extra
+        print(
+            f"error: dashboards needs the dev extras ({exc.name} is missing): "
+            "pip install 'specgate[dev]'",
+            file=sys.stderr,
+        )
+        return 2
+
     for path in dashboards.write(Path(args.out)):
         print(path)
     return 0

@@ -109,6 +109,53 @@ def test_the_image_runs_the_operator_and_router_commands_from_the_wheel_alone(
         assert "usage" in done.stdout.lower()
 
 
+def test_the_package_without_extras_runs_every_command_a_user_or_pod_runs(
+    wheel: Path, tmp_path: Path
+) -> None:
+    """`pip install specgate` (no extras) in a fresh virtual environment: everything render,
+    the operator and the router import is a runtime dependency. The one command that needs
+    the dev extras says so in one line."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    pip = [
+        str(venv / "bin" / "python"),
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--disable-pip-version-check",
+    ]
+    subprocess.run([*pip, str(wheel)], check=True, timeout=600)
+    specgate = str(venv / "bin" / "specgate")
+    example = str(ROOT / "examples" / "tiny-single-gpu.yaml")
+    for command in (
+        ["--help"],
+        ["render", "-f", example],
+        ["crd"],
+        ["install-manifests"],
+        ["client-key", "team-a"],
+        ["operator", "--help"],
+        ["router", "--help"],
+        ["sim", "--help"],
+        ["up", "--help"],
+    ):
+        done = subprocess.run(
+            [specgate, *command], cwd=tmp_path, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, (command, done.stderr[-2000:])
+        assert "Traceback" not in done.stderr, (command, done.stderr[-2000:])
+    rendered = subprocess.run(
+        [specgate, "render", "-f", example], capture_output=True, text=True, timeout=120
+    )
+    assert "kind: Deployment" in rendered.stdout
+    extras = subprocess.run(
+        [specgate, "dashboards", "--out", str(tmp_path / "d")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert extras.returncode != 0 and "Traceback" not in extras.stderr, extras.stderr[-2000:]
+    assert extras.stderr.strip().count("\n") == 0 and "dev" in extras.stderr, extras.stderr
+
+
 def test_the_image_user_is_the_one_its_pods_run_as() -> None:
     (user,) = re.findall(r"^USER (\d+):(\d+)$", DOCKERFILE.read_text(), re.M)
     manifests = list(yaml.safe_load_all((ROOT / "deploy" / "operator.yaml").read_text()))
