@@ -212,3 +212,29 @@ def test_package() -> None:
     with tempfile.TemporaryDirectory() as out:
         run(tool("helm"), "package", str(CHART), "--destination", out)
         assert list(Path(out).glob("specgate-0.1.0.tgz"))
+
+
+def test_pull_secrets_reach_the_pods_the_operator_creates_and_names_can_be_overridden() -> None:
+    """imagePullSecrets go to the operator's pod and, as operator flags, into every engine and
+    router pod it renders; fullnameOverride names the objects; `global` (set by a parent
+    chart) is accepted."""
+    from specgate import api
+    from specgate.cli import build_parser
+    from specgate_operator import render
+
+    docs = rendered(CHART / "ci" / "namespaced-values.yaml")
+    (deployment,) = by_kind(docs, "Deployment")
+    assert deployment["metadata"]["name"] == "llm-operator"
+    assert deployment["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    args = build_parser().parse_args(_operator_args(docs))
+    assert args.image_pull_secret == ["regcred"]
+    opts = render.RenderOptions(image_pull_secrets=tuple(args.image_pull_secret))
+    sdd = api.SpecDecodeDeployment.model_validate(
+        yaml.safe_load((ROOT / "examples" / "tiny-single-gpu.yaml").read_text())
+    )
+    pods = [m["spec"]["template"]["spec"] for m in render.render(sdd, opts)
+            if m["kind"] == "Deployment"]  # fmt: skip
+    assert len(pods) == 2
+    assert all(p["imagePullSecrets"] == [{"name": "regcred"}] for p in pods)
+    plain = [m for m in render.render(sdd) if m["kind"] == "Deployment"]
+    assert all("imagePullSecrets" not in m["spec"]["template"]["spec"] for m in plain)

@@ -24,6 +24,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine-image", default=defaults.engine_image)
     parser.add_argument("--router-image", default=defaults.router_image)
     parser.add_argument(
+        "--image-pull-secret",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Secret for pulling the engine and router images (repeatable)",
+    )
+    parser.add_argument(
         "--metrics-namespace-label",
         action="append",
         default=[],
@@ -74,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         render=render.RenderOptions(
             engine_image=args.engine_image,
             router_image=args.router_image,
+            image_pull_secrets=tuple(args.image_pull_secret),
             metrics_namespace_labels=_labels(args.metrics_namespace_label),
         ),
         resync_seconds=args.resync_seconds,

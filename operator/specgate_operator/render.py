@@ -35,6 +35,9 @@ class RenderOptions:
     router_image: str = "ghcr.io/specgate/specgate:0.1.0"
     service_monitor: bool = False
     """Render ServiceMonitors (the operator sets this when monitoring.coreos.com/v1 is served)."""
+    image_pull_secrets: tuple[str, ...] = ()
+    """Secrets for pulling the engine and router images (the chart passes its
+    imagePullSecrets), in the resource's namespace."""
     metrics_namespace_labels: dict[str, str] = field(default_factory=dict)
     """Namespaces whose pods may scrape engine /metrics through the NetworkPolicy (for example
     {"kubernetes.io/metadata.name": "monitoring"}); empty: only the router reaches engine pods."""
@@ -232,6 +235,8 @@ def engine_deployment(sdd: api.SpecDecodeDeployment, opts: RenderOptions) -> Man
         "terminationGracePeriodSeconds": 60,
         "enableServiceLinks": False,
     }
+    if opts.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": name} for name in opts.image_pull_secrets]
     if placement.affinity is not None:
         pod_spec["affinity"] = dict(placement.affinity)
     if placement.priority_class_name:
@@ -462,6 +467,11 @@ def router_deployment(sdd: api.SpecDecodeDeployment, opts: RenderOptions) -> Man
                 },
                 "spec": {
                     "serviceAccountName": n["router"],
+                    **(
+                        {"imagePullSecrets": [{"name": x} for x in opts.image_pull_secrets]}
+                        if opts.image_pull_secrets
+                        else {}
+                    ),
                     "containers": [container],
                     "volumes": volumes,
                     # Long enough for in-flight streams to drain on shutdown.

@@ -5,7 +5,9 @@
 
 {{/* Full name: release-chart, or the release name when it already contains the chart name. */}}
 {{- define "specgate.fullname" -}}
-{{- if contains .Chart.Name .Release.Name }}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else if contains .Chart.Name .Release.Name }}
 {{- .Release.Name | trunc 63 | trimSuffix "-" }}
 {{- else }}
 {{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" }}
@@ -50,6 +52,9 @@ app.kubernetes.io/component: operator
 {{- end }}
 - --engine-image={{ .Values.operator.engineImage }}
 - --router-image={{ include "specgate.image" . }}
+{{- range .Values.imagePullSecrets }}
+- --image-pull-secret={{ .name }}
+{{- end }}
 - --resync-seconds={{ .Values.operator.resyncSeconds }}
 - --liveness=http://0.0.0.0:8080/healthz
 {{- range $key, $value := .Values.operator.metricsNamespaceLabels }}
