@@ -25,7 +25,6 @@ PLURAL = "specdecodedeployments"
 SINGULAR = "specdecodedeployment"
 SHORT_NAMES = ["sdd"]
 
-DEFAULT_GPU_PRODUCT = "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition"
 """The value GPU feature discovery puts in `nvidia.com/gpu.product` for that card."""
 
 # A Kubernetes resource.Quantity as a string ("16Gi", "500m", "1.5").
@@ -296,11 +295,10 @@ class EngineSpec(_Model):
 class PlacementSpec(_Model):
     """Where engine pods may run."""
 
-    node_selector: dict[str, str] = Field(
-        default_factory=lambda: {"nvidia.com/gpu.product": DEFAULT_GPU_PRODUCT}
-    )
-    """Node labels engine pods require; by default nodes whose GPU feature-discovery product label
-    says RTX PRO 6000 Blackwell."""
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Node labels engine pods require; none by default (the pods request `nvidia.com/gpu`, so
+    they land on GPU nodes). To pin a GPU model, use GPU feature discovery's product label,
+    e.g. `nvidia.com/gpu.product: NVIDIA-H200`."""
     tolerations: list[KubeObject] = Field(
         default_factory=lambda: [
             {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}

@@ -87,7 +87,7 @@ def test_defaults_match_the_issue(schema: dict[str, Any]) -> None:
     assert spec["engine"]["tensorParallelSize"] == 8 and spec["engine"]["gpusPerPod"] == 8
     assert spec["speculative"]["algorithm"] == "EAGLE3"
     assert spec["speculative"]["control"]["mode"] == "dynamic"
-    assert spec["placement"]["nodeSelector"] == {"nvidia.com/gpu.product": api.DEFAULT_GPU_PRODUCT}
+    assert spec["placement"]["nodeSelector"] == {}
     assert spec["placement"]["tolerations"][0]["key"] == "nvidia.com/gpu"
     # The defaulted object also parses with the operator's model: one source of truth.
     api.SpecDecodeDeployment.model_validate(admitted)

@@ -34,6 +34,13 @@ def test_readme_has_yaml_blocks() -> None:
 @pytest.mark.parametrize("body", YAML_BLOCKS, ids=lambda b: b.split("\n", 1)[0][:40])
 def test_yaml_block_is_valid(body: str, schema: dict[str, Any]) -> None:
     doc = yaml.safe_load(body)
+    if "model" in doc and "speculative" in doc:  # a resource's spec
+        doc = {
+            "apiVersion": "specgate.io/v1alpha1",
+            "kind": "SpecDecodeDeployment",
+            "metadata": {"name": "doc", "namespace": "default"},
+            "spec": doc,
+        }
     if doc.get("kind") == "SpecDecodeDeployment":
         sdd = api.SpecDecodeDeployment.model_validate(admission.admit(doc, schema))
         assert render.render(sdd)

@@ -213,7 +213,7 @@ def test_defaults_reach_the_manifests(schema: dict[str, Any]) -> None:
     assert _flag(c["args"], "--model-path") == "meta-llama/Llama-3.1-8B-Instruct"  # image source
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "8"
     pod = kinds[("Deployment", "demo-engine")]["spec"]["template"]["spec"]
-    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": api.DEFAULT_GPU_PRODUCT}
+    assert pod["nodeSelector"] == {}  # vendor-neutral: the GPU request picks GPU nodes
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert all(v["name"] != "model" for v in pod["volumes"])
     assert kinds[("Deployment", "demo-router")]["spec"]["replicas"] == 2
