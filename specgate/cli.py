@@ -123,8 +123,7 @@ def _cmd_dashboards(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-
-    for path in dashboards.write(Path(args.out)):
+    for path in written:
         print(path)
     return 0
 
