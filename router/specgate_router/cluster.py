@@ -8,6 +8,8 @@ import datetime
 import json
 import logging
 import math
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -77,21 +79,39 @@ def _now_rfc3339() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _parse_time(value: str | None) -> float:
-    if not value:
-        return -math.inf
-    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+@dataclass
+class LeaseObservation:
+    """When this replica last saw the Lease's record change, on its own monotonic clock.
+
+    A lease is expired when its record (holder, renew time) has not changed for its duration
+    as this replica measures it, as client-go's leader election does: comparing the holder's
+    renewTime with the local wall clock would hand the lease over early, or never, on a node
+    whose clock is skewed from the holder's."""
+
+    record: tuple[Any, ...] | None = None
+    observed_at: float = -math.inf
+
+    def expired(self, lease: dict[str, Any], now: float) -> bool:
+        spec = lease.get("spec") or {}
+        record = (spec.get("holderIdentity"), spec.get("renewTime"), spec.get("acquireTime"))
+        if record != self.record:
+            self.record, self.observed_at = record, now
+            return False
+        return now - self.observed_at > float(spec.get("leaseDurationSeconds") or 0)
 
 
-def lease_expired(lease: dict[str, Any], now: float) -> bool:
-    spec = lease.get("spec") or {}
-    duration = float(spec.get("leaseDurationSeconds") or 0)
-    return _parse_time(spec.get("renewTime")) + duration < now
-
-
-async def try_acquire(kube: KubeClient, cfg: LeaderElection, identity: str) -> bool:
-    """One round of Lease-based election; True when `identity` holds the lease afterwards."""
-    now = datetime.datetime.now(datetime.UTC).timestamp()
+async def try_acquire(
+    kube: KubeClient,
+    cfg: LeaderElection,
+    identity: str,
+    observation: LeaseObservation | None = None,
+    now: float | None = None,
+) -> bool:
+    """One round of Lease-based election; True when `identity` holds the lease afterwards.
+    `observation` carries what earlier rounds saw (a fresh one never takes over a lease another
+    holds: it has not watched it expire); `now` is monotonic seconds."""
+    observation = observation if observation is not None else LeaseObservation()
+    now = time.monotonic() if now is None else now
     stamp = _now_rfc3339()
     lease = await kube.get_or_none("coordination.k8s.io/v1", "Lease", cfg.namespace, cfg.lease_name)
     spec = {
@@ -114,7 +134,8 @@ async def try_acquire(kube: KubeClient, cfg: LeaderElection, identity: str) -> b
             raise
         return True
     holder = (lease.get("spec") or {}).get("holderIdentity")
-    if holder != identity and not lease_expired(lease, now):
+    expired = observation.expired(lease, now)
+    if holder != identity and holder and not expired:
         return False
     if holder != identity:
         transitions = int((lease.get("spec") or {}).get("leaseTransitions") or 0) + 1
@@ -136,9 +157,10 @@ async def try_acquire(kube: KubeClient, cfg: LeaderElection, identity: str) -> b
 
 
 async def lead(state: RouterState, cfg: LeaderElection) -> None:
+    observation = LeaseObservation()
     while True:
         try:
-            leader = await try_acquire(state.kube, cfg, state.identity)
+            leader = await try_acquire(state.kube, cfg, state.identity, observation)
         except (KubeError, httpx.HTTPError) as exc:
             log.warning("leader election round failed: %s", exc)
             leader = False
