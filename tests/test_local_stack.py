@@ -115,10 +115,23 @@ def test_specgate_up_serves_through_the_router_and_stops_on_ctrl_c() -> None:
         assert [m.id for m in client.models.list()] == ["sim-model"]
         pods = httpx.get(f"http://127.0.0.1:{port}/specgate/pods", timeout=10).json()["pods"]
         assert len(pods) == 2
-        proc.send_signal(signal.SIGINT)
+        # Ctrl-C with a long stream open: the stream ends at once with an error event and
+        # [DONE], and the stack stops with no traceback.
+        long = {**body, "max_tokens": 30_000, "stream": True}
+        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=long,
+                          timeout=60) as streamed:  # fmt: skip
+            assert streamed.status_code == 200, streamed.read()
+            lines = streamed.iter_lines()
+            assert next(line for line in lines if line.startswith("data: {"))
+            interrupted = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            rest = [line for line in lines if line.startswith("data: ")]
+        assert time.monotonic() - interrupted < 5
+        assert rest[-1] == "data: [DONE]" and "stopping" in rest[-2], rest[-3:]
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, out[-2000:]
         assert "stopping: draining the router, then the engines" in out
+        assert "Traceback" not in out and "CancelledError" not in out, out[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()

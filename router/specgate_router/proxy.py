@@ -61,6 +61,8 @@ class SseTap:
 
     drop_usage: bool
     tokens: int = 0
+    done: bool = False
+    """Whether the stream's `data: [DONE]` has gone by."""
     _buffer: bytes = field(default=b"", repr=False)
 
     def feed(self, chunk: bytes) -> bytes:
@@ -77,6 +79,8 @@ class SseTap:
         return rest
 
     def _keep(self, event: bytes) -> bool:
+        if event.strip() == b"data: [DONE]":
+            self.done = True
         found = _TOKENS.findall(event)
         if found:
             self.tokens = max(self.tokens, int(found[-1]))
@@ -254,6 +258,7 @@ async def _relay(
 ) -> AsyncIterator[bytes]:
     tap = SseTap(drop_usage=not req.client_wants_usage)
     status = "200"
+    state.streams.add(resp)
     try:
         out = tap.feed(first)
         if out:
@@ -263,11 +268,20 @@ async def _relay(
             out = tap.feed(chunk)
             if out:
                 yield out
+        if state.ending_streams is not None and not tap.done:
+            raise aiohttp.ClientConnectionError("ended by the router")
         rest = tap.flush()
         if rest:
             yield rest
         pod.breaker.on_success()
     except RETRYABLE as exc:
+        if state.ending_streams is not None:  # the router's own doing, not the pod's
+            status = "router_stopping"
+            error = {"error": {"message": state.ending_streams, "type": "server_error",
+                               "code": 503}}  # fmt: skip
+            yield b"data: " + json.dumps(error).encode() + b"\n\n"
+            yield b"data: [DONE]\n\n"
+            return
         status = "stream_error"
         pod.breaker.on_failure(state.clock(), state.settings.resilience)
         state.metrics.stream_errors.labels(pod.name).inc()
@@ -277,6 +291,7 @@ async def _relay(
         yield b"data: " + json.dumps(error).encode() + b"\n\n"
         yield b"data: [DONE]\n\n"
     finally:
+        state.streams.discard(resp)
         resp.release()  # back to the pool when the body was read to its end, else closed
         release()  # type: ignore[operator]
         _account(state, req, pod, status, timing, tap.tokens, streamed=True)

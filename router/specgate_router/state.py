@@ -64,6 +64,9 @@ class RouterState:
         self.latency_pool: set[str] = set()
         self.draining = False
         self.in_flight = 0
+        # Open streams' engine answers, for end_streams; and why they are being ended.
+        self.streams: set[Any] = set()
+        self.ending_streams: str | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._last_push_at = -math.inf
         self.kube: Any = None  # specgate.kube.KubeClient when running in a cluster
@@ -137,6 +140,16 @@ class RouterState:
         await self.engine_http.close()
         if self.kube is not None:
             await self.kube.aclose()
+
+    def end_streams(self, reason: str) -> int:
+        """End every open stream now: each client gets an error event saying `reason`, then
+        `data: [DONE]` (proxy._relay). For a local stack stopped with Ctrl-C; a router in a
+        cluster drains instead (`drain`). Returns how many streams it ended."""
+        self.ending_streams = reason
+        streams = list(self.streams)
+        for resp in streams:
+            resp.close()
+        return len(streams)
 
     async def drain(self, timeout: float) -> None:
         """Refuse new work (readiness fails) and wait for in-flight requests."""

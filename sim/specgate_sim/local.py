@@ -169,6 +169,9 @@ async def running_stack(cfg: StackConfig) -> AsyncIterator[Stack]:
             await asyncio.sleep(0.01)
         yield Stack(f"http://{cfg.host}:{cfg.port}", engine_urls, app.state.router, sims)
     finally:
+        # Open streams end now with an error event and [DONE], not after the server's
+        # graceful timeout with a cut connection.
+        app.state.router.end_streams("the router is stopping; retry against a running one")
         server.should_exit = True
         await task
         if sims is not None:
