@@ -1118,7 +1118,9 @@ buffer either way (only an eager decode's KV store reads them in place; the runs
 all fit the graphs). Their figures stand for both. The patch of bf5b168 became the product
 patch without its four A/B environment switches (lab/gpu/patches/ab-toggles.patch keeps
 them): with the switches unset, as every run of the product's servers left them, the same
-steps. Checksums chain: a run of 3b32944 counts for the patch in the tree today."""
+steps. Checksums chain: a run of 3b32944 counts for the product patch of cc14c4f8. The patch
+after it samples the draft's first proposal on every 8th off step (acceptance while off), so
+no run of these counts for it."""
 
 
 def ran_patch(name: str, result: dict[str, Any], sha: str) -> bool:
