@@ -175,6 +175,7 @@ def test_the_operator_reconciles_with_the_charts_rights_and_children_go_with_the
         ("deployment", "demo-router"),
         ("service", "demo-engine"),
         ("service", "demo-router"),
+        ("poddisruptionbudget", "demo-router"),
         ("configmap", "demo-router"),
         ("secret", "demo-engine-key"),
     ]

@@ -44,6 +44,7 @@ CHILDREN = [
     ("/apis/policy/v1/namespaces/default/poddisruptionbudgets", "demo-engine"),
     ("/apis/networking.k8s.io/v1/namespaces/default/networkpolicies", "demo-engine"),
     ("/apis/apps/v1/namespaces/default/deployments", "demo-router"),
+    ("/apis/policy/v1/namespaces/default/poddisruptionbudgets", "demo-router"),
     ("/api/v1/namespaces/default/services", "demo-router"),
     ("/api/v1/namespaces/default/secrets", "demo-engine-key"),
 ]

@@ -285,8 +285,33 @@ def test_selectors_match_pod_labels(schema: dict[str, Any]) -> None:
         if m["kind"] == "Service":
             assert m["spec"]["selector"].items() <= pod_labels[component].items()
         if m["kind"] == "PodDisruptionBudget":
-            assert m["spec"]["selector"]["matchLabels"].items() <= pod_labels["engine"].items()
+            assert m["spec"]["selector"]["matchLabels"].items() <= pod_labels[component].items()
     assert pod_labels["engine"] != pod_labels["router"]
+    budgets = {m["metadata"]["labels"]["app.kubernetes.io/component"] for m in out
+               if m["kind"] == "PodDisruptionBudget"}  # fmt: skip
+    assert budgets == {"engine", "router"}
+
+
+def test_router_replicas_spread_over_nodes_and_drain_on_the_way_out(
+    schema: dict[str, Any],
+) -> None:
+    """Router pods prefer different nodes, a PDB keeps all but one up through node drains, and
+    a preStop pause lets endpoints drop a terminating pod before it stops accepting."""
+    out = _by_kind(render.render(_sdd(minimal_resource(router={"replicas": 3}), schema)))
+    pod = out[("Deployment", "demo-router")]["spec"]["template"]["spec"]
+    (term,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert (
+        term["podAffinityTerm"]["labelSelector"]["matchLabels"]
+        == (out[("Deployment", "demo-router")]["spec"]["selector"]["matchLabels"])
+    )
+    assert out[("PodDisruptionBudget", "demo-router")]["spec"]["maxUnavailable"] == 1
+    container = pod["containers"][0]
+    assert container["lifecycle"]["preStop"]["sleep"]["seconds"] == render.ROUTER_PRESTOP_SECONDS
+    assert pod["terminationGracePeriodSeconds"] > render.ROUTER_PRESTOP_SECONDS
+    assert ("policy/v1", "PodDisruptionBudget", "default", "demo-router") in render.child_refs(
+        "demo", "default"
+    )
 
 
 def test_rendering_is_deterministic(full: api.SpecDecodeDeployment) -> None:

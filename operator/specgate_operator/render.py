@@ -22,6 +22,7 @@ ROUTER_CONFIG_FILE = "router.yaml"
 ROUTER_CONFIG_DIR = "/etc/specgate"
 CLIENT_KEYS_DIR = "/etc/specgate-client-keys"
 CLIENT_KEYS_FILE = "keys.yaml"
+ROUTER_PRESTOP_SECONDS = 5
 MANAGED_BY = "specgate-operator"
 LABEL_DEPLOYMENT = "specgate.io/deployment"
 LABEL_COMPONENT = "app.kubernetes.io/component"
@@ -429,6 +430,9 @@ def router_deployment(sdd: api.SpecDecodeDeployment, opts: RenderOptions) -> Man
         # The config is re-read when the ConfigMap volume changes: no restart, no dropped streams.
         "volumeMounts": [{"name": "config", "mountPath": ROUTER_CONFIG_DIR, "readOnly": True}],
         "securityContext": restricted_container_security(),
+        # Endpoints take a few seconds to drop a terminating pod everywhere: keep serving
+        # through them, then drain in-flight streams on SIGTERM (resilience.drainSeconds).
+        "lifecycle": {"preStop": {"sleep": {"seconds": ROUTER_PRESTOP_SECONDS}}},
     }
     volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": n["router"]}}]
     if router.client_auth is not None:
@@ -467,6 +471,21 @@ def router_deployment(sdd: api.SpecDecodeDeployment, opts: RenderOptions) -> Man
                 },
                 "spec": {
                     "serviceAccountName": n["router"],
+                    # Replicas on different nodes where there are several: one node's loss
+                    # leaves the API up.
+                    "affinity": {
+                        "podAntiAffinity": {
+                            "preferredDuringSchedulingIgnoredDuringExecution": [
+                                {
+                                    "weight": 100,
+                                    "podAffinityTerm": {
+                                        "topologyKey": "kubernetes.io/hostname",
+                                        "labelSelector": {"matchLabels": selector(sdd, "router")},
+                                    },
+                                }
+                            ]
+                        }
+                    },
                     **(
                         {"imagePullSecrets": [{"name": x} for x in opts.image_pull_secrets]}
                         if opts.image_pull_secrets
@@ -556,6 +575,19 @@ def engine_pdb(sdd: api.SpecDecodeDeployment) -> Manifest:
     }
 
 
+def router_pdb(sdd: api.SpecDecodeDeployment) -> Manifest:
+    """At most one router replica down at a time through voluntary disruptions (node drains)."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(sdd, names(sdd.name)["router"], "router"),
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": selector(sdd, "router")},
+        },
+    }
+
+
 def engine_network_policy(sdd: api.SpecDecodeDeployment, opts: RenderOptions) -> Manifest:
     port = [{"protocol": "TCP", "port": sdd.spec.engine.port}]
     ingress: list[dict[str, Any]] = [
@@ -616,6 +648,7 @@ def render(
         engine_pdb(sdd),
         engine_network_policy(sdd, opts),
         router_deployment(sdd, opts),
+        router_pdb(sdd),
         router_service(sdd),
     ]
     route = http_route(sdd)
@@ -638,6 +671,7 @@ def child_refs(sdd_name: str, namespace: str) -> list[tuple[str, str, str, str]]
         ("apps/v1", "Deployment", namespace, n["router"]),
         ("networking.k8s.io/v1", "NetworkPolicy", namespace, n["engine"]),
         ("policy/v1", "PodDisruptionBudget", namespace, n["engine"]),
+        ("policy/v1", "PodDisruptionBudget", namespace, n["router"]),
         ("apps/v1", "Deployment", namespace, n["engine"]),
         ("v1", "Service", namespace, n["engine"]),
         ("v1", "ConfigMap", namespace, n["router"]),
