@@ -73,7 +73,8 @@ def test_acceptance_is_measured_while_speculating_and_estimated_while_off() -> N
         _counters(spec_request_steps=100, spec_accepted_tokens=150, spec_first_agreed=70), 1.0, 3
     )
     assert tracker.current(1.0) == (2.5, "measured")
-    assert tracker.calibration == pytest.approx(2.5 / predict.chain_accept_length(0.7, 3))
+    # Speculating alone calibrates nothing: its first-draft rate is not an off step's.
+    assert not tracker.calibrated and tracker.calibration == 1.0
     # Off for a while: no measured figure after MEASURED_FRESH_SECONDS, and none estimated
     # before enough proposals.
     assert tracker.current(7.0) is None
@@ -82,8 +83,18 @@ def test_acceptance_is_measured_while_speculating_and_estimated_while_off() -> N
     assert tracker.current(8.0) is None
     tracker.update(_counters(**base, draft_first_proposed=200, draft_first_agreed=100), 9.0, 3)
     tau, source = tracker.current(9.0)  # type: ignore[misc]
-    assert source == "estimated while off (calibrated)"
-    assert tau == pytest.approx(tracker.calibration * predict.chain_accept_length(0.5, 3))
+    assert source == "estimated while off (uncalibrated)"
+    assert tau == pytest.approx(predict.chain_accept_length(0.5, 3))
+    # Switched on right after: the measured accept length calibrates the estimate it followed.
+    on = dict(spec_request_steps=200, spec_accepted_tokens=250, spec_first_agreed=140)
+    tracker.update(_counters(**on, draft_first_proposed=200, draft_first_agreed=100), 11.0, 3)
+    assert tracker.calibrated
+    assert tracker.calibration == pytest.approx(2.0 / predict.chain_accept_length(0.5, 3))
+    # Much later, a speculating period no longer calibrates against that old estimate.
+    before = tracker.calibration
+    later = dict(spec_request_steps=400, spec_accepted_tokens=850, spec_first_agreed=300)
+    tracker.update(_counters(**later, draft_first_proposed=200, draft_first_agreed=100), 60.0, 3)
+    assert tracker.calibration == before
 
 
 def test_counters_that_go_backwards_start_over() -> None:

@@ -11,8 +11,13 @@ batch sizes (`contract.STEP_PROFILE`), measured whatever mode it runs; tau is me
 speculates and estimated while it does not, from how often the draft's proposal for the next
 position agrees with the target's token (first-position acceptance p1): for a chain of n drafts
 with equal acceptance at every position, tau = 1 + p + ... + p^n. Real chains accept less at
-later positions, so the map is calibrated on the pod's own speculating periods, where tau and
-p1 are both observed (`AcceptanceTracker`).
+later positions, so the map is calibrated where the pod switches from off to on: the accept
+length measured right after the switch against the estimate from the agreement measured right
+before it (`AcceptanceTracker`). First-position acceptance counted while speculating is not
+used for this: after a rejection the bonus token is sampled from the target's residual
+distribution, so the context a speculating draft sees differs from an off step's (on a GPU,
+1 + 0.68 + ... estimated 2.46 against 2.30 measured, where the speculating first-draft rate
+of 0.51 calibrated it to 2.94: lab/gpu/results/model-inputs-2026-12-03-h200.json).
 
 The steps the pod then runs check the model: each learning interval's mean decode step
 against the profile's at its batch and mode (`Residuals`; the accept length is measured, not
@@ -40,6 +45,9 @@ MEASURED_FRESH_SECONDS = 5.0
 """Acceptance measured this recently (while speculating) is the pod's current acceptance."""
 ESTIMATE_FRESH_SECONDS = 10.0
 """First-position agreement this recent (while off) gives the current acceptance."""
+CROSS_CALIBRATION_SECONDS = 15.0
+"""A measured accept length calibrates the estimate only when the agreement it is compared
+with was measured this recently: across one switch, on the same workload."""
 MIN_PROPOSALS = 64
 """Draft proposals (while off) before their agreement rate says anything."""
 RESIDUAL_HALF_LIFE_SECONDS = 30.0
@@ -136,7 +144,7 @@ class AcceptanceTracker:
     tau_at: float = -math.inf
     p1_off: float | None = None  # first-position agreement while off (smoothed)
     p1_off_at: float = -math.inf
-    calibration: float = 1.0  # measured tau / chain_accept_length(p1 while speculating)
+    calibration: float = 1.0  # measured tau / chain_accept_length(p1 while off, just before)
     calibrated: bool = False
     calibration_at: float = -math.inf
     _last: dict[str, float] | None = None
@@ -155,9 +163,11 @@ class AcceptanceTracker:
             measured = 1.0 + d["spec_accepted_tokens"] / steps
             self.tau = _smooth(self.tau, measured, at - self.tau_at, TAU_HALF_LIFE_SECONDS)
             self.tau_at = at
-            p1 = d["spec_first_agreed"] / steps
-            chain = chain_accept_length(p1, num_steps)
-            if chain > 0 and steps >= 8:
+            fresh_estimate = (
+                self.p1_off is not None and at - self.p1_off_at <= CROSS_CALIBRATION_SECONDS
+            )
+            chain = chain_accept_length(self.p1_off or 0.0, num_steps)
+            if fresh_estimate and chain > 0 and steps >= 8:
                 ratio = min(1.5, max(0.3, measured / chain))
                 self.calibration = _smooth(
                     self.calibration if self.calibrated else None,
