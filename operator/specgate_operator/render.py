@@ -563,27 +563,16 @@ def engine_api_key_secret(sdd: api.SpecDecodeDeployment, api_key: str) -> Manife
     }
 
 
-def engine_pdb(sdd: api.SpecDecodeDeployment) -> Manifest:
+def pod_disruption_budget(sdd: api.SpecDecodeDeployment, component: str) -> Manifest:
+    """At most one of the component's pods down at a time through voluntary disruptions
+    (node drains)."""
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": _meta(sdd, names(sdd.name)["engine"], "engine"),
+        "metadata": _meta(sdd, names(sdd.name)[component], component),
         "spec": {
             "maxUnavailable": 1,
-            "selector": {"matchLabels": selector(sdd, "engine")},
-        },
-    }
-
-
-def router_pdb(sdd: api.SpecDecodeDeployment) -> Manifest:
-    """At most one router replica down at a time through voluntary disruptions (node drains)."""
-    return {
-        "apiVersion": "policy/v1",
-        "kind": "PodDisruptionBudget",
-        "metadata": _meta(sdd, names(sdd.name)["router"], "router"),
-        "spec": {
-            "maxUnavailable": 1,
-            "selector": {"matchLabels": selector(sdd, "router")},
+            "selector": {"matchLabels": selector(sdd, component)},
         },
     }
 
@@ -645,10 +634,10 @@ def render(
         router_configmap(sdd),
         engine_service(sdd),
         engine_deployment(sdd, opts),
-        engine_pdb(sdd),
+        pod_disruption_budget(sdd, "engine"),
         engine_network_policy(sdd, opts),
         router_deployment(sdd, opts),
-        router_pdb(sdd),
+        pod_disruption_budget(sdd, "router"),
         router_service(sdd),
     ]
     route = http_route(sdd)
