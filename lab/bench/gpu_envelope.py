@@ -956,6 +956,13 @@ def start_router(
             }
         )
     )  # JSON is YAML
+    return launch_router(config, server.router_port, out)
+
+
+def launch_router(config: Path, port: int, out: Path) -> subprocess.Popen[bytes]:
+    """The router on loopback at `port` with the policy file `config`, its log in
+    OUT/router.log; returns once it answers /readyz (RuntimeError after 60 s, or at once if it
+    exits)."""
     # The router's own entry point: `specgate router` would import every component's CLI.
     code = (
         "import argparse, sys; from specgate_router import main as m; "
@@ -971,7 +978,7 @@ def start_router(
         "--host",
         "127.0.0.1",
         "--port",
-        str(server.router_port),
+        str(port),
         "--no-access-log",
     ]
     log = open(out / "router.log", "wb")  # noqa: SIM115 (the router process writes it)
@@ -979,8 +986,7 @@ def start_router(
     deadline = time.time() + 60
     while time.time() < deadline:
         try:
-            url = f"http://127.0.0.1:{server.router_port}/readyz"
-            with urllib.request.urlopen(url, timeout=2):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2):
                 return proc
         except OSError:
             if proc.poll() is not None:
@@ -1852,15 +1858,7 @@ def main() -> int:
                 )
             except OSError as exc:
                 verify.log(f"router samples not read: {exc}")
-        for proc in [router, *(s.proc for s in servers)]:
-            if proc is not None:
-                proc.terminate()
-        for proc in [router, *(s.proc for s in servers)]:
-            if proc is not None:
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+        verify.stop_all([router, *(s.proc for s in servers)])
         if telemetry is not None:
             telemetry.stop()
         if router is not None:

@@ -29,20 +29,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO / "lab" / "gpu"), str(REPO), str(REPO / "router"), str(REPO / "operator")]
+sys.path[:0] = [
+    str(REPO / "lab" / "gpu"),
+    str(REPO / "lab" / "bench"),
+    str(REPO),
+    str(REPO / "router"),
+    str(REPO / "operator"),
+]
 
 import verify  # type: ignore[import-not-found]  # noqa: E402
+from gpu_envelope import launch_router  # noqa: E402
 from speed import tokens_in_window, write_synthetic_pair  # type: ignore[import-not-found]  # noqa: E402
 from synthetic import acceptance  # type: ignore[import-not-found]  # noqa: E402
 
@@ -79,50 +84,9 @@ def operator_defaults() -> tuple[dict[str, Any], list[str]]:
     return config, flags
 
 
-class Clients:
-    """`n` closed-loop clients on one port until stopped; every request's (began, ended,
-    tokens) kept for tokens_in_window."""
-
-    def __init__(self, port: int, n: int, temperature: float) -> None:
-        self.port, self.temperature = port, temperature
-        self.spans: list[tuple[float, float, int]] = []
-        self.errors = 0
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._run, args=(i,)) for i in range(n)]
-        for t in self._threads:
-            t.start()
-
-    def _run(self, i: int) -> None:
-        rng = random.Random(i * 7919 + self.port)
-        while not self._stop.is_set():
-            body = {
-                "input_ids": [rng.randrange(3, 32000) for _ in range(32)],
-                "sampling_params": {
-                    "max_new_tokens": rng.randint(*NEW_TOKENS),
-                    "temperature": self.temperature,
-                    "ignore_eos": True,
-                },
-            }
-            began = time.monotonic()
-            status, answer = verify.call(self.port, "/generate", body, timeout=120)
-            ended = time.monotonic()
-            with self._lock:
-                if status != 200 or not isinstance(answer, dict):
-                    self.errors += 1
-                    continue
-                tokens = int(answer.get("meta_info", {}).get("completion_tokens", 0))
-                self.spans.append((began, ended, tokens))
-
-    def rate(self, start: float, stop: float) -> float:
-        with self._lock:
-            spans = list(self.spans)
-        return float(tokens_in_window(spans, start, stop)) / (stop - start)
-
-    def stop(self) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join()
+def rate(clients: Any, start: float, stop: float) -> float:
+    """Output tok/s of `clients` (verify.ClosedLoopClients) inside [start, stop]."""
+    return float(tokens_in_window(clients.snapshot(), start, stop)) / (stop - start)
 
 
 def pod_view(router_port: int) -> dict[str, Any]:
@@ -137,22 +101,22 @@ def pod_view(router_port: int) -> dict[str, Any]:
     return {k: view.get(k) for k in ("threshold", "prediction", "acceptance", "learning")}
 
 
-def windows(clients: Clients, count: int, seconds: float) -> list[float]:
+def windows(clients: Any, count: int, seconds: float) -> list[float]:
     rates = []
     for _ in range(count):
         start = time.monotonic()
         time.sleep(seconds)
-        rates.append(round(clients.rate(start, time.monotonic()), 1))
+        rates.append(round(rate(clients, start, time.monotonic()), 1))
     return rates
 
 
 def routed_cell(
     router_port: int, c: int, before: int, temperature: float, args: argparse.Namespace
 ) -> dict[str, Any]:
-    warm = Clients(router_port, before, temperature)
+    warm = verify.ClosedLoopClients(router_port, before, temperature, NEW_TOKENS)
     time.sleep(args.pre)
     warm.stop()
-    clients = Clients(router_port, c, temperature)
+    clients = verify.ClosedLoopClients(router_port, c, temperature, NEW_TOKENS)
     time.sleep(args.hold - args.measure)
     rates, views = [], []
     for _ in range(int(args.measure / args.window)):
@@ -163,7 +127,7 @@ def routed_cell(
 
 
 def static_cell(port: int, c: int, temperature: float, args: argparse.Namespace) -> list[float]:
-    clients = Clients(port, c, temperature)
+    clients = verify.ClosedLoopClients(port, c, temperature, NEW_TOKENS)
     time.sleep(args.warmup)
     rates = windows(clients, args.static_windows, args.window)
     clients.stop()
@@ -175,7 +139,7 @@ def acceptance_step(router_port: int, args: argparse.Namespace) -> dict[str, Any
     trace: list[dict[str, Any]] = []
     origin = time.monotonic()
     for temperature in (t1, t2):
-        clients = Clients(router_port, args.step_level, temperature)
+        clients = verify.ClosedLoopClients(router_port, args.step_level, temperature, NEW_TOKENS)
         end = time.monotonic() + args.hold
         while time.monotonic() < end:
             time.sleep(1.0)
@@ -195,38 +159,7 @@ def start_router(engine_port: int, router_port: int, out: Path) -> subprocess.Po
     config["engineApiKey"] = verify.KEY
     path = out / "router.yaml"
     path.write_text(json.dumps(config))  # JSON is YAML
-    code = (
-        "import argparse, sys; from specgate_router import main as m; "
-        "p = argparse.ArgumentParser(); m.add_arguments(p); "
-        "sys.exit(m.run(p.parse_args(sys.argv[1:])))"
-    )
-    log = open(out / "router.log", "wb")  # noqa: SIM115 (the router process writes it)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            code,
-            "--config",
-            str(path),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(router_port),
-            "--no-access-log",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{router_port}/readyz", timeout=2):
-                return proc
-        except OSError:
-            if proc.poll() is not None:
-                raise RuntimeError(f"router exited with {proc.returncode}") from None
-            time.sleep(0.5)
-    raise RuntimeError("router not ready after 60 s")
+    return launch_router(path, router_port, out)
 
 
 def report(results: dict[str, Any]) -> str:
@@ -350,13 +283,7 @@ def main() -> int:
         verify.log(results["error"])
     finally:
         path.write_text(json.dumps(results, indent=1))
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        verify.stop_all(procs)
     if results["cells"]:
         print(report(results))
     return 1 if "error" in results else 0

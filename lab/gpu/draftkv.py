@@ -35,7 +35,16 @@ from typing import Any
 
 from recovery import moments, speculating_accept_length
 from synthetic import configs, context_flip
-from verify import EAGLE, call, log, off_step_flags, server_flags, start, wait_healthy
+from verify import (
+    EAGLE,
+    call,
+    log,
+    off_step_flags,
+    server_flags,
+    start,
+    stop_all,
+    wait_healthy,
+)
 
 HERE = Path(__file__).resolve().parent
 SHAPE = {"hidden": 2048, "layers": 8, "heads": 16, "kv_heads": 8, "intermediate": 4096}
@@ -209,11 +218,7 @@ def main() -> int:
         results["error"] = f"{type(exc).__name__}: {exc}"
         log(results["error"])
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_all([proc])
     results["passed"] = judge(results["runs"]) and "error" not in results
     (out / "draftkv.json").write_text(json.dumps(results, indent=1))
     print(json.dumps(results, indent=1))

@@ -27,11 +27,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import re
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -41,6 +39,7 @@ from synthetic import acceptance
 from verify import (
     EAGLE,
     MEMORY_SIZED,
+    ClosedLoopClients,
     call,
     log,
     metrics,
@@ -48,6 +47,7 @@ from verify import (
     server_flags,
     set_threshold,
     start,
+    stop_all,
     wait_for_log,
     wait_healthy,
 )
@@ -56,6 +56,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "router")]
 from specgate_router import predict  # noqa: E402
 
+NEW_TOKENS = (128, 384)
+"""Each request's max_new_tokens (ignore_eos), uniform in this range, after a 32-token prompt."""
 COUNTERS = (
     "spec_request_steps",
     "spec_accepted_tokens",
@@ -72,52 +74,6 @@ def loads(port: int) -> dict[str, Any]:
     return {"running": load.get("num_running_reqs"), **(load.get("speculative") or {})}
 
 
-class Load:
-    """`clients` closed-loop clients on one server until stopped; counts output tokens and
-    keeps every answer's meta_info accept length."""
-
-    def __init__(self, port: int, clients: int, temperature: float, new: tuple[int, int]):
-        self.port, self.temperature, self.new = port, temperature, new
-        self.tokens = 0
-        self.accept_lengths: list[float | None] = []
-        self.errors = 0
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._client, args=(i,)) for i in range(clients)]
-        for t in self._threads:
-            t.start()
-
-    def _client(self, i: int) -> None:
-        rng = random.Random(i * 7919 + self.port)
-        while not self._stop.is_set():
-            ids = [rng.randrange(3, 32000) for _ in range(32)]
-            new = rng.randint(*self.new)
-            status, body = call(
-                self.port,
-                "/generate",
-                {
-                    "input_ids": ids,
-                    "sampling_params": {
-                        "max_new_tokens": new,
-                        "temperature": self.temperature,
-                        "ignore_eos": True,
-                    },
-                },
-            )
-            with self._lock:
-                if status != 200:
-                    self.errors += 1
-                    continue
-                meta = body.get("meta_info", {})  # type: ignore[union-attr]
-                self.tokens += int(meta.get("completion_tokens", 0))
-                self.accept_lengths.append(meta.get("spec_accept_length"))
-
-    def stop(self) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join()
-
-
 def delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
     return {k: float(after[k]) - float(before[k]) for k in COUNTERS}
 
@@ -132,7 +88,7 @@ def phase(port: int, threshold: object, clients: int, temperature: float, second
           tracker: predict.AcceptanceTracker) -> dict[str, Any]:  # fmt: skip
     status, body = set_threshold(port, threshold)
     assert status == 200, body
-    load = Load(port, clients, temperature, (128, 384))
+    load = ClosedLoopClients(port, clients, temperature, NEW_TOKENS)
     time.sleep(2.0)  # the mode settles; what ran before leaves the counters' window
     first = loads(port)
     tracker.update({k: float(first[k]) for k in COUNTERS}, time.monotonic(), 3)
@@ -178,7 +134,7 @@ def cost_windows(ports: dict[str, int], clients: int, temperature: float, window
     names = list(ports)
     for w in range(windows):
         for name in names[w % 2 :] + names[: w % 2]:
-            load = Load(ports[name], clients, temperature, (128, 384))
+            load = ClosedLoopClients(ports[name], clients, temperature, NEW_TOKENS)
             time.sleep(1.5)
             t0, n0 = time.monotonic(), load.tokens
             time.sleep(seconds)
@@ -282,13 +238,7 @@ def main() -> int:
         log(results["error"])
     finally:
         save()
-        for p in procs.values():
-            p.terminate()
-        for p in procs.values():
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs.values())
     return 1 if "error" in results else 0
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -42,6 +41,7 @@ from verify import (
     server_flags,
     spec_loads,
     start,
+    stop_all,
     wait_healthy,
 )
 
@@ -249,13 +249,7 @@ def main() -> int:
         results["error"] = f"{type(exc).__name__}: {exc}"
         log(results["error"])
     finally:
-        for p in procs.values():
-            p.terminate()
-        for p in procs.values():
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs.values())
     verdicts = [
         v["passed"]
         for s in results["servers"].values()

@@ -29,7 +29,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 
 KEY = "gputest-key"
@@ -214,6 +214,73 @@ def start(
         env={**os.environ, **(env or {})},
         preexec_fn=pin_to(cpus),
     )
+
+
+def stop_all(procs: Iterable[subprocess.Popen[bytes] | None], timeout: float = 30) -> None:
+    """Terminate every process first (they stop in parallel), then wait for each and kill
+    what outlives `timeout`."""
+    running = [p for p in procs if p is not None]
+    for proc in running:
+        proc.terminate()
+    for proc in running:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+class ClosedLoopClients:
+    """`n` closed-loop clients on one port until `stop`: each sends a 32-token prompt of random
+    ids for a number of new tokens drawn from `new` (ignore_eos), then the next. Keeps every
+    answered request's (began, ended, tokens) and its meta_info accept length."""
+
+    def __init__(self, port: int, n: int, temperature: float, new: tuple[int, int]) -> None:
+        self.port, self.temperature, self.new = port, temperature, new
+        self.spans: list[tuple[float, float, int]] = []
+        self.accept_lengths: list[float | None] = []
+        self.errors = 0
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run, args=(i,)) for i in range(n)]
+        for t in self._threads:
+            t.start()
+
+    def _run(self, i: int) -> None:
+        rng = random.Random(i * 7919 + self.port)
+        while not self._stop.is_set():
+            body = {
+                "input_ids": [rng.randrange(3, 32000) for _ in range(32)],
+                "sampling_params": {
+                    "max_new_tokens": rng.randint(*self.new),
+                    "temperature": self.temperature,
+                    "ignore_eos": True,
+                },
+            }
+            began = time.monotonic()
+            status, answer = call(self.port, "/generate", body, timeout=120)
+            ended = time.monotonic()
+            with self._lock:
+                if status != 200 or not isinstance(answer, dict):
+                    self.errors += 1
+                    continue
+                meta = answer.get("meta_info", {})
+                self.spans.append((began, ended, int(meta.get("completion_tokens", 0))))
+                self.accept_lengths.append(meta.get("spec_accept_length"))
+
+    @property
+    def tokens(self) -> int:
+        """Output tokens of the requests answered so far."""
+        with self._lock:
+            return sum(n for _, _, n in self.spans)
+
+    def snapshot(self) -> list[tuple[float, float, int]]:
+        with self._lock:
+            return list(self.spans)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join()
 
 
 def pin_to(cpus: Collection[int] | None) -> Callable[[], None] | None:
@@ -514,13 +581,7 @@ def main() -> int:
         results["error"] = f"{type(exc).__name__}: {exc}"
         log(results["error"])
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs)
     passed = {
         f"{k}.{c}": v
         for k in ("control", "identity")
