@@ -15,9 +15,8 @@ later positions, so the map is calibrated where the pod switches from off to on:
 length measured right after the switch against the estimate from the agreement measured right
 before it (`AcceptanceTracker`). First-position acceptance counted while speculating is not
 used for this: after a rejection the bonus token is sampled from the target's residual
-distribution, so the context a speculating draft sees differs from an off step's (on a GPU,
-1 + 0.68 + ... estimated 2.46 against 2.30 measured, where the speculating first-draft rate
-of 0.51 calibrated it to 2.94: lab/gpu/results/model-inputs-2026-12-03-h200.json).
+distribution, so the context a speculating draft sees differs from an off step's
+(BENCHMARKS.md, section 0b, measures both).
 
 The steps the pod then runs check the model: each learning interval's mean decode step
 against the profile's at its batch and mode (`Residuals`; the accept length is measured, not
