@@ -40,8 +40,16 @@ if [ ! -f "$SITE-upstream/.specgate-unpacked" ]; then
   # Compiled kernels from an earlier run (checks-2gpu.sh packs them), if carried along.
   if [ -f .gpu/kcache.tar.xz ]; then tar -xJf .gpu/kcache.tar.xz -C /tmp; fi
 fi
+# Router dependencies the GPU image lacks (httptools, which uvicorn[standard] brings on a user's
+# machine), carried as wheels in .gpu/wheels/: pip download --only-binary=:all:
+# --python-version 3.12 --platform manylinux2014_x86_64 --no-deps -d .gpu/wheels httptools
+EXTRA=$SITE-wheels
+rm -rf "$EXTRA" && mkdir -p "$EXTRA"
+for w in .gpu/wheels/*.whl; do
+  if [ -f "$w" ]; then python3 -m zipfile -e "$w" "$EXTRA"; fi
+done
 REPO=$(pwd)
-export PYTHONPATH=$SITE:$REPO:$REPO/router CUDA_HOME=/usr/local/cuda PYTHONUNBUFFERED=1
+export PYTHONPATH=$SITE:$EXTRA:$REPO:$REPO/router CUDA_HOME=/usr/local/cuda PYTHONUNBUFFERED=1
 export SPECGATE_UPSTREAM_SITE=$SITE-upstream
 export TRITON_CACHE_DIR=/tmp/kcache/triton TVM_FFI_CACHE_DIR=/tmp/kcache/tvm XDG_CACHE_HOME=/tmp/kcache
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUTDIR/gpu.txt"
