@@ -28,7 +28,8 @@ METRIC_QUEUED = "sglang:num_queue_reqs"
 METRIC_GEN_TOKENS = "sglang:generation_tokens_total"  # counted when a request finishes
 
 # SGLang 0.5.17's /v1/loads core section carries `decode_moments`, lifetime sums over decode
-# steps (scheduler._accumulate_decode_moment), or null before the first one. Unlike the
+# steps (scheduler._accumulate_decode_moment), or null before the first one; a step's step_us
+# is the launch interval from the previous decode step, prefills between them included. Unlike the
 # generation-token counter, which grows only when a request finishes, these grow every step:
 # the router's learning samples come from them.
 DECODE_MOMENTS = ("steps", "batch", "step_us", "batch_sq", "batch_x_step_us", "generated")
@@ -56,6 +57,12 @@ ACCEPTANCE_COUNTERS = (
     "draft_first_proposed",
     "draft_first_agreed",
 )
+# - "uninterrupted_decode_steps", "uninterrupted_decode_us": lifetime counts of the decode
+#   steps launched right after another decode step (no prefill between, under 2 s apart) and
+#   the sum of those launch intervals in microseconds. What the profile predicts is a decode
+#   step's own cost; SGLang's decode moments (step_us) also count the prefills run between two
+#   decode steps, which cost the same in both modes and so do not move the crossover.
+STEP_TIME_COUNTERS = ("uninterrupted_decode_steps", "uninterrupted_decode_us")
 MAX_PROFILE_POINTS = 64
 """At most this many batch sizes per mode in a step profile (more are refused)."""
 

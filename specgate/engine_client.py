@@ -45,8 +45,6 @@ class EngineLoad(BaseModel):
     `decode_moments`; 0 until the first decode step)."""
     decode_batch_sum: float = 0.0
     decode_tokens: float = 0.0
-    decode_step_us: float = 0.0
-    """The sum of the decode steps' durations, microseconds."""
     # Present only on patched engines:
     threshold: int | None = None
     threshold_known: bool = False
@@ -55,7 +53,8 @@ class EngineLoad(BaseModel):
     decode_steps_off: int | None = None
     speculative: dict[str, Any] = Field(default_factory=dict, repr=False)
     """The whole `speculative` section, for what the router's prediction reads from it
-    (contract.STEP_PROFILE, contract.ACCEPTANCE_COUNTERS), checked there."""
+    (contract.STEP_PROFILE, contract.ACCEPTANCE_COUNTERS, contract.STEP_TIME_COUNTERS),
+    checked there."""
 
     @classmethod
     def from_response(cls, data: dict[str, Any]) -> EngineLoad:
@@ -78,7 +77,6 @@ class EngineLoad(BaseModel):
             decode_steps=float(moments.get("steps", 0.0)),
             decode_batch_sum=float(moments.get("batch", 0.0)),
             decode_tokens=float(moments.get("generated", 0.0)),
-            decode_step_us=float(moments.get("step_us", 0.0)),
             threshold=spec.get("disable_batch_threshold"),
             threshold_known="disable_batch_threshold" in spec,
             speculating=spec.get("speculating"),

@@ -149,3 +149,24 @@ def test_without_a_step_profile_the_controller_learns_from_samples() -> None:
     assert not any(r.startswith("predicted") for _, r in routed.reasons)
     modelled = run(prof, changes, seconds=200, params=params)
     assert modelled.reasons[-1][1].startswith("predicted")
+
+
+@pytest.mark.parametrize("name", ["h200-3b-synthetic-deployed", "rtx-pro-6000-x8"])
+def test_short_requests_prefills_between_steps_leave_the_model_confident(name: str) -> None:
+    """Requests of 8-24 tokens: a prefill runs between most decode steps, and the launch
+    intervals SGLang's decode moments report run well above the steps' own time (1.8x on the
+    H200 pair). The model is checked against the decode steps alone, so it stays confident
+    (its residual near 1) and the pod gets the better mode."""
+    ratio, routed = ratio_to_better_static(
+        profiles.load(name),
+        _arriving(16, 0.9),
+        seconds=120,
+        window=(90, 120),
+        params=PARAMS,
+        output_tokens=(8, 24),
+    )
+    assert ratio >= TARGET, (ratio, routed.reasons[-1])
+    late = [c for t, c in routed.confident if t >= 60]
+    assert late and all(late), routed.reasons[-1]
+    for mode, factor in routed.observed_over_predicted.items():
+        assert factor is None or 0.9 <= factor <= 1.1, (mode, factor)

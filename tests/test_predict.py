@@ -61,6 +61,18 @@ def test_malformed_counters_are_refused(bad: object) -> None:
     assert predict.counters_from_wire({}) is None  # an engine that reports none
 
 
+def test_the_decode_step_time_comes_from_the_uninterrupted_step_counters() -> None:
+    steps, micros = contract.STEP_TIME_COUNTERS
+    before, after = {steps: 10, micros: 50_000}, {steps: 30, micros: 250_000}
+    assert predict.uninterrupted_step_seconds(before, after) == pytest.approx(0.010)
+    assert predict.uninterrupted_step_seconds({}, after) is None  # an engine without them
+    assert predict.uninterrupted_step_seconds(after, after) is None  # no such step ran
+    assert predict.uninterrupted_step_seconds(after, before) is None  # counters went back
+    for bad in (float("nan"), float("inf"), -1, "7", True):
+        with pytest.raises(ValueError, match=micros):
+            predict.uninterrupted_step_seconds(before, {steps: 30, micros: bad})
+
+
 def _counters(**kw: float) -> dict[str, float]:
     return {name: kw.get(name, 0.0) for name in contract.ACCEPTANCE_COUNTERS}
 

@@ -517,6 +517,34 @@ def test_off_steps_count_the_drafts_first_position_agreement() -> None:
     assert on.stats.live_accept_length() == pytest.approx(1 + 0.7 + 0.7**2 + 0.7**3, abs=0.08)
 
 
+def test_decode_step_time_counts_prefills_in_the_moments_and_not_in_the_uninterrupted_steps() -> (
+    None
+):
+    """As in SGLang, a decode step's moment is the interval from the previous decode step's
+    start, so a prefill between them counts; the uninterrupted-step counters leave those
+    intervals out and hold only decode steps' own time."""
+    core = EngineCore(PROFILE, threshold=None, seed=1)
+    now, prefills, decodes = 0.0, [], []
+    for name in ("a", "b"):
+        core.add(SimRequest(name, 64, 40, now))
+        for expected in ("prefill", "decode", "decode", "decode"):
+            step = core.plan()
+            assert step is not None and step.kind == expected
+            (prefills if expected == "prefill" else decodes).append(step.duration)
+            now += step.duration
+            core.finish(step, now)
+    stats = core.stats
+    # Six decode steps. The first counts its own time; b's first, after b's prefill, counts
+    # a's last step and the prefill; each other one the step before it.
+    a1, a2, a3, b1, b2, _ = decodes
+    assert stats.decode_moments[0] == 6
+    assert stats.decode_moments[2] == pytest.approx(
+        1e6 * (a1 + a1 + a2 + a3 + prefills[1] + b1 + b2)
+    )
+    assert stats.uninterrupted_decode_steps == 4
+    assert stats.uninterrupted_decode_us == pytest.approx(1e6 * (a1 + a2 + b1 + b2))
+
+
 def test_set_acceptance_changes_the_workload_from_the_next_step() -> None:
     core = EngineCore(PROFILE, threshold=None, seed=1)
     _closed_loop(core, 4, 20.0)

@@ -291,6 +291,84 @@ def test_an_off_step_of_several_tokens_counts_every_token_it_generated(
     )
 
 
+def test_the_engine_times_decode_steps_without_the_prefills_between_them(
+    patched_site: Path,
+) -> None:
+    """The scheduler's step bookkeeping, run on a sequence of steps: a decode step launched
+    right after a decode step adds its launch interval to the controller's uninterrupted-step
+    counters (contract.STEP_TIME_COUNTERS); one launched after a prefill does not, while
+    SGLang's decode moments keep counting it. The router's parser reads the result."""
+    from specgate_router import predict
+
+    scheduler = patched_site / "sglang" / "srt" / "managers" / "scheduler.py"
+    moments: list[int] = []
+    namespace: dict[str, Any] = {
+        "time": __import__("time"),
+        "DECODE_STEP_MAX_US": 2_000_000,
+        "_accumulate_decode_moment": lambda totals, batch, step_us, generated: moments.append(
+            step_us
+        ),
+        "is_health_check_generate_req": lambda req: False,
+    }
+    for name in ("_record_step_counters", "_count_uninterrupted_step"):
+        func = _function(scheduler, f"Scheduler.{name}")
+        exec(compile(ast.Module(body=[func], type_ignores=[]), str(scheduler), "exec"), namespace)
+
+    class Controller:
+        profile = None
+        uninterrupted_decode_steps = 0
+        uninterrupted_decode_us = 0
+
+    class Mode:
+        def __init__(self, prefill: bool) -> None:
+            self.prefill = prefill
+
+        def is_extend_without_speculative(self) -> bool:
+            return self.prefill
+
+        def is_decode(self) -> bool:
+            return not self.prefill
+
+        def is_target_verify(self) -> bool:
+            return False
+
+    class Scheduler:
+        _record_step_counters = namespace["_record_step_counters"]
+        _count_uninterrupted_step = namespace["_count_uninterrupted_step"]
+
+        def __init__(self) -> None:
+            self.draft_worker = type("Draft", (), {"threshold_controller": Controller()})()
+            self._prev_decode_launch_ts = None
+            self._uninterrupted_prev_launch_ts = None
+            self._profile_prev_step = None
+            self.decode_moment_totals = [0.0] * 6
+            self.total_prefill_busy_us = 0
+            self.total_prefill_uncached_tokens = 0
+
+        def _observe_step_profile(self, *args: Any) -> None:
+            pass
+
+    sched = Scheduler()
+    result = type("Result", (), {"num_correct_drafts": 0, "num_off_step_extra_tokens": 0})()
+    # Launch times (s): decode 0.000, 0.010, 0.020; a prefill at 0.025; decode 0.040, 0.050.
+    for launch, prefill in ((0.0, False), (0.01, False), (0.02, False), (0.025, True),
+                            (0.04, False), (0.05, False)):  # fmt: skip
+        batch = type("Batch", (), {})()
+        batch.forward_mode, batch.reqs, batch.launch_ts = Mode(prefill), [object()] * 4, launch
+        batch.extend_num_tokens = 32
+        sched._record_step_counters(batch, result)
+    ctrl = sched.draft_worker.threshold_controller
+    assert moments == pytest.approx([10_000, 10_000, 20_000, 10_000], abs=2)
+    assert ctrl.uninterrupted_decode_steps == 3  # 0.01, 0.02 and 0.05: not 0.04's
+    assert ctrl.uninterrupted_decode_us == pytest.approx(30_000, abs=3)
+    before = dict.fromkeys(contract.STEP_TIME_COUNTERS, 0)
+    after = {
+        "uninterrupted_decode_steps": ctrl.uninterrupted_decode_steps,
+        "uninterrupted_decode_us": ctrl.uninterrupted_decode_us,
+    }
+    assert predict.uninterrupted_step_seconds(before, after) == pytest.approx(0.010, rel=1e-3)
+
+
 def test_off_step_tokens_are_checked_at_start_up_after_the_algorithm_defaults(
     patched_site: Path,
 ) -> None:
@@ -2004,7 +2082,20 @@ def test_the_engine_counts_acceptance_as_the_router_reads_it(patched_site: Path)
     for _ in range(20):
         ctrl.count_speculating_step([4, 1, 2, 3])  # mean 2.5; three of four first drafts taken
     after = ctrl.model_inputs()
-    assert set(contract.ACCEPTANCE_COUNTERS) <= set(after)
+    assert set(contract.ACCEPTANCE_COUNTERS) | set(contract.STEP_TIME_COUNTERS) <= set(after)
+    # /v1/loads sets each of them on its `speculative` struct, which must declare them all.
+    snapshot = patched_site / "sglang" / "srt" / "managers" / "load_snapshot.py"
+    (struct,) = [
+        node
+        for node in ast.walk(ast.parse(snapshot.read_text()))
+        if isinstance(node, ast.ClassDef) and node.name == "SpeculativeMetrics"
+    ]
+    declared = {
+        item.target.id
+        for item in struct.body
+        if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+    }
+    assert set(after) <= declared, set(after) - declared
     assert (after["spec_request_steps"], after["spec_accepted_tokens"]) == (80, 120)
     assert after["spec_first_agreed"] == 60
     assert ctrl.recent_accept_length == pytest.approx(2.5)

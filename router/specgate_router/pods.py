@@ -155,9 +155,15 @@ class PodState:
         )
         if sample is not None:
             self.samples.append(sample)
-            if steps > 0:
-                step_us = load.decode_step_us - prev.load.decode_step_us
-                self._check_model(sample, step_us / 1e6 / steps)
+            try:
+                step_seconds = predict.uninterrupted_step_seconds(
+                    prev.load.speculative, load.speculative
+                )
+            except ValueError as exc:
+                self.profile_error = str(exc)[:300]
+                return
+            if step_seconds is not None:
+                self._check_model(sample, step_seconds)
 
     def _read_model_inputs(self, scrape: Scrape) -> None:
         """The step profile (parsed when it changes) and the acceptance counters. A malformed
@@ -182,8 +188,8 @@ class PodState:
             self.acceptance.update(counters, scrape.at, steps)
 
     def _check_model(self, sample: control.Sample, step_seconds: float) -> None:
-        """The profile against the decode steps the pod ran in the sample's interval (their
-        measured duration: prefills and idle time do not blur it)."""
+        """The profile against the decode steps the pod ran in the sample's interval (those
+        that directly followed another decode step: prefills and idle time do not blur it)."""
         if self.profile is None or not step_seconds > 0:
             return
         speculating = sample.speculating_fraction >= control.STEADY_MODE_FRACTION

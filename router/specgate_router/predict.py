@@ -18,8 +18,10 @@ used for this: after a rejection the bonus token is sampled from the target's re
 distribution, so the context a speculating draft sees differs from an off step's
 (BENCHMARKS.md, section 0b, measures both).
 
-The steps the pod then runs check the model: each learning interval's mean decode step
-against the profile's at its batch and mode (`Residuals`; the accept length is measured, not
+The steps the pod then runs check the model: each learning interval's mean decode step (over
+the steps that directly followed another decode step: a prefill between two steps costs the
+same in both modes and is not the model's business) against the profile's at its batch and
+mode (`Residuals`; the accept length is measured, not
 predicted, wherever speculation runs). A steady bias corrects the prediction; a
 disagreement beyond the samples' noise makes the prediction unconfident, and the controller
 goes back to learning from samples and probes (`control.decide`).
@@ -363,6 +365,30 @@ def counters_from_wire(spec: Mapping[str, Any]) -> dict[str, float] | None:
     return out
 
 
+def uninterrupted_step_seconds(before: Mapping[str, Any], after: Mapping[str, Any]) -> float | None:
+    """The mean decode step between two /v1/loads `speculative` sections, over the steps that
+    directly followed another decode step (contract.STEP_TIME_COUNTERS); None when either
+    does not report them, no such step ran, or the counters went back (a restart).
+    ValueError when one is not a finite number >= 0."""
+    steps_name, us_name = contract.STEP_TIME_COUNTERS
+    if not all(name in side for side in (before, after) for name in contract.STEP_TIME_COUNTERS):
+        return None
+    values = {}
+    for side, spec in (("before", before), ("after", after)):
+        for name in contract.STEP_TIME_COUNTERS:
+            value = spec[name]
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+            values[side, name] = float(value)
+    steps = values["after", steps_name] - values["before", steps_name]
+    micros = values["after", us_name] - values["before", us_name]
+    if steps <= 0 or micros <= 0:
+        return None
+    return micros / 1e6 / steps
+
+
 __all__: Sequence[str] = (
     "AcceptanceTracker",
     "Prediction",
@@ -371,4 +397,5 @@ __all__: Sequence[str] = (
     "chain_accept_length",
     "counters_from_wire",
     "predict",
+    "uninterrupted_step_seconds",
 )

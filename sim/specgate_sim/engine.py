@@ -25,6 +25,9 @@ TokenSink = Callable[[int, bool], None]
 ACCEPT_FRESH_SECONDS = 5.0
 """How recent a speculating step must be for the engine to report an accept length."""
 
+DECODE_STEP_MAX_SECONDS = 2.0
+"""SGLang's bound on a decode step's interval from the previous one (longer: idle time)."""
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, math.inf)
 
 
@@ -88,7 +91,13 @@ class EngineStats:
     busy_seconds: float = 0.0
     decode_moments: list[float] = field(default_factory=lambda: [0.0] * 6)
     """SGLang's per-step sums (contract.DECODE_MOMENTS): steps, batch, step microseconds,
-    batch squared, batch x microseconds, generated tokens."""
+    batch squared, batch x microseconds, generated tokens. As in SGLang, a step's
+    microseconds are the interval from the previous decode step's start, so the prefills run
+    between them count (a step with none before it, or over 2 s after it, counts its own)."""
+    uninterrupted_decode_steps: int = 0
+    uninterrupted_decode_us: float = 0.0
+    """contract.STEP_TIME_COUNTERS: decode steps started right after a decode step, and the
+    sum of those intervals."""
     ttft: Histogram = field(default_factory=Histogram)
     e2e: Histogram = field(default_factory=Histogram)
     itl: Histogram = field(default_factory=Histogram)
@@ -184,6 +193,8 @@ class EngineCore:
         self.running: list[SimRequest] = []
         self.stats = EngineStats()
         self.last_step: Step | None = None
+        self._last_decode_start: float | None = None
+        self._prefill_since_decode = False
 
     # ---- inputs ----
 
@@ -278,6 +289,7 @@ class EngineCore:
         running = set(self.running)
         if step.kind == "prefill":
             stats.prefill_steps += 1
+            self._prefill_since_decode = True
         elif step.speculating:
             stats.decode_steps_on += 1
             live = [r for r, _ in step.tokens if r in running]
@@ -295,7 +307,17 @@ class EngineCore:
             stats.draft_first_agreed += sum(1 for _ in range(live_n) if draw() < rate)
         stats.last_step_end = end
         if step.kind == "decode":
-            b, us = float(step.batch), step.duration * 1e6
+            start = end - step.duration
+            since, self._last_decode_start = self._last_decode_start, start
+            interval = None if since is None else start - since
+            if interval is not None and not 0 < interval < DECODE_STEP_MAX_SECONDS:
+                interval = None
+            if interval is not None and not self._prefill_since_decode:
+                stats.uninterrupted_decode_steps += 1
+                stats.uninterrupted_decode_us += interval * 1e6
+            self._prefill_since_decode = False
+            b = float(step.batch)
+            us = (interval if interval is not None else step.duration) * 1e6
             generated = sum(n for r, n in step.tokens if r in running and n > 0)
             for i, v in enumerate((1.0, b, us, b * b, b * us, float(generated))):
                 stats.decode_moments[i] += v

@@ -256,6 +256,9 @@ def create_app(pod: SimPod) -> FastAPI:
                     "num_steps": pod.profile.num_steps,
                     "off_step_tokens": core.off_step_tokens,
                     **{name: getattr(stats, name) for name in contract.ACCEPTANCE_COUNTERS},
+                    "uninterrupted_decode_steps": stats.uninterrupted_decode_steps,
+                    # Wall-clock, as the decode moments.
+                    "uninterrupted_decode_us": stats.uninterrupted_decode_us / settings.time_scale,
                 }
         return JSONResponse(
             {

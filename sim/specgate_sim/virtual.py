@@ -43,6 +43,10 @@ class Run:
     thresholds: list[tuple[float, int | None]] = field(default_factory=list)
     speculating: list[tuple[float, bool]] = field(default_factory=list)  # per scrape
     reasons: list[tuple[float, str]] = field(default_factory=list)
+    confident: list[tuple[float, bool | None]] = field(default_factory=list)
+    """Per scrape: whether the prediction agreed with the pod's steps (None: no prediction)."""
+    observed_over_predicted: dict[str, float | None] = field(default_factory=dict)
+    """The pod's residuals at the end of the run (/specgate/pods' observedOverPredicted)."""
 
     def tokens_between(self, start: float, end: float) -> int:
         return sum(n for t, n in self.tokens if start <= t < end)
@@ -152,7 +156,6 @@ def engine_load(
         decode_steps=stats.decode_moments[0],
         decode_batch_sum=stats.decode_moments[1],
         decode_tokens=stats.decode_moments[5],
-        decode_step_us=stats.decode_moments[2],
         speculative={}
         if step_profile is None
         else {
@@ -160,6 +163,7 @@ def engine_load(
             "num_steps": core.profile.num_steps,
             "off_step_tokens": core.off_step_tokens,
             **{name: getattr(stats, name) for name in contract.ACCEPTANCE_COUNTERS},
+            **{name: getattr(stats, name) for name in contract.STEP_TIME_COUNTERS},
         },
     )
 
@@ -179,6 +183,8 @@ def _scrape_and_decide(
     if not dynamic:
         return
     (view.prediction,) = predictions([view], now, params)
+    out.confident.append((now, view.prediction.confident if view.prediction else None))
+    out.observed_over_predicted = view.residuals.view()
     (decision,) = control.decide_pods(
         list(view.samples),
         [control.PodInput(view.decision, view.samples, True, view.pool, view.prediction)],
