@@ -262,11 +262,24 @@ def test_the_hold_grid_runs_the_router_and_engine_as_the_operator_renders_them(
     assert loaded.control.cooldown_seconds == defaults.cooldown_seconds
     cell = {
         "c": 16,
-        "routed": {"from": 64, "tok_s": [900.0, 1000.0], "pods": [{"threshold": 32}]},
+        "routed": {
+            "from": 64,
+            "tok_s": [900.0, 1000.0],
+            "pods": [
+                {"threshold": 32},
+                {
+                    "threshold": 32,
+                    "prediction": {
+                        "observedOverPredicted": {"on": 0.95, "off": None},
+                        "confident": True,
+                    },
+                },
+            ],
+        },
         "plain_median": 800.0,
         "eagle3_median": 1000.0,
         "routed_median": 950.0,
         "ratio": 0.95,
     }
     table = grid.report({"temperature": 0.8, "predicted_accept_length": 3.83, "cells": [cell]})
-    assert "| 16 | 64 | 800 | 1000 | 950 | **0.950** | 900-1000 | 32 |" in table
+    assert "| 16 | 64 | 800 | 1000 | 950 | **0.950** | 900-1000 | 32 | on 0.95 | 1 of 2 |" in table

@@ -21,7 +21,7 @@ routed pod's threshold read every second; it says when the threshold settled aft
 
     bash lab/gpu/run-on-gpu.sh SITE OUT lab/bench/hold_grid.py --temperature 0.8
 Results: OUT/hold-grid.json after every cell; lab/bench/hold_grid.py --report OUT/hold-grid.json
-prints the table.
+[more.json ...] [--plot grid.png] prints the tables and draws them.
 """
 
 from __future__ import annotations
@@ -167,16 +167,29 @@ def report(results: dict[str, Any]) -> str:
         f"T = {results['temperature']} (accept length {results['predicted_accept_length']} "
         "by construction): routed / max(plain, EAGLE-3), medians over windows",
         "",
-        "| c | from | plain | EAGLE-3 | routed | ratio | routed windows | threshold |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| c | from | plain | EAGLE-3 | routed | ratio | routed windows | threshold "
+        "| observed / predicted step rate | confident |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for cell in results["cells"]:
-        thresholds = sorted({str(v.get("threshold")) for v in cell["routed"]["pods"]})
+        views = cell["routed"]["pods"]
+        thresholds = sorted({str(v.get("threshold")) for v in views})
+        predictions = [v.get("prediction") or {} for v in views]
+        residuals = sorted(
+            {
+                f"{mode} {ratio}"
+                for p in predictions[-1:]
+                for mode, ratio in (p.get("observedOverPredicted") or {}).items()
+                if ratio is not None
+            }
+        )
+        confident = sum(1 for p in predictions if p.get("confident"))
         lines.append(
             f"| {cell['c']} | {cell['routed']['from']} | {cell['plain_median']:.0f} | "
             f"{cell['eagle3_median']:.0f} | {cell['routed_median']:.0f} | "
             f"**{cell['ratio']:.3f}** | {min(cell['routed']['tok_s']):.0f}-"
-            f"{max(cell['routed']['tok_s']):.0f} | {', '.join(thresholds)} |"
+            f"{max(cell['routed']['tok_s']):.0f} | {', '.join(thresholds)} | "
+            f"{', '.join(residuals) or '-'} | {confident} of {len(predictions)} |"
         )
     step = results.get("step")
     if step:
@@ -187,6 +200,56 @@ def report(results: dict[str, Any]) -> str:
             f"{step['settled_after_step_s']} s after the step.",
         ]
     return "\n".join(lines)
+
+
+def plot(runs: list[dict[str, Any]], path: Path) -> None:
+    """Output tok/s of plain, EAGLE-3 and routed at each held level, one panel a run (with
+    every window's figure as a dot: the spread is part of the result)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("no matplotlib: no plot (pip install 'specgate[plot]')", file=sys.stderr)
+        return
+    fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 4), squeeze=False)
+    for ax, results in zip(axes[0], runs, strict=True):
+        cells = sorted(results["cells"], key=lambda cell: cell["c"])
+        for i, (name, key, color) in enumerate(
+            (
+                ("plain", "plain", "#999999"),
+                ("EAGLE-3", "eagle3", "#4c72b0"),
+                ("routed", "routed", "#dd8452"),
+            )
+        ):
+            for j, cell in enumerate(cells):
+                windows = cell["routed"]["tok_s"] if key == "routed" else cell[key]
+                x = j + (i - 1) * 0.27
+                ax.bar(
+                    x, statistics.median(windows), 0.25, color=color, label=name if j == 0 else None
+                )
+                ax.plot([x] * len(windows), windows, "k.", markersize=3)
+            for j, cell in enumerate(cells):
+                ax.text(
+                    j + 0.27,
+                    cell["routed_median"],
+                    f"{cell['ratio']:.2f}",
+                    ha="center",
+                    va="bottom",
+                    fontsize=8,
+                )
+        ax.set_xticks(range(len(cells)), [f"c = {cell['c']}" for cell in cells])
+        ax.set_ylabel("output tok/s")
+        ax.set_title(
+            f"T {results['temperature']} (accept length {results['predicted_accept_length']})",
+            fontsize=10,
+        )
+        ax.legend(fontsize=8)
+    fig.suptitle("Held a minute: routed (operator defaults) vs upstream servers", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main() -> int:
@@ -207,10 +270,16 @@ def main() -> int:
     parser.add_argument("--deadline", type=float, default=570.0, help="no new cell after this")
     parser.add_argument("--mem-fraction", type=float, default=0.25)
     parser.add_argument("--port-base", type=int, default=32400)
-    parser.add_argument("--report", type=Path, help="print the table of a results file")
+    parser.add_argument(
+        "--report", type=Path, nargs="+", help="print the tables of results files (no run)"
+    )
+    parser.add_argument("--plot", type=Path, help="with --report: draw them into this PNG")
     args = parser.parse_args()
     if args.report:
-        print(report(json.loads(args.report.read_text())))
+        runs = [json.loads(path.read_text()) for path in args.report]
+        print("\n\n".join(report(results) for results in runs))
+        if args.plot:
+            plot(runs, args.plot)
         return 0
     started = time.monotonic()
     out = Path(args.out)
