@@ -31,10 +31,13 @@ SHORT_NAMES = ["sdd"]
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"
 
 # Flags the operator renders itself; letting extraArgs repeat them would silently fight the spec.
+# --trust-remote-code runs code from the model repository and --enable-custom-logit-processor
+# runs pickled code from requests: each needs the resource to say so in its own field.
 RESERVED_ENGINE_FLAGS = (
     "model-path|served-model-name|revision|dtype|context-length|tp|tp-size|tensor-parallel-size"
-    "|host|port|api-key|enable-metrics|speculative-[a-z-]+|mem-fraction-static"
-    "|max-running-requests|cuda-graph-max-bs(-decode)?"
+    "|host|port|api-key|admin-api-key|enable-metrics|speculative-[a-z-]+|mem-fraction-static"
+    "|max-running-requests|cuda-graph-max-bs(-decode)?|trust-remote-code"
+    "|enable-custom-logit-processor"
 )
 
 KubeObject = Annotated[
@@ -130,6 +133,9 @@ class ModelSpec(_Model):
     """Weight and activation dtype."""
     context_length: int | None = Field(default=None, ge=128, le=4_194_304)
     """Maximum context length in tokens; defaults to the model's config."""
+    trust_remote_code: bool = False
+    """Let SGLang run Python code shipped with the model and draft weights
+    (`--trust-remote-code`): only for weights whose code you trust."""
     source: WeightsSource = Field(default_factory=WeightsSource)
     """Where the weights come from."""
 
@@ -253,7 +259,9 @@ class EngineSpec(_Model):
                     + ")(=.*)?$'))",
                     "extraArgs may not set flags the operator renders from the spec (model,"
                     " parallelism, host/port, API key, metrics, speculative, memory and batch"
-                    " flags): use the matching spec field instead",
+                    " flags) or that run foreign code (--trust-remote-code: set"
+                    " spec.model.trustRemoteCode; --enable-custom-logit-processor): use the"
+                    " matching spec field instead",
                 ),
             ]
         }
@@ -288,6 +296,11 @@ class EngineSpec(_Model):
     `gpusPerPod`."""
     shm_size: str = Field(default="16Gi", pattern=QUANTITY_PATTERN)
     """Size of the memory-backed /dev/shm (NCCL needs it for tensor parallelism)."""
+    run_as_user: int | None = Field(default=None, ge=1, le=2147483647)
+    """Run the engine as this non-root user ID, with HOME (SGLang's kernel caches) on a
+    writable emptyDir; unset, it runs as the image's user, which is root in SGLang's image.
+    Either way it runs without privilege escalation, with no capabilities and the runtime's
+    default seccomp profile."""
     startup_timeout_seconds: int = Field(default=1800, ge=60, le=7200)
     """How long the startup probe waits for weights to load and CUDA graphs to capture."""
 

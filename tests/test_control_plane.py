@@ -79,6 +79,52 @@ def _example() -> dict[str, Any]:
     return doc
 
 
+def _pod_security_warnings(cluster: ControlPlane, namespace: str, doc: dict[str, Any]) -> str:
+    """What the API server's PodSecurity admission says about a workload in `namespace` (its
+    warn level; a Deployment is warned about, its pods would be refused), by a server-side
+    dry run."""
+    doc = {**doc, "metadata": {**doc["metadata"], "namespace": namespace}}
+    result = cluster.kubectl("apply", "--dry-run=server", "-f", "-", stdin=json.dumps(doc))
+    return "\n".join(line for line in result.stderr.splitlines() if "PodSecurity" in line)
+
+
+def test_rendered_pods_meet_the_pod_security_standards(cluster: ControlPlane) -> None:
+    """Judged by the API server's own PodSecurity admission, for every example: the router
+    meets `restricted`; the engine meets `baseline`, and `restricted` with
+    spec.engine.runAsUser; by default (root in SGLang's image) `restricted` objects to
+    nothing but the user."""
+    from specgate import api
+    from specgate_operator import render
+
+    for level in ("baseline", "restricted"):
+        cluster.kubectl("create", "namespace", f"pss-{level}")
+        cluster.kubectl("label", "namespace", f"pss-{level}",
+                        f"pod-security.kubernetes.io/warn={level}")  # fmt: skip
+    for example in EXAMPLES:
+        doc = yaml.safe_load(example.read_text())
+        for run_as_user in (None, 1000):
+            if run_as_user is not None:
+                doc["spec"].setdefault("engine", {})["runAsUser"] = run_as_user
+            sdd = api.SpecDecodeDeployment.model_validate(doc)
+            workloads = {
+                m["metadata"]["name"]: m
+                for m in render.render(sdd, api_key="k")
+                if m["kind"] == "Deployment"
+            }
+            engine = workloads[render.names(sdd.name)["engine"]]
+            router = workloads[render.names(sdd.name)["router"]]
+            where = f"{example.name}, runAsUser {run_as_user}"
+            assert _pod_security_warnings(cluster, "pss-restricted", router) == "", where
+            assert _pod_security_warnings(cluster, "pss-baseline", engine) == "", where
+            restricted = _pod_security_warnings(cluster, "pss-restricted", engine)
+            if run_as_user is None:
+                assert "runAsNonRoot != true" in restricted, where
+                assert "allowPrivilegeEscalation" not in restricted, where
+                assert "capabilities" not in restricted and "seccomp" not in restricted, where
+            else:
+                assert restricted == "", (where, restricted)
+
+
 MALFORMED = [
     ("spec.speculative", lambda d: d["spec"]["speculative"].update(numDraftTokens=7)),
     ("spec.engine", lambda d: d["spec"]["engine"].update(gpusPerPod=3, tensorParallelSize=2)),

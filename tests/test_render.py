@@ -30,6 +30,31 @@ def _engine_container(manifests: list[dict[str, Any]], name: str) -> dict[str, A
     return container
 
 
+def test_the_engine_pod_runs_without_privileges_and_requests_cpu_and_memory(
+    schema: dict[str, Any],
+) -> None:
+    """By default (the image's user, root in SGLang's image): no privilege escalation, no
+    capabilities, the runtime's seccomp profile, no API token, no foreign code, and CPU and
+    memory requests that grow with the GPUs, each kept where the resource names its own."""
+    sdd = _sdd(minimal_resource(engine={"gpusPerPod": 2, "tensorParallelSize": 2}), schema)
+    out = render.render(sdd, api_key="k")
+    c = _engine_container(out, "demo")
+    assert c["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert "--trust-remote-code" not in c["args"]
+    assert not any(e["name"] == "HOME" for e in c["env"])
+    pod = _by_kind(out)[("Deployment", "demo-engine")]["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+    assert c["resources"]["requests"] == {"nvidia.com/gpu": "2", "cpu": "4", "memory": "32Gi"}
+    own = _sdd(minimal_resource(engine={"resources": {"requests": {"memory": "8Gi"}}}), schema)
+    requests = _engine_container(render.render(own, api_key="k"), "demo")["resources"]["requests"]
+    assert requests["memory"] == "8Gi" and requests["cpu"] == "16"
+
+
 def _flag(args: list[str], flag: str) -> str | None:
     return args[args.index(flag) + 1] if flag in args else None
 
@@ -45,6 +70,7 @@ def full(schema: dict[str, Any]) -> api.SpecDecodeDeployment:
             "servedName": "llama",
             "dtype": "bfloat16",
             "contextLength": 8192,
+            "trustRemoteCode": True,
             "source": {
                 "type": "pvc",
                 "pvc": {"claimName": "weights", "subPath": "hf", "readOnly": True},
@@ -81,6 +107,7 @@ def full(schema: dict[str, Any]) -> api.SpecDecodeDeployment:
             "env": [{"name": "NCCL_DEBUG", "value": "INFO"}],
             "resources": {"requests": {"cpu": "8", "memory": "64Gi"}},
             "shmSize": "32Gi",
+            "runAsUser": 1000,
             "startupTimeoutSeconds": 600,
         },
         placement={
@@ -120,6 +147,7 @@ def test_every_spec_field_reaches_the_manifests(full: api.SpecDecodeDeployment) 
     assert _flag(args, "--served-model-name") == "llama"
     assert _flag(args, "--dtype") == "bfloat16"
     assert _flag(args, "--context-length") == "8192"
+    assert "--trust-remote-code" in args
     assert _flag(args, "--speculative-algorithm") == "EAGLE"
     assert _flag(args, "--speculative-draft-model-path") == "/weights/eagle-70b"
     assert _flag(args, "--speculative-draft-model-revision") == "d1"
@@ -140,6 +168,10 @@ def test_every_spec_field_reaches_the_manifests(full: api.SpecDecodeDeployment) 
     key_env = next(e for e in c["env"] if e["name"] == "SPECGATE_ENGINE_API_KEY")
     assert key_env["valueFrom"]["secretKeyRef"] == {"name": "my-key", "key": "token"}
     assert {"name": "NCCL_DEBUG", "value": "INFO"} in c["env"]
+    assert c["securityContext"]["runAsNonRoot"] is True
+    assert c["securityContext"]["runAsUser"] == 1000
+    assert {"name": "HOME", "value": render.ENGINE_HOME} in c["env"]
+    assert {"name": "home", "mountPath": render.ENGINE_HOME} in c["volumeMounts"]
     assert c["image"] == "registry.local/worker:dev" and c["imagePullPolicy"] == "Always"
     assert c["resources"]["requests"] == {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "8"}
     assert c["resources"]["limits"] == {"nvidia.com/gpu": "8"}

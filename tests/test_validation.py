@@ -142,6 +142,18 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "extraArgs may not set flags the operator renders",
     ),
     (
+        "cel-extra-args-trust-remote-code",
+        {"engine": {"extraArgs": ["--log-level", "info", "--trust-remote-code"]}},
+        "spec.engine",
+        "set spec.model.trustRemoteCode",
+    ),
+    (
+        "cel-extra-args-custom-logit-processor",
+        {"engine": {"extraArgs": ["--enable-custom-logit-processor"]}},
+        "spec.engine",
+        "run foreign code",
+    ),
+    (
         "cel-extra-args-override-graph-batch",
         {"engine": {"extraArgs": ["--cuda-graph-max-bs-decode=32"]}},
         "spec.engine",

@@ -137,6 +137,8 @@ def engine_args(sdd: api.SpecDecodeDeployment) -> list[str]:
         args += ["--speculative-draft-model-revision", spec_dec.draft_model.revision]
     if model.context_length is not None:
         args += ["--context-length", str(model.context_length)]
+    if model.trust_remote_code:
+        args.append("--trust-remote-code")
     threshold = initial_threshold(spec_dec.control)
     if threshold is not None:
         args += ["--speculative-disable-batch-threshold", str(threshold)]
@@ -153,12 +155,38 @@ def engine_args(sdd: api.SpecDecodeDeployment) -> list[str]:
     return args + list(engine.extra_args)
 
 
+ENGINE_CPU_REQUEST_PER_GPU = 2
+ENGINE_MEMORY_REQUEST_PER_GPU_GI = 16
+"""Requested for an engine pod when the resource names no CPU or memory, per GPU: its
+scheduler, tokenizer and detokenizer processes and the weights' host-side loading."""
+ENGINE_HOME = "/home/specgate"
+
+
 def _engine_resources(engine: api.EngineSpec) -> dict[str, Any]:
     resources: dict[str, Any] = {k: dict(v) for k, v in engine.resources.items()}
     gpus = str(engine.gpus_per_pod)
     resources.setdefault("limits", {})["nvidia.com/gpu"] = gpus
-    resources.setdefault("requests", {})["nvidia.com/gpu"] = gpus
+    requests = resources.setdefault("requests", {})
+    requests["nvidia.com/gpu"] = gpus
+    requests.setdefault("cpu", str(ENGINE_CPU_REQUEST_PER_GPU * engine.gpus_per_pod))
+    requests.setdefault("memory", f"{ENGINE_MEMORY_REQUEST_PER_GPU_GI * engine.gpus_per_pod}Gi")
     return resources
+
+
+def engine_container_security(engine: api.EngineSpec) -> dict[str, Any]:
+    """The engine container's security context: no privilege escalation, no capabilities
+    (GPU access comes from the device plugin's device nodes, not from a capability), and
+    non-root when the resource names a user. SGLang writes its kernel caches under HOME and
+    compiles into the image's site-packages on first use, so the root filesystem stays
+    writable."""
+    out: dict[str, Any] = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    if engine.run_as_user is not None:
+        out |= {"runAsNonRoot": True, "runAsUser": engine.run_as_user}
+    return out
 
 
 def _weights_volume(source: api.WeightsSource) -> dict[str, Any] | None:
@@ -197,6 +225,11 @@ def engine_deployment(sdd: api.SpecDecodeDeployment, opts: RenderOptions) -> Man
         },
         *[dict(e) for e in engine.env],
     ]
+    if engine.run_as_user is not None:
+        # A user with no home in the image gets HOME=/, which it cannot write.
+        volumes.append({"name": "home", "emptyDir": {}})
+        mounts.append({"name": "home", "mountPath": ENGINE_HOME})
+        env.insert(1, {"name": "HOME", "value": ENGINE_HOME})
     probe_port = {"port": "http"}
     container: dict[str, Any] = {
         "name": "engine",
@@ -208,6 +241,7 @@ def engine_deployment(sdd: api.SpecDecodeDeployment, opts: RenderOptions) -> Man
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
         "resources": _engine_resources(engine),
         "volumeMounts": mounts,
+        "securityContext": engine_container_security(engine),
         # /health and /health_generate need no API key in SGLang 0.5.17 (utils/auth.py).
         "startupProbe": {
             "httpGet": {"path": "/health", **probe_port},
@@ -235,6 +269,9 @@ def engine_deployment(sdd: api.SpecDecodeDeployment, opts: RenderOptions) -> Man
         "tolerations": [dict(t) for t in placement.tolerations],
         "terminationGracePeriodSeconds": 60,
         "enableServiceLinks": False,
+        # The pod reads no Kubernetes API: no token mounted.
+        "automountServiceAccountToken": False,
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
     }
     if opts.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": name} for name in opts.image_pull_secrets]
