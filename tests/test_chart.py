@@ -60,6 +60,8 @@ def test_ci_values_files_cover_the_scenarios() -> None:
         ("monitoring.prometheusRule.maxErrorRatio=2", "monitoring.prometheusRule.maxErrorRatio"),
         ("operator.watchNamespaces[0]=Not_A_Namespace", "operator.watchNamespaces.0"),
         ("monitoring.podMonitor.interval=often", "monitoring.podMonitor.interval"),
+        ("operator.policy.allowedHostPathPrefixes[0]=models", "allowedHostPathPrefixes.0"),
+        ("operator.policy.allowedHostPathPrefixes[0]=/mnt/../", "allowedHostPathPrefixes.0"),
     ],
 )
 def test_schema_rejects_bad_values_naming_the_field(setting: str, field: str) -> None:
@@ -107,6 +109,9 @@ def test_values_become_operator_flags_the_cli_accepts() -> None:
     assert "--router-image=registry.example.com/specgate:0.1.0-rc1" in namespaced
     parsed = build_parser().parse_args(namespaced)
     assert parsed.namespace == ["llm-prod", "llm-staging"] and parsed.resync_seconds == 60
+    assert parsed.allowed_image_prefix == ["registry.example.com/llm/"]
+    assert parsed.allowed_host_path_prefix == ["/mnt/models"]
+    assert "--allowed-host-path-prefix" not in " ".join(default)
     monitoring = _operator_args(rendered(CHART / "ci" / "monitoring-values.yaml"))
     assert "--metrics-namespace-label=kubernetes.io/metadata.name=monitoring" in monitoring
     build_parser().parse_args(monitoring)

@@ -53,8 +53,8 @@ CHILDREN = [
 class OperatorProcess:
     """`specgate operator` in a child process, as a cluster would run it."""
 
-    def __init__(self, kubeconfig: Path, log: Path) -> None:
-        self.kubeconfig, self.log = kubeconfig, log
+    def __init__(self, kubeconfig: Path, log: Path, *flags: str) -> None:
+        self.kubeconfig, self.log, self.flags = kubeconfig, log, flags
         self.liveness_port = _free_port()
         self.proc: asyncio.subprocess.Process | None = None
 
@@ -71,6 +71,7 @@ class OperatorProcess:
             "1",
             "--liveness",
             f"http://127.0.0.1:{self.liveness_port}/healthz",
+            *self.flags,
             env=env,
             stdout=self.log.open("a"),
             stderr=asyncio.subprocess.STDOUT,
@@ -355,6 +356,40 @@ async def test_unrealisable_resource_is_degraded_until_fixed(
 
     await wait_for(healed, timeout=30, what="Degraded=False")
     assert await cluster.get("/apis/apps/v1/namespaces/default/deployments", "demo-engine")
+
+
+async def test_a_resource_the_policy_refuses_gets_no_children_until_it_complies(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """An operator limited to one registry: a resource naming another image gets no
+    children and a Degraded condition naming the field; once it names an allowed image,
+    it is reconciled."""
+    proc = OperatorProcess(
+        cluster.kubeconfig, tmp_path / "operator.log", "--allowed-image-prefix=registry.io/llm/"
+    )
+    await proc.start()
+    try:
+        await _create(cluster, minimal_resource(engine={"image": "docker.io/evil/sglang:1"}))
+
+        async def refused() -> dict[str, Any] | None:
+            cond = await cluster.condition("Degraded")
+            return cond if cond and cond["reason"] == "PolicyViolation" else None
+
+        cond = await wait_for(refused, what="Degraded=True, PolicyViolation")
+        assert cond["status"] == "True"
+        assert cond["message"].startswith("spec.engine.image: 'docker.io/evil/sglang:1'")
+        assert await _all_children(cluster) is None
+        assert await cluster.get("/api/v1/namespaces/default/secrets", "demo-engine-key") is None
+        resp = await cluster.api.patch(
+            f"{SDD_PATH}/demo",
+            json={"spec": {"engine": {"image": "registry.io/llm/sglang:1"}}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        assert resp.status_code == 200, resp.text
+        await wait_for(lambda: _all_children(cluster), timeout=30, what="children")
+    finally:
+        await proc.stop()
+        print((tmp_path / "operator.log").read_text()[-5000:])
 
 
 async def test_api_rejects_a_malformed_resource_naming_the_field(cluster: Cluster) -> None:

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from specgate import api
 from specgate.kube import Credentials, KubeClient, KubeError, adopt
 from specgate_operator import render, status
+from specgate_operator.policy import Policy, violations
 
 log = logging.getLogger("specgate.operator")
 
@@ -35,6 +36,8 @@ class OperatorConfig:
     """Everything `specgate operator` is configured with."""
 
     render: render.RenderOptions = field(default_factory=render.RenderOptions)
+    policy: Policy = field(default_factory=Policy)
+    """What resources may do beyond their schema: images, node directories."""
     resync_seconds: float = 30.0
     """How often every resource is re-applied (drift correction) and its status refreshed."""
     detect_monitoring: bool = True
@@ -161,6 +164,13 @@ async def _reconcile(body: Any, patch: Any, memo: Any, logger: Logger) -> None:
         message = _invalid_spec_message(exc)
         problem, error = ("InvalidSpec", message), kopf.PermanentError(message)
         sdd = None
+    if sdd is not None:
+        defaults = (config.render.engine_image, config.render.router_image)
+        refused = violations(sdd, config.policy, defaults)
+        if refused:
+            message = "; ".join(refused)
+            problem, error = ("PolicyViolation", message), kopf.PermanentError(message)
+            sdd = None
     if sdd is not None:
         opts = config.render
         if config.detect_monitoring:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import sys
 
 from specgate_operator import render
+from specgate_operator.policy import Policy
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,6 +40,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="let pods in namespaces with this label scrape engine /metrics (NetworkPolicy)",
     )
     parser.add_argument(
+        "--allowed-image-prefix",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="images resources may name start with one of these (repeatable; none: any image)",
+    )
+    parser.add_argument(
+        "--allowed-host-path-prefix",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="node directories hostPath weights may mount (repeatable; none: no hostPath)",
+    )
+    parser.add_argument(
         "--resync-seconds",
         type=float,
         default=30.0,
@@ -61,7 +77,7 @@ def _labels(pairs: list[str]) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise SystemExit(f"--metrics-namespace-label: expected KEY=VALUE, got {pair!r}")
+            raise ValueError(f"--metrics-namespace-label: expected KEY=VALUE, got {pair!r}")
         out[key] = value
     return out
 
@@ -77,12 +93,22 @@ def run(args: argparse.Namespace) -> int:
     )
     # One line per API call is noise at INFO; kopf logs each handler outcome already.
     logging.getLogger("httpx").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
+    try:
+        policy = Policy(
+            allowed_image_prefixes=tuple(args.allowed_image_prefix),
+            allowed_host_path_prefixes=tuple(args.allowed_host_path_prefix),
+        )
+        metrics_labels = _labels(args.metrics_namespace_label)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     config = handlers.OperatorConfig(
+        policy=policy,
         render=render.RenderOptions(
             engine_image=args.engine_image,
             router_image=args.router_image,
             image_pull_secrets=tuple(args.image_pull_secret),
-            metrics_namespace_labels=_labels(args.metrics_namespace_label),
+            metrics_namespace_labels=metrics_labels,
         ),
         resync_seconds=args.resync_seconds,
         detect_monitoring=not args.no_service_monitor,

@@ -55,6 +55,12 @@ app.kubernetes.io/component: operator
 {{- range .Values.imagePullSecrets }}
 - --image-pull-secret={{ .name }}
 {{- end }}
+{{- range .Values.operator.policy.allowedImagePrefixes }}
+- --allowed-image-prefix={{ . }}
+{{- end }}
+{{- range .Values.operator.policy.allowedHostPathPrefixes }}
+- --allowed-host-path-prefix={{ . }}
+{{- end }}
 - --resync-seconds={{ .Values.operator.resyncSeconds }}
 - --liveness=http://0.0.0.0:8080/healthz
 {{- range $key, $value := .Values.operator.metricsNamespaceLabels }}
