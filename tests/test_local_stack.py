@@ -14,22 +14,24 @@ import httpx
 import pytest
 
 from specgate_sim.cluster import free_ports
-from specgate_sim.local import StackConfig, running_stack, sglang_command
+from specgate_sim.local import StackConfig, running_stack, sglang_command, sglang_env
 
 pytestmark = pytest.mark.integration
 
 
 def test_a_real_engine_gets_the_off_step_flag_only_where_it_differs_from_sglangs_default() -> None:
     base = StackConfig(engine="sglang", model_path="/m/target", draft_model_path="/m/draft")
-    plain = sglang_command(base, 30000, "k")
+    plain = sglang_command(base, 30000)
     assert "--speculative-off-step-tokens" not in plain
-    four = sglang_command(replace(base, off_step_tokens=4), 30000, "k")
+    four = sglang_command(replace(base, off_step_tokens=4), 30000)
     flag = four.index("--speculative-off-step-tokens")
     assert four[flag + 1] == "4"
     cut = "--speculative-disable-batch-threshold"
     assert four[: four.index(cut)] == plain[: plain.index(cut)]  # the rest as before
+    assert not any("api-key" in a for a in plain)  # the key: in the environment only
+    assert sglang_env("k", 1)["SGLANG_API_KEY"] == "k"
     with pytest.raises(SystemExit, match="--off-step-tokens 5: at most 4 with --engine sglang"):
-        sglang_command(replace(base, off_step_tokens=5), 30000, "k")
+        sglang_command(replace(base, off_step_tokens=5), 30000)
 
 
 async def test_the_stacks_pods_decode_off_steps_of_the_configured_tokens() -> None:

@@ -164,8 +164,9 @@ def test_every_spec_field_reaches_the_manifests(full: api.SpecDecodeDeployment) 
     assert "--cuda-graph-max-bs" not in args  # 0.5.17's deprecated alias
     assert args[-2:] == ["--log-level", "debug"]
     assert "--enable-metrics" in args
-    assert _flag(args, "--api-key") == "$(SPECGATE_ENGINE_API_KEY)"
-    key_env = next(e for e in c["env"] if e["name"] == "SPECGATE_ENGINE_API_KEY")
+    # The key reaches the engine through its environment, never its command line (ps).
+    assert not any("api-key" in a or "API_KEY" in a for a in args)
+    key_env = next(e for e in c["env"] if e["name"] == render.ENGINE_SERVER_KEY_ENV)
     assert key_env["valueFrom"]["secretKeyRef"] == {"name": "my-key", "key": "token"}
     assert {"name": "NCCL_DEBUG", "value": "INFO"} in c["env"]
     assert c["securityContext"]["runAsNonRoot"] is True

@@ -369,6 +369,58 @@ def test_the_engine_times_decode_steps_without_the_prefills_between_them(
     assert predict.uninterrupted_step_seconds(before, after) == pytest.approx(0.010, rel=1e-3)
 
 
+def test_the_engine_takes_its_key_from_the_environment_and_never_logs_it(
+    patched_site: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator passes the engine key in SGLANG_API_KEY, not --api-key (a command line
+    any user of the node can read); the server args' repr, which the start-up log prints,
+    masks both keys. Run on the patched methods, bound to a dataclass with the same fields."""
+    import dataclasses
+    import os
+
+    from specgate_operator import render
+
+    server_args = patched_site / "sglang" / "srt" / "server_args.py"
+    tree = ast.parse(server_args.read_text())
+    constants = {
+        node.targets[0].id: ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and isinstance(node.targets[0], ast.Name)
+        and node.targets[0].id in ("API_KEY_ENV", "SECRET_SERVER_ARGS")
+    }
+    assert constants["API_KEY_ENV"] == render.ENGINE_SERVER_KEY_ENV
+    namespace: dict[str, Any] = {"os": os, "dataclasses": dataclasses, **constants}
+    for name in ("__repr__", "_handle_api_key_from_env"):
+        func = _function(server_args, f"ServerArgs.{name}")
+        exec(compile(ast.Module(body=[func], type_ignores=[]), str(server_args), "exec"), namespace)
+    post_init = ast.unparse(_function(server_args, "ServerArgs.__post_init__"))
+    assert post_init.index("_handle_api_key_from_env") < post_init.index("if self.model_path")
+
+    @dataclasses.dataclass(repr=False)
+    class Args:
+        model_path: str = "m"
+        api_key: str | None = None
+        admin_api_key: str | None = None
+
+    Args.__repr__ = namespace["__repr__"]  # type: ignore[method-assign]
+    Args._handle_api_key_from_env = namespace["_handle_api_key_from_env"]  # type: ignore[attr-defined]
+    monkeypatch.setenv(render.ENGINE_SERVER_KEY_ENV, " s3cret\n")
+    args = Args()
+    args._handle_api_key_from_env()  # type: ignore[attr-defined]
+    assert args.api_key == "s3cret"
+    flagged = Args(api_key="from-flag", admin_api_key="admin")
+    flagged._handle_api_key_from_env()  # type: ignore[attr-defined]
+    assert flagged.api_key == "from-flag"  # an explicit flag wins
+    shown = repr(flagged)
+    assert "from-flag" not in shown and "admin" not in shown.replace("admin_api_key", "")
+    assert "api_key=<redacted>" in shown and "model_path='m'" in shown
+    monkeypatch.delenv(render.ENGINE_SERVER_KEY_ENV)
+    none = Args()
+    none._handle_api_key_from_env()  # type: ignore[attr-defined]
+    assert none.api_key is None and "api_key=None" in repr(none)
+
+
 def test_off_step_tokens_are_checked_at_start_up_after_the_algorithm_defaults(
     patched_site: Path,
 ) -> None:

@@ -18,6 +18,10 @@ from specgate import api
 Manifest = dict[str, Any]
 
 ENGINE_KEY_ENV = "SPECGATE_ENGINE_API_KEY"
+"""The router's environment variable for the engine API key."""
+ENGINE_SERVER_KEY_ENV = "SGLANG_API_KEY"
+"""The engine's: the patched server reads its key from it when --api-key is not given, so the
+key is never in the process's command line."""
 ROUTER_CONFIG_FILE = "router.yaml"
 ROUTER_CONFIG_DIR = "/etc/specgate"
 CLIENT_KEYS_DIR = "/etc/specgate-client-keys"
@@ -117,9 +121,6 @@ def engine_args(sdd: api.SpecDecodeDeployment) -> list[str]:
         "--port",
         str(engine.port),
         "--enable-metrics",
-        # Kubernetes expands $(VAR) from the container's env, which reads the Secret.
-        "--api-key",
-        f"$({ENGINE_KEY_ENV})",
         "--speculative-algorithm",
         spec_dec.algorithm,
         "--speculative-draft-model-path",
@@ -220,7 +221,7 @@ def engine_deployment(sdd: api.SpecDecodeDeployment, opts: RenderOptions) -> Man
         mounts.append(mount)
     env: list[dict[str, Any]] = [
         {
-            "name": ENGINE_KEY_ENV,
+            "name": ENGINE_SERVER_KEY_ENV,
             "valueFrom": {"secretKeyRef": {"name": key.name, "key": key.key}},
         },
         *[dict(e) for e in engine.env],

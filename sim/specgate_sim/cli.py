@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 
 from specgate import contract
@@ -49,7 +50,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=30000, help="port of the first pod")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--pods", type=int, default=1, help="pods on consecutive ports")
-    parser.add_argument("--api-key", help="require this Bearer key (as SGLang's --api-key)")
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("SGLANG_API_KEY") or None,
+        help="require this Bearer key (as SGLang's --api-key; default: $SGLANG_API_KEY, as the "
+        "patched engine, which keeps it out of the command line)",
+    )
     parser.add_argument(
         "--profile",
         default="rtx-pro-6000-x8",

@@ -57,8 +57,9 @@ NUM_DRAFT_TOKENS = 4
 """`--speculative-num-draft-tokens` of the local stack's SGLang engines (three draft steps)."""
 
 
-def sglang_command(cfg: StackConfig, port: int, api_key: str) -> list[str]:
-    """A patched SGLang engine for `specgate up --engine sglang` (the worker image's flags)."""
+def sglang_command(cfg: StackConfig, port: int) -> list[str]:
+    """A patched SGLang engine for `specgate up --engine sglang` (the worker image's flags;
+    the API key goes in its environment, `sglang_env`, never on its command line)."""
     if not cfg.model_path or not cfg.draft_model_path:
         raise SystemExit("--engine sglang needs --model-path and --draft-model-path")
     if cfg.off_step_tokens > NUM_DRAFT_TOKENS:
@@ -80,8 +81,6 @@ def sglang_command(cfg: StackConfig, port: int, api_key: str) -> list[str]:
         "--port",
         str(port),
         "--enable-metrics",
-        "--api-key",
-        api_key,
         "--speculative-algorithm",
         "EAGLE3",
         "--speculative-draft-model-path",
@@ -102,6 +101,12 @@ def sglang_command(cfg: StackConfig, port: int, api_key: str) -> list[str]:
         ),
         *cfg.sglang_args,
     ]
+
+
+def sglang_env(api_key: str, gpu: int) -> dict[str, str]:
+    """The engine's environment: its GPU, and its API key where the patched server reads it
+    (SGLANG_API_KEY), which `ps` does not show."""
+    return {**os.environ, "CUDA_VISIBLE_DEVICES": str(gpu), "SGLANG_API_KEY": api_key}
 
 
 async def _wait_healthy(urls: list[str], timeout: float) -> None:
@@ -141,8 +146,7 @@ async def running_stack(cfg: StackConfig) -> AsyncIterator[Stack]:
             raise SystemExit("--engine sglang: SGLang is not installed here (see worker-image/)")
         ports = free_ports(cfg.pods, cfg.host)
         for i, port in enumerate(ports):
-            env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(i)}
-            procs.append(subprocess.Popen(sglang_command(cfg, port, api_key), env=env))
+            procs.append(subprocess.Popen(sglang_command(cfg, port), env=sglang_env(api_key, i)))
         engine_urls = [f"http://{cfg.host}:{port}" for port in ports]
         await _wait_healthy(engine_urls, timeout=900)
     settings_obj = RouterSettings.model_validate(
