@@ -159,6 +159,8 @@ def _cmd_client_key(args: argparse.Namespace) -> int:
         entry["maxConcurrent"] = args.max_concurrent
     if args.requests_per_minute is not None:
         entry["requestsPerMinute"] = args.requests_per_minute
+    if args.admin:
+        entry["admin"] = True
     try:
         ClientKey.model_validate(entry)
     except ValidationError as exc:
@@ -309,6 +311,11 @@ def _client_key_arguments(p: argparse.ArgumentParser) -> None:
         "--requests-per-minute",
         type=_count_arg("--requests-per-minute", 1, 10_000_000),
         default=None,
+    )
+    p.add_argument(
+        "--admin",
+        action="store_true",
+        help="the key may also read /specgate/* and the API docs (closed to other keys)",
     )
 
 

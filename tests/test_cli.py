@@ -156,6 +156,7 @@ def test_client_key_prints_the_key_once_and_an_entry_the_router_accepts(tmp_path
     path.write_text(done.stdout)
     (entry,) = client_auth.read_keys_file(str(path))
     assert entry.classes == ["throughput"] and entry.requests_per_minute == 120
+    assert entry.admin is False
     assert client_auth.KeyRing([entry]).identify(key).name == "team-a"
     assert yaml.safe_load(done.stdout)[0]["sha256"] == client_auth.hash_key(key)
     bad = subprocess.run(
@@ -163,3 +164,8 @@ def test_client_key_prints_the_key_once_and_an_entry_the_router_accepts(tmp_path
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "name" in bad.stderr
+    admin = subprocess.run(
+        [sys.executable, "-m", "specgate.cli", "client-key", "ops", "--admin"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert admin.returncode == 0 and yaml.safe_load(admin.stdout)[0]["admin"] is True

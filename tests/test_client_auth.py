@@ -125,3 +125,65 @@ async def test_the_router_requires_a_key_and_applies_its_class_and_limits() -> N
             assert third.status_code == 200, third.text
             # Health and metrics stay open: probes and Prometheus carry no client key.
             assert (await client.get(router.url + "/healthz")).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "admin"),
+    [
+        ("/specgate/pods", True),
+        ("/specgate/samples", True),
+        ("/specgate", True),
+        ("/docs", True),
+        ("/redoc", True),
+        ("/openapi.json", True),
+        ("/docs/oauth2-redirect", True),
+        ("/specgatex", False),
+        ("/documents", False),
+        ("/v1/models", False),
+        ("/metrics", False),
+    ],
+)
+def test_admin_paths_are_the_routers_own_endpoints_and_its_docs(path: str, admin: bool) -> None:
+    assert client_auth.is_admin_path(path) is admin
+
+
+async def test_with_client_keys_the_routers_own_endpoints_and_docs_need_an_admin_key() -> None:
+    """/specgate/* shows every pod's load and the docs list every route: once the router
+    requires keys, they need a key marked admin (401 without a key, 403 with another);
+    /metrics and the probes stay open."""
+    root = "sg-root-key"
+    keys = [
+        _key("alice", ALICE).model_dump(by_alias=True),
+        _key("root", root, admin=True).model_dump(by_alias=True),
+    ]
+    async with sims(1) as cluster:
+        settings = router_settings(cluster.urls, clientAuth={"keys": keys})
+        async with run_router(settings) as router, httpx.AsyncClient(timeout=30) as client:
+            for path in ("/specgate/pods", "/specgate/samples", "/docs", "/openapi.json"):
+                anonymous = await client.get(router.url + path)
+                assert anonymous.status_code == 401, (path, anonymous.text)
+                alice = await client.get(
+                    router.url + path, headers={"Authorization": f"Bearer {ALICE}"}
+                )
+                assert alice.status_code == 403 and "--admin" in alice.text, path
+                ok = await client.get(
+                    router.url + path, headers={"Authorization": f"Bearer {root}"}
+                )
+                assert ok.status_code == 200, (path, ok.text)
+            for path in ("/metrics", "/healthz"):
+                assert (await client.get(router.url + path)).status_code == 200
+            # Alice's API calls are not affected.
+            models = await client.get(
+                router.url + "/v1/models", headers={"Authorization": f"Bearer {ALICE}"}
+            )
+            assert models.status_code == 200
+
+
+async def test_without_client_keys_the_admin_endpoints_stay_open() -> None:
+    async with (
+        sims(1) as cluster,
+        run_router(router_settings(cluster.urls)) as router,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
+        assert (await client.get(router.url + "/specgate/pods")).status_code == 200
+        assert (await client.get(router.url + "/openapi.json")).status_code == 200

@@ -25,8 +25,24 @@ from .router_harness import run_router
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def live_router() -> Iterator[str]:
+CLIENT_KEY, ADMIN_KEY = "sg-schemathesis-client", "sg-schemathesis-admin"
+
+
+def _client_auth() -> dict[str, Any]:
+    from specgate_router.client_auth import hash_key
+
+    return {
+        "keys": [
+            # A key that may send only throughput traffic: the class header meets refusals too.
+            {"name": "client", "sha256": hash_key(CLIENT_KEY), "classes": ["throughput"]},
+            {"name": "admin", "sha256": hash_key(ADMIN_KEY), "admin": True},
+        ]
+    }
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["open", "client-keys"])
+def live_router(request: pytest.FixtureRequest) -> Iterator[tuple[str, bool]]:
+    with_keys: bool = request.param
     started: dict[str, Any] = {}
     ready = threading.Event()
     stop: asyncio.Event | None = None
@@ -36,7 +52,9 @@ def live_router() -> Iterator[str]:
         stop = asyncio.Event()
         settings = PodSettings(api_key="k", time_scale=500.0, model="m", seed=1)
         async with SimCluster(profiles.load("rtx-pro-6000-x8"), 2, settings=settings) as pods:
-            config = {"model": "m", "backends": pods.urls, "engineApiKey": "k"}
+            config: dict[str, Any] = {"model": "m", "backends": pods.urls, "engineApiKey": "k"}
+            if with_keys:
+                config["clientAuth"] = _client_auth()
             async with run_router(config) as router:
                 started["url"] = router.url
                 started["loop"] = asyncio.get_running_loop()
@@ -46,15 +64,20 @@ def live_router() -> Iterator[str]:
     thread = threading.Thread(target=lambda: asyncio.run(serve()), daemon=True)
     thread.start()
     assert ready.wait(30), "router did not start"
-    yield str(started["url"])
+    yield str(started["url"]), with_keys
     started["loop"].call_soon_threadsafe(stop.set)  # type: ignore[union-attr]
     thread.join(30)
 
 
-def test_router_never_answers_5xx(live_router: str) -> None:
+def test_router_never_answers_5xx(live_router: tuple[str, bool]) -> None:
+    """Without client keys, and with them (every call carries a key limited to throughput
+    traffic; the schema is read with an admin key)."""
+    url, with_keys = live_router
+    headers = {"Authorization": f"Bearer {CLIENT_KEY}"} if with_keys else {}
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"} if with_keys else {}
     # schemathesis' pytest plugin does not run under pytest 9 (it reads Function._nodeid), so
     # its per-operation strategies are driven with hypothesis directly.
-    schema = schemathesis.openapi.from_url(live_router + "/openapi.json")
+    schema = schemathesis.openapi.from_url(url + "/openapi.json", headers=admin)
     operations = [result.ok() for result in schema.get_all_operations()]
     assert {op.path for op in operations} >= {
         "/v1/chat/completions",
@@ -75,7 +98,7 @@ def test_router_never_answers_5xx(live_router: str) -> None:
             database=None,
         )
         def check(case: Any) -> None:
-            response = case.call(base_url=live_router, timeout=60)
+            response = case.call(base_url=url, headers=headers, timeout=60)
             seen.append(response.status_code)
             assert response.status_code < 500, (
                 case.method,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import socket
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -17,7 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from specgate.engine_http import EngineHttp
 from specgate_router import proxy, requests
-from specgate_router.client_auth import ClientAuth, bearer
+from specgate_router.client_auth import ClientAuth, bearer, is_admin_path, require_admin
 from specgate_router.errors import BadRequest, PayloadTooLarge, RouterError
 from specgate_router.settings import ClientKey, RouterSettings
 from specgate_router.state import RouterState
@@ -222,8 +222,33 @@ def create_app(
         them offline."""
         return current().sample_export(pod)
 
+    if auth is not None:
+        app.add_middleware(AdminGuard, auth=auth, clock=lambda: current().clock())
     app.add_middleware(RequestIdMiddleware)
     return app
+
+
+class AdminGuard:
+    """With client authentication: the admin paths (client_auth.ADMIN_PATHS) need an admin
+    key, checked before any handler runs; other paths pass through untouched (the API routes
+    check their own keys)."""
+
+    def __init__(self, app: ASGIApp, auth: ClientAuth, clock: Callable[[], float]) -> None:
+        self.app, self.auth, self.clock = app, auth, clock
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not is_admin_path(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            self.auth.refresh(self.clock())
+            require_admin(self.auth.ring.identify(bearer(headers.get("authorization"))))
+        except RouterError as exc:
+            response = JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 class RequestIdMiddleware:

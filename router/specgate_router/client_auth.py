@@ -73,6 +73,24 @@ class KeyRing:
         return found
 
 
+ADMIN_PATHS = ("/specgate/", "/docs", "/redoc", "/openapi.json")
+"""The router's own endpoints and its API docs: with client authentication, admin keys only
+(the docs list every route and the samples show the fleet's load)."""
+
+
+def is_admin_path(path: str) -> bool:
+    return any(path == p or path.startswith(p if p.endswith("/") else p + "/")
+               for p in ADMIN_PATHS) or path.rstrip("/") == "/specgate"  # fmt: skip
+
+
+def require_admin(key: ClientKey) -> None:
+    if not key.admin:
+        raise Forbidden(
+            f"API key {key.name!r} may not read the router's admin endpoints; "
+            "use a key made with `specgate client-key NAME --admin`"
+        )
+
+
 def allowed_class(
     key: ClientKey, wanted: TrafficClass | None, by_rules: TrafficClass
 ) -> TrafficClass:

@@ -99,6 +99,9 @@ class ClientKey(_Model):
     """Requests in flight at once; past it, 429."""
     requests_per_minute: int | None = Field(default=None, ge=1, le=10_000_000)
     """Sustained request rate (bursts of ten seconds' worth); past it, 429."""
+    admin: bool = False
+    """The key may also read the router's own endpoints (/specgate/*) and its API docs
+    (/docs, /redoc, /openapi.json), which client authentication closes to other keys."""
 
 
 class ClientAuthSettings(_Model):
