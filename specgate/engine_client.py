@@ -51,6 +51,10 @@ class EngineLoad(BaseModel):
     speculating: bool | None = None
     decode_steps_on: int | None = None
     decode_steps_off: int | None = None
+    accelerator: str | None = None
+    """The pod's accelerator as SGLang names it ("NVIDIA H200") and how many one engine
+    uses: pods that report the same pair share their learning samples."""
+    num_accelerators: int | None = None
     speculative: dict[str, Any] = Field(default_factory=dict, repr=False)
     """The whole `speculative` section, for what the router's prediction reads from it
     (contract.STEP_PROFILE, contract.ACCEPTANCE_COUNTERS, contract.STEP_TIME_COUNTERS),
@@ -83,7 +87,19 @@ class EngineLoad(BaseModel):
             decode_steps_on=spec.get("decode_steps_on"),
             decode_steps_off=spec.get("decode_steps_off"),
             speculative=spec if isinstance(spec, dict) else {},
+            **_hardware(data),
         )
+
+
+def _hardware(data: dict[str, Any]) -> dict[str, Any]:
+    """accelerator and num_accelerators when well-formed; a malformed one is unknown."""
+    name, count = data.get("accelerator"), data.get("num_accelerators")
+    return {
+        "accelerator": name if isinstance(name, str) and 0 < len(name) <= 200 else None,
+        "num_accelerators": count
+        if isinstance(count, int) and not isinstance(count, bool) and 1 <= count <= 4096
+        else None,
+    }
 
 
 _COUNTS = ("num_running_reqs", "num_waiting_reqs", "max_running_requests")

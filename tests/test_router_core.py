@@ -1078,3 +1078,46 @@ def test_probe_outcome_names_what_the_router_counts() -> None:
     assert control.probe_outcome(probing, kept) == ("speculation", "kept")
     assert control.probe_outcome(probing, back) == ("speculation", "back")
     assert control.probe_outcome(start, back) is None
+
+
+async def test_pods_learn_only_from_siblings_on_the_same_accelerators() -> None:
+    """A deployment without a node selector can land on several GPU models: a pod's samples
+    move its siblings on the same accelerators, not a pod on others (which keeps its threshold
+    until its own data says otherwise)."""
+    from specgate_router.state import RouterState
+
+    params = {"threshold": 8, "cooldownSeconds": 0, "hysteresis": 0, "minSamples": 2}
+    now = [100.0]
+    state = RouterState(
+        RouterSettings.model_validate(
+            {"backends": ["http://a", "http://b", "http://c"], "control": params}
+        ),
+        clock=lambda: now[0],
+    )
+    state.is_leader = False  # decide, push nothing
+    hardware = {"a": "NVIDIA H200", "b": "NVIDIA H200", "c": "NVIDIA L40S"}
+    pods = {p.url.removeprefix("http://"): p for p in state.live_pods()}
+    for name, pod_state in pods.items():
+        load = EngineLoad(
+            running=8, waiting=0, max_running=64, threshold=8, threshold_known=True,
+            accelerator=hardware[name], num_accelerators=1,
+        )  # fmt: skip
+        pod_state.record(Scrape(now[0], load))
+        assert pod_state.hardware == (hardware[name], 1)
+    for t, (b, tps, on) in enumerate(
+        [(5, 300, True), (6, 330, True), (7, 340, True),
+         (9, 400, False), (10, 440, False), (11, 480, False)]
+    ):  # fmt: skip
+        pods["a"].samples.append(control.Sample(90.0 + t, float(b), tps, 1.0 if on else 0.0))
+    await state.control_step()
+    moved = pods["a"].decision.threshold
+    assert moved != 8 and pods["b"].decision.threshold == moved
+    assert pods["c"].decision.threshold == 8
+    view = pods["c"].view(now[0], state.settings.control, state.settings.resilience)
+    assert view["accelerator"] == {"name": "NVIDIA L40S", "perEngine": 1}
+    # A malformed report is unknown, not an error: pooled with the other unknown pods.
+    odd = EngineLoad.from_response(
+        {"accelerator": ["x"], "num_accelerators": True, "loads": [
+            {"num_running_reqs": 1, "num_waiting_reqs": 0, "max_running_requests": 8}]}
+    )  # fmt: skip
+    assert (odd.accelerator, odd.num_accelerators) == (None, None)

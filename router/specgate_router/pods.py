@@ -120,6 +120,13 @@ class PodState:
         batch = self.last.load.running if self.last else 0
         return contract.speculates(batch, self.threshold)
 
+    @property
+    def hardware(self) -> tuple[str | None, int | None]:
+        """(accelerator, accelerators per engine) as the pod last reported them; pods with
+        the same pair pool their learning samples (unknown: pooled with the other unknown)."""
+        load = self.last.load if self.last else None
+        return (load.accelerator, load.num_accelerators) if load else (None, None)
+
     # ---- writing ----
 
     def record(self, scrape: Scrape) -> None:
@@ -222,6 +229,7 @@ class PodState:
             "scrapeAgeSeconds": None if self.last is None else round(now - self.last.at, 3),
             "scrapeError": self.scrape_error,
             "pool": self.pool,
+            "accelerator": {"name": self.hardware[0], "perEngine": self.hardware[1]},
             "batch": load.running if load else None,
             "queued": load.waiting if load else None,
             "maxRunning": load.max_running if load else None,

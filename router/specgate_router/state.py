@@ -254,24 +254,33 @@ class RouterState:
     async def control_step(self) -> None:
         now = self.clock()
         params = self.settings.control
-        # Pods of one deployment run the same model on the same hardware: what one pod measured
-        # at a batch size holds for its siblings, so every pod learns from all of them.
         samples = control.pool_samples([pod.samples for pod in self.live_pods()])
         self.update_pools(now, samples)
         live = self.live_pods()
         for pod, prediction in zip(live, predictions(live, now, params), strict=True):
             pod.prediction = prediction
-        decisions = control.decide_pods(
-            samples,
-            [
-                control.PodInput(
-                    pod.decision, pod.samples, pod.fresh(now, params), pod.pool, pod.prediction
-                )
-                for pod in live
-            ],
-            now=now,
-            params=params,
-        )
+        # Pods of one deployment run the same model; on the same accelerators, what one pod
+        # measured at a batch size holds for its siblings, so they learn from each other's
+        # samples. A deployment without a node selector can land on several GPU models:
+        # each learns only from its own kind.
+        groups: dict[tuple[str | None, int | None], list[PodState]] = {}
+        for pod in live:
+            groups.setdefault(pod.hardware, []).append(pod)
+        decided: dict[str, control.Decision] = {}
+        for group in groups.values():
+            group_decisions = control.decide_pods(
+                control.pool_samples([pod.samples for pod in group]),
+                [
+                    control.PodInput(
+                        pod.decision, pod.samples, pod.fresh(now, params), pod.pool, pod.prediction
+                    )
+                    for pod in group
+                ],
+                now=now,
+                params=params,
+            )
+            decided |= {pod.name: d for pod, d in zip(group, group_decisions, strict=True)}
+        decisions = [decided[pod.name] for pod in live]
         for pod, decision in zip(live, decisions, strict=True):
             if self.is_leader and (event := control.probe_outcome(pod.decision, decision)):
                 self.metrics.probes.labels(pod.name, *event).inc()
