@@ -84,10 +84,33 @@ def test_app_version_follows_the_package() -> None:
 
 
 def test_cluster_role_is_the_operators_rules() -> None:
-    (role,) = by_kind(rendered(), "ClusterRole")
+    docs = rendered()
+    (role,) = by_kind(docs, "ClusterRole")
     assert role["rules"] == install.OPERATOR_RULES
+    assert by_kind(docs, "Role") == [] and by_kind(docs, "RoleBinding") == []
     for rule in role["rules"]:
         assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
+
+
+def test_an_operator_limited_to_namespaces_gets_its_rights_only_there() -> None:
+    """With operator.watchNamespaces, only namespace and CRD reads stay cluster-wide; the
+    rest is a Role bound in each watched namespace."""
+    docs = rendered(CHART / "ci" / "namespaced-values.yaml")
+    (cluster_role,) = by_kind(docs, "ClusterRole")
+    assert cluster_role["rules"] == install.CLUSTER_RULES
+    roles, bindings = by_kind(docs, "Role"), by_kind(docs, "RoleBinding")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["llm-prod", "llm-staging"]
+    assert all(r["rules"] == install.NAMESPACED_RULES for r in roles)
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["llm-prod", "llm-staging"]
+    for binding in bindings:
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": "llm-operator",
+        }
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "specgate-operator", "namespace": "specgate-system"}
+        ]
 
 
 def _operator_args(docs: list[dict[str, Any]]) -> list[str]:

@@ -164,15 +164,25 @@ def test_malformed_resources_get_the_same_verdict_from_the_api_server_and_render
 class LocalOperator:
     """`specgate operator` in a local process, with a kubeconfig of the chart's ServiceAccount."""
 
-    def __init__(self, cluster: ControlPlane, kubeconfig: Path) -> None:
-        self.cluster, self.kubeconfig = cluster, kubeconfig
+    def __init__(
+        self, cluster: ControlPlane, kubeconfig: Path, scope: tuple[str, ...] = ("-A",)
+    ) -> None:
+        self.cluster, self.kubeconfig, self.scope = cluster, kubeconfig, scope
         self.log = cluster.folder / "operator.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "specgate.cli", "operator", "-A", "--resync-seconds", "5"],
+                [
+                    sys.executable,
+                    "-m",
+                    "specgate.cli",
+                    "operator",
+                    *self.scope,
+                    "--resync-seconds",
+                    "5",
+                ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
@@ -278,6 +288,47 @@ def test_the_operator_reconciles_with_the_charts_rights_and_children_go_with_the
     cluster.kubectl("delete", "sdd", "demo", "--timeout=60s")
     for kind, name in children:
         _wait(lambda k=kind, n=name: _get(cluster, k, n) is None, f"{kind}/{name} to go", 90)
+
+
+def test_an_operator_limited_to_a_namespace_reconciles_there_and_can_do_nothing_elsewhere(
+    cluster: ControlPlane,
+) -> None:
+    """A second release of the chart watching one namespace: its ServiceAccount may manage
+    children there and nowhere else (no Secret of another namespace, no Deployment), and the
+    operator, run with that ServiceAccount's token, reconciles a resource there."""
+    for ns in ("tenant-a", "tenant-b"):
+        cluster.kubectl("create", "namespace", ns)
+    cluster.helm(
+        "install", "scoped", str(CHART), "--namespace", "scoped-system", "--create-namespace",
+        "--skip-crds", "--set", "operator.watchNamespaces={tenant-a}",
+    )  # fmt: skip
+    token = cluster.kubectl(
+        "create", "token", "scoped-specgate", "-n", "scoped-system", "--duration=1h"
+    ).stdout.strip()
+    scoped = cluster.kubeconfig_for(token, "scoped-operator")
+
+    def can(verb: str, what: str, ns: str) -> bool:
+        result = cluster.kubectl("auth", "can-i", verb, what, "-n", ns, kubeconfig=scoped,
+                                 check=False)  # fmt: skip
+        return result.stdout.strip() == "yes"
+
+    assert can("create", "deployments", "tenant-a") and can("get", "secrets", "tenant-a")
+    for ns in ("tenant-b", "default", "specgate-system"):
+        assert not can("get", "secrets", ns), ns
+        assert not can("create", "deployments", ns), ns
+        assert not can("list", "specdecodedeployments", ns), ns
+    local = LocalOperator(cluster, scoped, scope=("-n", "tenant-a"))
+    local.start()
+    try:
+        doc = _example()
+        doc["metadata"] = {"name": "scoped", "namespace": "tenant-a"}
+        cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(doc))
+        _wait(lambda: _get(cluster, "deployment", "scoped-engine", "-n", "tenant-a"),
+              "the engine Deployment in tenant-a")  # fmt: skip
+        cluster.kubectl("delete", "sdd", "scoped", "-n", "tenant-a", "--timeout=60s")
+    finally:
+        local.stop()
+        cluster.helm("uninstall", "scoped", "--namespace", "scoped-system")
 
 
 def test_the_gateway_api_accepts_the_route_the_operator_makes_with_the_charts_rights(

@@ -22,13 +22,18 @@ def _rule(group: str, resources: list[str], verbs: list[str]) -> dict[str, list[
     return {"apiGroups": [group], "resources": resources, "verbs": verbs}
 
 
-OPERATOR_RULES: list[dict[str, Any]] = [
+CLUSTER_RULES: list[dict[str, Any]] = [
+    # kopf: namespace and CRD observation (cluster-scoped, read-only).
+    _rule("", ["namespaces"], ["get", "list", "watch"]),
+    _rule("apiextensions.k8s.io", ["customresourcedefinitions"], ["get", "list", "watch"]),
+]
+"""What the operator needs cluster-wide whatever it watches."""
+
+NAMESPACED_RULES: list[dict[str, Any]] = [
     # The resource itself: kopf watches it, patches finalizers/annotations, writes status.
     _rule(api.GROUP, [api.PLURAL], ["get", "list", "watch", "patch"]),
     _rule(api.GROUP, [f"{api.PLURAL}/status"], ["get", "patch"]),
-    # kopf: namespace and CRD observation, and Events about handler outcomes.
-    _rule("", ["namespaces"], ["get", "list", "watch"]),
-    _rule("apiextensions.k8s.io", ["customresourcedefinitions"], ["get", "list", "watch"]),
+    # Events about handler outcomes.
     _rule("", ["events"], ["create"]),
     # Children.
     _rule("", ["secrets", "serviceaccounts", "configmaps", "services"], _CHILD_VERBS),
@@ -42,6 +47,11 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     _rule("discovery.k8s.io", ["endpointslices"], ["get", "list", "watch"]),
     _rule("coordination.k8s.io", ["leases"], ["get", "create", "patch"]),
 ]
+"""What the operator needs in each namespace it watches: granted by a Role in each when the
+chart names the namespaces (operator.watchNamespaces), cluster-wide otherwise."""
+
+OPERATOR_RULES: list[dict[str, Any]] = CLUSTER_RULES + NAMESPACED_RULES
+"""Everything, for an operator that watches every namespace."""
 
 
 def manifests(namespace: str = NAMESPACE, image: str = IMAGE) -> list[dict[str, Any]]:

@@ -73,3 +73,47 @@ app.kubernetes.io/component: operator
 - --verbose
 {{- end }}
 {{- end }}
+
+{{/* What the operator needs in each namespace it watches (install.NAMESPACED_RULES). */}}
+{{- define "specgate.namespacedRules" -}}
+# The resource: kopf watches it, patches finalizers and annotations, writes status.
+- apiGroups: [specgate.io]
+  resources: [specdecodedeployments]
+  verbs: [get, list, watch, patch]
+- apiGroups: [specgate.io]
+  resources: [specdecodedeployments/status]
+  verbs: [get, patch]
+# Events about handler outcomes.
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+# Children (server-side apply creates through PATCH).
+- apiGroups: [""]
+  resources: [secrets, serviceaccounts, configmaps, services]
+  verbs: [get, create, patch, delete]
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [get, create, patch, delete]
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [get, create, patch, delete]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, create, patch, delete]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles, rolebindings]
+  verbs: [get, create, patch, delete]
+- apiGroups: [monitoring.coreos.com]
+  resources: [servicemonitors]
+  verbs: [get, create, patch, delete]
+- apiGroups: [gateway.networking.k8s.io]
+  resources: [httproutes]
+  verbs: [get, create, patch, delete]
+# RBAC forbids granting what one does not hold: each router's Role needs these.
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  verbs: [get, list, watch]
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  verbs: [get, create, patch]
+{{- end }}
