@@ -283,3 +283,28 @@ def test_the_hold_grid_runs_the_router_and_engine_as_the_operator_renders_them(
     }
     table = grid.report({"temperature": 0.8, "predicted_accept_length": 3.83, "cells": [cell]})
     assert "| 16 | 64 | 800 | 1000 | 950 | **0.950** | 900-1000 | 32 | on 0.95 | 1 of 2 |" in table
+
+
+def test_the_hostile_benchmark_reports_memory_wait_and_key_cost_side_by_side() -> None:
+    bench = load_module(ROOT / "lab" / "bench" / "router_hostile.py", "router_hostile")
+    results = {
+        "header_attack": [
+            {"attackers": 8, "header_mib_each": 100, "connections": 10, "rss_before_mib": 64.0,
+             "rss_peak_mib": 65.0, "probe_ok": 9, "probe_failed": 1, "probe_p99_ms": 20.0}
+        ],
+        "frozen_pod": {"first_byte_limit_s": 5.0, "requests": 3, "ok": 3,
+                       "longest_wait_s": 5.2, "target_s": 6.0},
+        "auth_cost": {
+            "rate": 200.0, "errors": 0, "baseline_tree": "abc123 (2026-12-03)",
+            "added_p99_ms": {"open": [1.0, 3.0, 2.0], "client-keys": [2.0, 1.0, 4.0],
+                             "baseline": [5.0, 1.0, 3.0]},
+            "router_cpu_ms_per_request": {"open": [1.0, 1.2, 1.1], "client-keys": [1.3, 1.1, 1.2],
+                                          "baseline": [1.4, 1.2, 1.0]},
+        },
+    }  # fmt: skip
+    table = bench.report(results)
+    assert "| 8 | 100 MiB | 10 | 64.0 MiB | **65.0 MiB** | 9 / 1 | 20.0 ms |" in table
+    assert "longest wait **5.2 s** (target 6.0 s)" in table
+    assert "without client keys **2.00 ms**, with client keys and limits **2.00 ms**" in table
+    assert "**1.100 ms**, with them **1.200 ms**" in table
+    assert "router of abc123 (2026-12-03)" in table and "added p99 **3.00 ms**" in table

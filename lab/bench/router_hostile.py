@@ -9,8 +9,9 @@
    seconds; one pod is stopped (SIGSTOP: its socket stays open) and --frozen-requests requests
    are sent one after another. Reports the longest wait, against the limit plus 1 s.
 3. The cost of client keys: two routers in front of one instant pod, one without client
-   authentication and one with it (a key with concurrency and rate limits), at --rate req/s,
-   alternated --rounds times: added p99 over direct calls for each.
+   authentication and one with it (a key with concurrency and rate limits), and with
+   --baseline-tree a third from an older checkout, at --rate req/s, alternated --rounds times:
+   added p99 over direct calls and the router's CPU per request for each.
 
     .venv/bin/python lab/bench/router_hostile.py [--out lab/results]
 Writes router_hostile.json and router_hostile.md to --out.
@@ -37,7 +38,7 @@ import yaml
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE)]
 
-from router_overhead import free_port, open_loop, pct, start, wait_up  # noqa: E402
+from router_overhead import cpu_seconds, free_port, open_loop, pct, start, wait_up  # noqa: E402
 
 KEY = "bench-key"
 CLIENT_KEY = "sg-bench-client"
@@ -72,22 +73,33 @@ def sim(port: int, profile: str = "instant.json") -> subprocess.Popen[bytes]:
     )
 
 
-def router(port: int, config: dict[str, Any], folder: Path) -> subprocess.Popen[bytes]:
+def router(
+    port: int, config: dict[str, Any], folder: Path, tree: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """A router process; from another source tree (`tree`, a checkout of an older commit)
+    for a before/after comparison."""
     path = folder / f"router-{port}.yaml"
     path.write_text(yaml.safe_dump({"model": "bench", "engineApiKey": KEY, **config}))
-    return start(
-        [
-            "router",
-            "--config",
-            str(path),
-            "--port",
-            str(port),
-            "--host",
-            "127.0.0.1",
-            "--log-level",
-            "warning",
-            "--no-access-log",
-        ]
+    args = [
+        "router",
+        "--config",
+        str(path),
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+        "--log-level",
+        "warning",
+        "--no-access-log",
+    ]
+    if tree is None:
+        return start(args)
+    paths = [tree, tree / "router", tree / "sim", tree / "operator"]
+    return subprocess.Popen(
+        [sys.executable, "-m", "specgate.cli", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in paths)},
     )
 
 
@@ -192,10 +204,12 @@ async def frozen_pod(folder: Path, limit: float, count: int) -> dict[str, Any]:
     }
 
 
-async def auth_cost(folder: Path, rate: float, seconds: float, rounds: int) -> dict[str, Any]:
+async def auth_cost(
+    folder: Path, rate: float, seconds: float, rounds: int, baseline: Path | None
+) -> dict[str, Any]:
     from specgate_router.client_auth import hash_key
 
-    pod_port, open_port, keyed_port = (free_port() for _ in range(3))
+    pod_port, open_port, keyed_port, base_port = (free_port() for _ in range(4))
     backend = [f"http://127.0.0.1:{pod_port}"]
     keys = {
         "keys": [
@@ -212,10 +226,28 @@ async def auth_cost(folder: Path, rate: float, seconds: float, rounds: int) -> d
         router(open_port, {"backends": backend}, folder),
         router(keyed_port, {"backends": backend, "clientAuth": keys}, folder),
     ]
-    added: dict[str, list[float]] = {"open": [], "client-keys": []}
+    names = ["open", "client-keys"]
+    if baseline is not None:
+        procs.append(router(base_port, {"backends": backend}, folder, baseline))
+        names.append("baseline")
+    added: dict[str, list[float]] = {name: [] for name in names}
+    cpu_ms: dict[str, list[float]] = {name: [] for name in names}
     errors = 0
+
+    async def routed(name: str, port: int, pid: int, headers: dict[str, str]) -> list[float]:
+        before = cpu_seconds(pid)
+        ok, failed = await open_loop(
+            f"http://127.0.0.1:{port}/v1/chat/completions", rate, seconds, False, headers
+        )
+        after = cpu_seconds(pid)
+        if before is not None and after is not None:
+            cpu_ms[name].append(round((after - before) * 1e3 / max(1, len(ok) + failed), 3))
+        nonlocal errors
+        errors += failed
+        return ok
+
     try:
-        for port in (open_port, keyed_port):
+        for port in (open_port, keyed_port, *([base_port] if baseline else [])):
             await wait_up(f"http://127.0.0.1:{port}/readyz")
         chat = "/v1/chat/completions"
         for _ in range(rounds):
@@ -226,19 +258,16 @@ async def auth_cost(folder: Path, rate: float, seconds: float, rounds: int) -> d
                 False,
                 {"Authorization": f"Bearer {KEY}"},
             )
-            plain, e1 = await open_loop(
-                f"http://127.0.0.1:{open_port}{chat}", rate, seconds, False, {}
+            plain = await routed("open", open_port, procs[1].pid, {})
+            keyed = await routed(
+                "client-keys", keyed_port, procs[2].pid, {"Authorization": f"Bearer {CLIENT_KEY}"}
             )
-            keyed, e2 = await open_loop(
-                f"http://127.0.0.1:{keyed_port}{chat}",
-                rate,
-                seconds,
-                False,
-                {"Authorization": f"Bearer {CLIENT_KEY}"},
-            )
-            errors += e0 + e1 + e2
+            errors += e0
             added["open"].append((pct(plain, 99) - pct(direct, 99)) * 1e3)
             added["client-keys"].append((pct(keyed, 99) - pct(direct, 99)) * 1e3)
+            if baseline is not None:
+                base = await routed("baseline", base_port, procs[3].pid, {})
+                added["baseline"].append((pct(base, 99) - pct(direct, 99)) * 1e3)
     finally:
         for p in procs:
             p.terminate()
@@ -247,9 +276,21 @@ async def auth_cost(folder: Path, rate: float, seconds: float, rounds: int) -> d
     return {
         "rate": rate,
         "seconds_per_point": seconds,
+        "baseline_tree": None if baseline is None else _describe(baseline),
         "added_p99_ms": {k: [round(v, 2) for v in vs] for k, vs in added.items()},
+        "router_cpu_ms_per_request": cpu_ms,
         "errors": errors,
     }
+
+
+def _describe(tree: Path) -> str:
+    """The commit a baseline tree is at."""
+    done = subprocess.run(
+        ["git", "-C", str(tree), "log", "-1", "--format=%h (%ad)", "--date=short"],
+        capture_output=True,
+        text=True,
+    )
+    return done.stdout.strip() or str(tree)
 
 
 def report(results: dict[str, Any]) -> str:
@@ -282,6 +323,19 @@ def report(results: dict[str, Any]) -> str:
         f"(rounds: {c['added_p99_ms']['open']} and {c['added_p99_ms']['client-keys']}; "
         f"errors {c['errors']}).",
     ]
+    cpu = {k: sorted(v)[len(v) // 2] for k, v in c["router_cpu_ms_per_request"].items() if v}
+    if {"open", "client-keys"} <= cpu.keys():
+        lines.append(
+            f"Router CPU per request (steadier than latency on a shared host), median: without "
+            f"client keys **{cpu['open']:.3f} ms**, with them **{cpu['client-keys']:.3f} ms**."
+        )
+    if "baseline" in c["added_p99_ms"]:
+        lines.append(
+            f"The router of {c.get('baseline_tree') or 'the baseline tree'} (no header limits, "
+            f"no client keys) in the same rounds: added p99 **{med['baseline']:.2f} ms** "
+            f"({c['added_p99_ms']['baseline']}), CPU per request "
+            f"**{cpu.get('baseline', float('nan')):.3f} ms**."
+        )
     return "\n".join(lines)
 
 
@@ -294,7 +348,13 @@ async def main() -> int:
     parser.add_argument("--frozen-requests", type=int, default=10)
     parser.add_argument("--rate", type=float, default=200.0)
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--baseline-tree",
+        type=Path,
+        help="a checkout of an older commit whose router joins the client-key rounds "
+        "(git worktree add /tmp/base COMMIT)",
+    )
     parser.add_argument("--out", default=str(HERE.parent / "results"))
     args = parser.parse_args()
     out = Path(args.out)
@@ -329,7 +389,9 @@ async def run(args: argparse.Namespace, out: Path, folder: Path) -> int:
     results["frozen_pod"] = await frozen_pod(folder, args.ttfb_limit, args.frozen_requests)
     print(f"  longest wait {results['frozen_pod']['longest_wait_s']} s", flush=True)
     print(f"[client keys] {args.rounds} rounds at {args.rate:.0f} req/s ...", flush=True)
-    results["auth_cost"] = await auth_cost(folder, args.rate, args.seconds, args.rounds)
+    results["auth_cost"] = await auth_cost(
+        folder, args.rate, args.seconds, args.rounds, args.baseline_tree
+    )
     table = report(results)
     print("\n" + table)
     (out / "router_hostile.json").write_text(json.dumps(results, indent=1))
