@@ -17,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict
 
+from specgate import contract
+
 GROUP = "specgate.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -502,6 +504,12 @@ class RouterSpec(_Model):
     client_auth: ClientAuthSpec | None = None
     """Require client API keys (hashed at rest, with classes and limits per key); any client
     that reaches the router may send when unset."""
+    allowed_engine_fields: list[contract.EngineOnlyField] = Field(
+        default_factory=list, max_length=16
+    )
+    """SGLang request fields clients may send through the router although each hands them
+    control of the engine (code, files, sessions, queue order): for example `lora_path` for a
+    deployment that serves LoRA adapters. None by default: such requests get 400."""
     http_route: HTTPRouteSpec | None = None
     """Expose the router through a Gateway API Gateway with an HTTPRoute (the Gateway API CRDs
     must be installed); none when unset."""

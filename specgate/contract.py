@@ -14,7 +14,7 @@ One module that the simulator implements, the router uses, and the worker-image 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, get_args
 
 THRESHOLD_KEY = "speculative_disable_batch_threshold"
 MAX_THRESHOLD = 1 << 20
@@ -65,6 +65,31 @@ ACCEPTANCE_COUNTERS = (
 STEP_TIME_COUNTERS = ("uninterrupted_decode_steps", "uninterrupted_decode_us")
 MAX_PROFILE_POINTS = 64
 """At most this many batch sizes per mode in a step profile (more are refused)."""
+
+
+EngineOnlyField = Literal[
+    "custom_logit_processor",  # serialized code the engine would run
+    "custom_params",
+    "lora_path",  # an adapter path on the engine's filesystem
+    "session_id",  # engine-side sessions span requests, and so tenants
+    "session_params",
+    "bootstrap_host",  # disaggregation: where the engine connects
+    "bootstrap_port",
+    "bootstrap_room",
+    "routed_dp_rank",
+    "disagg_prefill_dp_rank",
+    "data_parallel_rank",
+    "rid",  # request ids: another tenant's could be aborted
+    "priority",  # the engine's queue order is the router's to set
+    "return_hidden_states",
+    "return_routed_experts",
+    "custom_labels",  # metric labels: unbounded cardinality
+]
+ENGINE_ONLY_FIELDS: frozenset[str] = frozenset(get_args(EngineOnlyField))
+"""SGLang request fields a client of the router may not set: each hands a tenant control of
+the engine itself (code, files, connections, other requests, queue order, memory, metrics); a
+resource may allow some (spec.router.allowedEngineFields), say lora_path for a deployment that
+serves adapters."""
 
 
 class ThresholdError(ValueError):

@@ -199,3 +199,34 @@ def test_engine_internal_fields_are_refused_by_name(
     # What a client may set still passes, cache_salt included.
     ok = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "cache_salt": "tenant-a"}
     assert routed.parse("/v1/chat/completions", json.dumps(ok).encode(), {}, SETTINGS).body
+
+
+def test_a_resource_may_allow_an_engine_field_and_only_that_one() -> None:
+    """spec.router.allowedEngineFields reaches the router through the operator's rendering:
+    a deployment serving LoRA adapters lets clients name one; the other fields stay refused,
+    and a name outside the list is refused by the schema."""
+    from specgate import api
+    from specgate_operator import render
+    from specgate_router.settings import RouterSettings
+
+    from .conftest import minimal_resource
+
+    sdd = api.SpecDecodeDeployment.model_validate(
+        minimal_resource(router={"allowedEngineFields": ["lora_path"]})
+    )
+    config = render.router_config(sdd)
+    assert config["allowedEngineFields"] == ["lora_path"]
+    settings = RouterSettings.model_validate({**config, "backends": ["http://x"]})
+    body = {"model": settings.model, "messages": [{"role": "user", "content": "hi"}]}
+    lora = json.dumps({**body, "lora_path": "adapter-a"}).encode()
+    assert json.loads(routed.parse("/v1/chat/completions", lora, {}, settings).body)["lora_path"]
+    code = json.dumps({**body, "custom_logit_processor": "x"}).encode()
+    with pytest.raises(BadRequest, match="custom_logit_processor"):
+        routed.parse("/v1/chat/completions", code, {}, settings)
+    assert "allowedEngineFields" not in render.router_config(
+        api.SpecDecodeDeployment.model_validate(minimal_resource())
+    )
+    with pytest.raises(ValueError, match="allowedEngineFields"):
+        api.SpecDecodeDeployment.model_validate(
+            minimal_resource(router={"allowedEngineFields": ["anything"]})
+        )

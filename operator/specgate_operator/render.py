@@ -358,6 +358,11 @@ def router_config(sdd: api.SpecDecodeDeployment) -> dict[str, Any]:
             if sdd.spec.router.client_auth is not None
             else {}
         ),
+        **(
+            {"allowedEngineFields": sorted(sdd.spec.router.allowed_engine_fields)}
+            if sdd.spec.router.allowed_engine_fields
+            else {}
+        ),
         "leaderElection": {"leaseName": n["lease"], "namespace": sdd.namespace},
         "statusTarget": {"namespace": sdd.namespace, "name": sdd.name},
     }

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from specgate import contract
 from specgate_router import client_auth
 from specgate_router.errors import BadRequest, ModelNotFound
 from specgate_router.settings import CLASSES, ClientKey, RouterSettings, TrafficClass
@@ -83,28 +84,7 @@ def _by_rules(
     return settings.default_class
 
 
-ENGINE_ONLY_FIELDS = frozenset(
-    {
-        "custom_logit_processor",  # serialized code the engine would run
-        "custom_params",
-        "lora_path",  # an adapter path on the engine's filesystem
-        "session_id",  # engine-side sessions span requests, and so tenants
-        "session_params",
-        "bootstrap_host",  # disaggregation: where the engine connects
-        "bootstrap_port",
-        "bootstrap_room",
-        "routed_dp_rank",
-        "disagg_prefill_dp_rank",
-        "data_parallel_rank",
-        "rid",  # request ids: another tenant's could be aborted
-        "priority",  # the engine's queue order is the router's to set
-        "return_hidden_states",
-        "return_routed_experts",
-        "custom_labels",  # metric labels: unbounded cardinality
-    }
-)
-"""SGLang request fields a client of the router may not set: each hands a tenant control of
-the engine itself (code, files, connections, other requests, queue order, memory, metrics)."""
+ENGINE_ONLY_FIELDS = contract.ENGINE_ONLY_FIELDS
 
 MAX_JSON_DEPTH = 64
 """Deeper bodies are refused before parsing: the parser recurses once a level."""
@@ -156,7 +136,7 @@ def parse(
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     params_in = body.get("sampling_params") if kind == "generate" else None
-    engine_only = ENGINE_ONLY_FIELDS & (
+    engine_only = (ENGINE_ONLY_FIELDS - settings.allowed_engine_fields) & (
         body.keys() | (params_in.keys() if isinstance(params_in, dict) else set())
     )
     if engine_only:

@@ -11,7 +11,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-from specgate import api
+from specgate import api, contract
 
 TrafficClass = Literal["latency", "throughput"]
 CLASSES: tuple[TrafficClass, ...] = ("latency", "throughput")
@@ -170,6 +170,8 @@ class RouterSettings(_Model):
     class_rules: ClassRules = Field(default_factory=ClassRules)
     client_auth: ClientAuthSettings | None = None
     """Require client API keys on the API paths; none required when unset."""
+    allowed_engine_fields: frozenset[contract.EngineOnlyField] = frozenset()
+    """Engine-only request fields (contract.ENGINE_ONLY_FIELDS) clients may send anyway."""
     resilience: ResilienceSettings = Field(default_factory=ResilienceSettings)
     leader_election: LeaderElection | None = None
     status_target: StatusTarget | None = None
