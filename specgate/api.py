@@ -84,6 +84,44 @@ class HostPathSource(_Model):
     """Absolute directory on the node."""
 
 
+class HubTokenRef(_Model):
+    """A key of a Secret in the resource's namespace holding the hub token."""
+
+    name: str = Field(min_length=1, max_length=253)
+    """Secret name."""
+    key: str = Field(default="token", min_length=1, max_length=253)
+    """Key within the Secret."""
+
+
+class HubSource(_Model):
+    """Download the target and draft from a model hub before the engine starts."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "self.cache != 'pvc' || has(self.cacheClaimName)",
+                    "cache 'pvc' needs cacheClaimName",
+                ),
+            ]
+        }
+    )
+
+    endpoint: str = Field(
+        default="https://huggingface.co", pattern=r"^https?://[^\s/]+(/[^\s]*)?$", max_length=512
+    )
+    """The hub (Hugging Face's file API, or a mirror that serves it)."""
+    token_secret_ref: HubTokenRef | None = None
+    """The token for gated or private repositories (sent as a Bearer token)."""
+    cache: Literal["emptyDir", "pvc"] = "emptyDir"
+    """Where downloads go: `emptyDir` (each pod downloads once per start) or `pvc` (a claim,
+    ReadWriteMany for several replicas, that keeps revisions across pods and restarts)."""
+    cache_claim_name: str | None = Field(default=None, min_length=1, max_length=253)
+    """The claim when cache is `pvc`."""
+    cache_size: str = Field(default="500Gi", pattern=QUANTITY_PATTERN)
+    """Size limit of the emptyDir cache."""
+
+
 class WeightsSource(_Model):
     """Where the weights come from, mounted at `mountPath` in the engine container."""
 
@@ -106,17 +144,25 @@ class WeightsSource(_Model):
                     "self.type == 'hostPath' || !has(self.hostPath)",
                     "hostPath is set but type is not 'hostPath': set type: hostPath or remove it",
                 ),
+                _cel(
+                    "self.type == 'hub' || !has(self.hub)",
+                    "hub is set but type is not 'hub': set type: hub or remove hub",
+                ),
             ]
         }
     )
 
-    type: Literal["pvc", "hostPath", "image"] = "image"
+    type: Literal["pvc", "hostPath", "image", "hub"] = "image"
     """`pvc`: a PersistentVolumeClaim; `hostPath`: a node directory; `image`: the weights are baked
-    into the engine image (or model paths are hub ids the image can resolve offline)."""
+    into the engine image (or model paths are hub ids the image can resolve offline); `hub`:
+    model paths are hub ids (OWNER/NAME), downloaded at their revisions into a cache volume by
+    an init container before the engine starts, which then runs with the hub switched off."""
     pvc: PersistentVolumeClaimSource | None = None
     """The claim, when type is `pvc`."""
     host_path: HostPathSource | None = None
     """The node directory, when type is `hostPath`."""
+    hub: HubSource | None = None
+    """The hub and the cache, when type is `hub` (defaults: huggingface.co, an emptyDir)."""
     mount_path: str = Field(default="/models", pattern=r"^/", max_length=1024)
     """Where the weights are mounted in the engine container; relative model paths resolve here."""
 
@@ -524,8 +570,24 @@ class SecretKeyRef(_Model):
     """Key in the Secret."""
 
 
+HUB_REPO = "^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+
 class SpecDecodeDeploymentSpec(_Model):
     """Desired state of a speculative-decoding model deployment."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    f"self.model.source.type != 'hub' || (self.model.path.matches('{HUB_REPO}')"
+                    f" && self.speculative.draftModel.path.matches('{HUB_REPO}'))",
+                    "with source.type hub, model.path and speculative.draftModel.path are hub"
+                    " ids: OWNER/NAME",
+                ),
+            ]
+        }
+    )
 
     model: ModelSpec
     """The target model."""

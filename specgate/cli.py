@@ -327,6 +327,18 @@ def _dashboards_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="charts/specgate/dashboards")
 
 
+def _fetch_weights_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--endpoint", default="https://huggingface.co", help="the hub's URL")
+    p.add_argument("--cache", required=True, help="the cache folder (the pod's cache volume)")
+    p.add_argument("repos", nargs="+", metavar="REPO[@REVISION]")
+
+
+def _cmd_fetch_weights(args: argparse.Namespace) -> int:
+    from specgate import weights
+
+    return weights.main(["--endpoint", args.endpoint, "--cache", args.cache, *args.repos])
+
+
 ArgumentsOf = Callable[[argparse.ArgumentParser], None]
 Command = Callable[[argparse.Namespace], int]
 
@@ -361,6 +373,11 @@ COMMANDS: dict[str, tuple[str, ArgumentsOf, Command]] = {
         _cmd_dashboards,
     ),
     "operator": ("run the kopf operator", _operator_arguments, _cmd_operator),
+    "fetch-weights": (
+        "download model repositories from a hub into a cache folder (HF_TOKEN: the token)",
+        _fetch_weights_arguments,
+        _cmd_fetch_weights,
+    ),
 }
 """Each subcommand's help, arguments and runner. A component's arguments are defined by the
 component and imported only for the subcommand being parsed: `specgate --help` and `specgate

@@ -55,6 +55,60 @@ def test_the_engine_pod_runs_without_privileges_and_requests_cpu_and_memory(
     assert requests["memory"] == "8Gi" and requests["cpu"] == "16"
 
 
+def test_a_hub_source_downloads_in_an_init_container_and_the_engine_runs_offline(
+    schema: dict[str, Any],
+) -> None:
+    resource = minimal_resource(
+        model={
+            "path": "meta-llama/Llama-3.1-8B-Instruct",
+            "revision": "0e9e39f",
+            "source": {
+                "type": "hub",
+                "hub": {"tokenSecretRef": {"name": "hf"}, "cache": "pvc",
+                        "cacheClaimName": "hub-cache"},
+                "mountPath": "/hub",
+            },
+        },
+        speculative={"draftModel": {"path": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}},
+    )  # fmt: skip
+    out = render.render(_sdd(resource, schema), api_key="k")
+    pod = _by_kind(out)[("Deployment", "demo-engine")]["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    assert init["command"] == [
+        "specgate", "fetch-weights", "--endpoint", "https://huggingface.co", "--cache", "/hub",
+        "meta-llama/Llama-3.1-8B-Instruct@0e9e39f", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B@main",
+    ]  # fmt: skip
+    assert init["env"] == [
+        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
+    ]
+    assert init["securityContext"]["runAsNonRoot"] is True
+    assert {"name": "model", "mountPath": "/hub"} in init["volumeMounts"]
+    model = next(v for v in pod["volumes"] if v["name"] == "model")
+    assert model == {"name": "model", "persistentVolumeClaim": {"claimName": "hub-cache"}}
+    assert pod["securityContext"]["fsGroup"] == render.RESTRICTED_USER
+    c = _engine_container(out, "demo")
+    assert _flag(c["args"], "--model-path") == "/hub/meta-llama/Llama-3.1-8B-Instruct/0e9e39f"
+    assert (
+        _flag(c["args"], "--speculative-draft-model-path")
+        == "/hub/yuhuili/EAGLE3-LLaMA3.1-Instruct-8B/main"
+    )
+    assert "--revision" not in c["args"]  # the folder is the revision
+    assert {"name": "HF_HUB_OFFLINE", "value": "1"} in c["env"]
+    assert not any(e["name"] == "HF_TOKEN" for e in c["env"])  # the engine never sees it
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "model")
+    assert mount["readOnly"] is True
+    # The default cache is an emptyDir; the other sources get no init container.
+    resource["spec"]["model"]["source"] = {"type": "hub"}
+    default = render.render(_sdd(resource, schema), api_key="k")
+    pod = _by_kind(default)[("Deployment", "demo-engine")]["spec"]["template"]["spec"]
+    assert next(v for v in pod["volumes"] if v["name"] == "model")["emptyDir"] == {
+        "sizeLimit": "500Gi"
+    }
+    plain = render.render(_sdd(minimal_resource(), schema), api_key="k")
+    pod = _by_kind(plain)[("Deployment", "demo-engine")]["spec"]["template"]["spec"]
+    assert "initContainers" not in pod and "fsGroup" not in pod["securityContext"]
+
+
 def _flag(args: list[str], flag: str) -> str | None:
     return args[args.index(flag) + 1] if flag in args else None
 

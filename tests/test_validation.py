@@ -154,6 +154,24 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "run foreign code",
     ),
     (
+        "cel-hub-path-not-a-hub-id",
+        {"model": {"path": "/models/llama", "source": {"type": "hub"}}},
+        "spec",
+        "hub ids: OWNER/NAME",
+    ),
+    (
+        "cel-hub-set-but-type-pvc",
+        {"model": {"path": "m", "source": {"type": "image", "hub": {}}}},
+        "spec.model.source",
+        "set type: hub or remove hub",
+    ),
+    (
+        "cel-hub-pvc-cache-without-claim",
+        {"model": {"path": "a/b", "source": {"type": "hub", "hub": {"cache": "pvc"}}}},
+        "spec.model.source.hub",
+        "cacheClaimName",
+    ),
+    (
         "cel-extra-args-override-graph-batch",
         {"engine": {"extraArgs": ["--cuda-graph-max-bs-decode=32"]}},
         "spec.engine",

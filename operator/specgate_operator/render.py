@@ -97,10 +97,19 @@ def initial_threshold(control: api.SpeculationControl) -> int | None:
     return control.threshold
 
 
-def _model_path(path: str, source: api.WeightsSource) -> str:
+def _model_path(path: str, source: api.WeightsSource, revision: str | None = None) -> str:
+    if source.type == "hub":
+        # Where `specgate fetch-weights` puts the repository at its revision.
+        return posixpath.join(source.mount_path, path, (revision or "main").replace("/", "--"))
     if source.type == "image" or path.startswith("/"):
         return path
     return posixpath.join(source.mount_path, path)
+
+
+def hub_repos(sdd: api.SpecDecodeDeployment) -> list[str]:
+    """`specgate fetch-weights` arguments for the target and the draft: REPO@REVISION."""
+    model, draft = sdd.spec.model, sdd.spec.speculative.draft_model
+    return [f"{model.path}@{model.revision or 'main'}", f"{draft.path}@{draft.revision or 'main'}"]
 
 
 def engine_args(sdd: api.SpecDecodeDeployment) -> list[str]:
@@ -109,7 +118,7 @@ def engine_args(sdd: api.SpecDecodeDeployment) -> list[str]:
     model, spec_dec, engine = spec.model, spec.speculative, spec.engine
     args = [
         "--model-path",
-        _model_path(model.path, model.source),
+        _model_path(model.path, model.source, model.revision),
         "--served-model-name",
         served_model_name(sdd),
         "--dtype",
@@ -124,7 +133,7 @@ def engine_args(sdd: api.SpecDecodeDeployment) -> list[str]:
         "--speculative-algorithm",
         spec_dec.algorithm,
         "--speculative-draft-model-path",
-        _model_path(spec_dec.draft_model.path, model.source),
+        _model_path(spec_dec.draft_model.path, model.source, spec_dec.draft_model.revision),
         "--speculative-num-steps",
         str(spec_dec.num_steps),
         "--speculative-eagle-topk",
@@ -132,9 +141,10 @@ def engine_args(sdd: api.SpecDecodeDeployment) -> list[str]:
         "--speculative-num-draft-tokens",
         str(spec_dec.num_draft_tokens),
     ]
-    if model.revision:
+    hub = model.source.type == "hub"  # the local folders are the revisions already
+    if model.revision and not hub:
         args += ["--revision", model.revision]
-    if spec_dec.draft_model.revision:
+    if spec_dec.draft_model.revision and not hub:
         args += ["--speculative-draft-model-revision", spec_dec.draft_model.revision]
     if model.context_length is not None:
         args += ["--context-length", str(model.context_length)]
@@ -161,6 +171,8 @@ ENGINE_MEMORY_REQUEST_PER_GPU_GI = 16
 """Requested for an engine pod when the resource names no CPU or memory, per GPU: its
 scheduler, tokenizer and detokenizer processes and the weights' host-side loading."""
 ENGINE_HOME = "/home/specgate"
+RESTRICTED_USER = 65532
+"""The user specgate's own containers run as (the image's nonroot user)."""
 
 
 def _engine_resources(engine: api.EngineSpec) -> dict[str, Any]:
@@ -172,6 +184,36 @@ def _engine_resources(engine: api.EngineSpec) -> dict[str, Any]:
     requests.setdefault("cpu", str(ENGINE_CPU_REQUEST_PER_GPU * engine.gpus_per_pod))
     requests.setdefault("memory", f"{ENGINE_MEMORY_REQUEST_PER_GPU_GI * engine.gpus_per_pod}Gi")
     return resources
+
+
+def fetch_weights_container(sdd: api.SpecDecodeDeployment, opts: RenderOptions) -> dict[str, Any]:
+    """The init container of a hub source: `specgate fetch-weights` (the specgate image, non-root)
+    downloads the target and the draft into the cache volume, skipping what it holds."""
+    source = sdd.spec.model.source
+    hub = source.hub or api.HubSource()
+    env: list[dict[str, Any]] = []
+    if hub.token_secret_ref is not None:
+        ref = hub.token_secret_ref
+        env.append(
+            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+        )
+    return {
+        "name": "fetch-weights",
+        "image": sdd.spec.router.image or opts.router_image,
+        "command": [
+            "specgate",
+            "fetch-weights",
+            "--endpoint",
+            hub.endpoint,
+            "--cache",
+            source.mount_path,
+            *hub_repos(sdd),
+        ],
+        "env": env,
+        "volumeMounts": [{"name": "model", "mountPath": source.mount_path}],
+        "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}},
+        "securityContext": restricted_container_security(),
+    }
 
 
 def engine_container_security(engine: api.EngineSpec) -> dict[str, Any]:
@@ -191,6 +233,11 @@ def engine_container_security(engine: api.EngineSpec) -> dict[str, Any]:
 
 
 def _weights_volume(source: api.WeightsSource) -> dict[str, Any] | None:
+    if source.type == "hub":
+        hub = source.hub or api.HubSource()
+        if hub.cache == "pvc" and hub.cache_claim_name:
+            return {"name": "model", "persistentVolumeClaim": {"claimName": hub.cache_claim_name}}
+        return {"name": "model", "emptyDir": {"sizeLimit": hub.cache_size}}
     if source.type == "pvc" and source.pvc is not None:
         claim = {"claimName": source.pvc.claim_name, "readOnly": source.pvc.read_only}
         return {"name": "model", "persistentVolumeClaim": claim}
@@ -231,6 +278,11 @@ def engine_deployment(sdd: api.SpecDecodeDeployment, opts: RenderOptions) -> Man
         volumes.append({"name": "home", "emptyDir": {}})
         mounts.append({"name": "home", "mountPath": ENGINE_HOME})
         env.insert(1, {"name": "HOME", "value": ENGINE_HOME})
+    init_containers: list[dict[str, Any]] = []
+    if spec.model.source.type == "hub":
+        init_containers.append(fetch_weights_container(sdd, opts))
+        # The weights are in the cache: SGLang must not reach for the hub itself.
+        env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
     probe_port = {"port": "http"}
     container: dict[str, Any] = {
         "name": "engine",
@@ -264,6 +316,7 @@ def engine_deployment(sdd: api.SpecDecodeDeployment, opts: RenderOptions) -> Man
         },
     }
     pod_spec: dict[str, Any] = {
+        **({"initContainers": init_containers} if init_containers else {}),
         "containers": [container],
         "volumes": volumes,
         "nodeSelector": dict(placement.node_selector),
@@ -272,7 +325,11 @@ def engine_deployment(sdd: api.SpecDecodeDeployment, opts: RenderOptions) -> Man
         "enableServiceLinks": False,
         # The pod reads no Kubernetes API: no token mounted.
         "automountServiceAccountToken": False,
-        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": {
+            "seccompProfile": {"type": "RuntimeDefault"},
+            # The download runs as specgate's user: a cache claim must be writable by it.
+            **({"fsGroup": RESTRICTED_USER} if init_containers else {}),
+        },
     }
     if opts.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": name} for name in opts.image_pull_secrets]
@@ -382,7 +439,7 @@ def restricted_container_security() -> dict[str, Any]:
     read-only root filesystem, no privilege escalation, no capabilities."""
     return {
         "runAsNonRoot": True,
-        "runAsUser": 65532,
+        "runAsUser": RESTRICTED_USER,
         "allowPrivilegeEscalation": False,
         "readOnlyRootFilesystem": True,
         "capabilities": {"drop": ["ALL"]},
