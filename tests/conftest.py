@@ -18,7 +18,7 @@ from specgate.engine_http import EngineHttp
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
-KUBERNETES_VERSION = "1.32.0"  # oldest release we support; kubernetes-validate pins its schemas
+KUBERNETES_VERSION = "1.29.0"  # oldest release we support (the chart's kubeVersion)
 
 
 def load_module(path: Path, name: str) -> ModuleType:

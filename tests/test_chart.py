@@ -266,3 +266,15 @@ def test_pull_secrets_reach_the_pods_the_operator_creates_and_names_can_be_overr
     assert all(p["imagePullSecrets"] == [{"name": "regcred"}] for p in pods)
     plain = [m for m in render.render(sdd) if m["kind"] == "Deployment"]
     assert all("imagePullSecrets" not in m["spec"]["template"]["spec"] for m in plain)
+
+
+@pytest.mark.parametrize(("version", "accepted"), [("1.28.9", False), ("1.29.0", True),
+                                                   ("1.34.4", True)])  # fmt: skip
+def test_the_chart_installs_on_kubernetes_1_29_and_newer(version: str, accepted: bool) -> None:
+    """kubeVersion covers the supported range; every manifest also validates against the
+    oldest release's schemas (KUBERNETES_VERSION, test_rendered_manifests_are_valid_kubernetes)."""
+    result = run(tool("helm"), "template", "sg", str(CHART), "--kube-version", version,
+                 check=False)  # fmt: skip
+    assert (result.returncode == 0) is accepted, result.stderr
+    if not accepted:
+        assert "kubeVersion" in result.stderr or "incompatible" in result.stderr

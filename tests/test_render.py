@@ -394,8 +394,13 @@ def test_router_replicas_spread_over_nodes_and_drain_on_the_way_out(
     )
     assert out[("PodDisruptionBudget", "demo-router")]["spec"]["maxUnavailable"] == 1
     container = pod["containers"][0]
-    assert container["lifecycle"]["preStop"]["sleep"]["seconds"] == render.ROUTER_PRESTOP_SECONDS
+    hook = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert hook[:2] == ["python3", "-c"] and f"sleep({render.ROUTER_PRESTOP_SECONDS})" in hook[2]
     assert pod["terminationGracePeriodSeconds"] > render.ROUTER_PRESTOP_SECONDS
+    engine = out[("Deployment", "demo-engine")]["spec"]["template"]["spec"]
+    engine_hook = engine["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+    assert f"sleep({render.ENGINE_PRESTOP_SECONDS})" in engine_hook[2]
+    assert engine["terminationGracePeriodSeconds"] > render.ENGINE_PRESTOP_SECONDS
     assert ("policy/v1", "PodDisruptionBudget", "default", "demo-router") in render.child_refs(
         "demo", "default"
     )

@@ -171,6 +171,9 @@ ENGINE_MEMORY_REQUEST_PER_GPU_GI = 16
 """Requested for an engine pod when the resource names no CPU or memory, per GPU: its
 scheduler, tokenizer and detokenizer processes and the weights' host-side loading."""
 ENGINE_HOME = "/home/specgate"
+ENGINE_PRESTOP_SECONDS = 30
+"""How long a terminating engine pod keeps serving its running requests (under the pod's
+60-s grace period)."""
 RESTRICTED_USER = 65532
 """The user specgate's own containers run as (the image's nonroot user)."""
 
@@ -214,6 +217,12 @@ def fetch_weights_container(sdd: api.SpecDecodeDeployment, opts: RenderOptions) 
         "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}},
         "securityContext": restricted_container_security(),
     }
+
+
+def pause(seconds: int) -> dict[str, Any]:
+    """A preStop hook that waits: an exec of the image's Python, which every Kubernetes the
+    chart supports runs (the `sleep` action needs 1.30)."""
+    return {"exec": {"command": ["python3", "-c", f"import time; time.sleep({seconds})"]}}
 
 
 def engine_container_security(engine: api.EngineSpec) -> dict[str, Any]:
@@ -314,6 +323,9 @@ def engine_deployment(sdd: api.SpecDecodeDeployment, opts: RenderOptions) -> Man
             "timeoutSeconds": 10,
             "failureThreshold": 4,
         },
+        # A terminating pod leaves the router's endpoints within seconds; the pause lets the
+        # requests it already runs finish before SGLang gets SIGTERM.
+        "lifecycle": {"preStop": pause(ENGINE_PRESTOP_SECONDS)},
     }
     pod_spec: dict[str, Any] = {
         **({"initContainers": init_containers} if init_containers else {}),
@@ -532,7 +544,7 @@ def router_deployment(sdd: api.SpecDecodeDeployment, opts: RenderOptions) -> Man
         "securityContext": restricted_container_security(),
         # Endpoints take a few seconds to drop a terminating pod everywhere: keep serving
         # through them, then drain in-flight streams on SIGTERM (resilience.drainSeconds).
-        "lifecycle": {"preStop": {"sleep": {"seconds": ROUTER_PRESTOP_SECONDS}}},
+        "lifecycle": {"preStop": pause(ROUTER_PRESTOP_SECONDS)},
     }
     volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": n["router"]}}]
     if router.client_auth is not None:
