@@ -668,7 +668,15 @@ class SpecDecodeDeploymentStatus(_Model):
     """Label selector of engine pods (for the scale subresource)."""
     threshold: str = ""
     """Summary of the pods' thresholds (one value or a min-max range)."""
-    conditions: list[Condition] = Field(default_factory=list)
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=16,
+        json_schema_extra={
+            # One entry per type, merged by type under server-side apply.
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+        },
+    )
     """Ready, Progressing, Degraded, SpeculationControlled."""
     pods: list[PodSpeculationStatus] = Field(default_factory=list)
     """Per-pod speculation state, written by the router."""

@@ -123,3 +123,14 @@ def test_reference_docs_list_every_field(schema: dict[str, Any]) -> None:
     for path, _ in _walk(schema["properties"]["spec"], "spec"):
         if path != "spec" and not path.endswith(("[]", "{}")):
             assert f"`{path}`" in text, path
+
+
+def test_status_conditions_are_a_map_keyed_by_type() -> None:
+    """One condition a type, merged by type under server-side apply (the API conventions)."""
+    from specgate import crd
+
+    schema = crd.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    conditions = schema["properties"]["status"]["properties"]["conditions"]
+    assert conditions["x-kubernetes-list-type"] == "map"
+    assert conditions["x-kubernetes-list-map-keys"] == ["type"]
+    assert "type" in conditions["items"]["required"]
