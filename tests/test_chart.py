@@ -138,6 +138,14 @@ def test_values_become_operator_flags_the_cli_accepts() -> None:
     monitoring = _operator_args(rendered(CHART / "ci" / "monitoring-values.yaml"))
     assert "--metrics-namespace-label=kubernetes.io/metadata.name=monitoring" in monitoring
     build_parser().parse_args(monitoring)
+    # One scrape path a pod: the chart's PodMonitors switch the operator's ServiceMonitors off.
+    assert "--no-service-monitor" in monitoring and "--no-service-monitor" not in default
+    labelled = _operator_args(
+        rendered(sets=("operator.serviceMonitorLabels.release=kube-prometheus-stack",))
+    )
+    assert "--service-monitor-label=release=kube-prometheus-stack" in labelled
+    parsed = build_parser().parse_args(labelled)
+    assert parsed.service_monitor_label == ["release=kube-prometheus-stack"]
 
 
 def test_operator_pod_is_locked_down() -> None:

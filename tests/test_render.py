@@ -335,10 +335,17 @@ def test_host_path_source_mounts_the_directory(schema: dict[str, Any]) -> None:
 def test_service_monitors_and_scrapers_are_optional(schema: dict[str, Any]) -> None:
     sdd = _sdd(minimal_resource(), schema)
     opts = render.RenderOptions(
-        service_monitor=True, metrics_namespace_labels={"kubernetes.io/metadata.name": "monitoring"}
+        service_monitor=True,
+        metrics_namespace_labels={"kubernetes.io/metadata.name": "monitoring"},
+        service_monitor_labels={"release": "kube-prometheus-stack"},
     )
     kinds = _by_kind(render.render(sdd, opts))
     assert ("ServiceMonitor", "demo-engine") in kinds and ("ServiceMonitor", "demo-router") in kinds
+    monitor = kinds[("ServiceMonitor", "demo-engine")]
+    # What the Prometheus selects on, and the label the dashboards group by.
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert monitor["metadata"]["labels"][render.LABEL_COMPONENT] == "engine"
+    assert monitor["spec"]["podTargetLabels"] == [render.LABEL_DEPLOYMENT]
     ingress = kinds[("NetworkPolicy", "demo-engine")]["spec"]["ingress"]
     assert ingress[1]["from"][0]["namespaceSelector"]["matchLabels"] == {
         "kubernetes.io/metadata.name": "monitoring"

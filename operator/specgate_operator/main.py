@@ -65,6 +65,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="liveness endpoint URL (empty to disable)",
     )
     parser.add_argument(
+        "--service-monitor-label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a label on the ServiceMonitors (what your Prometheus selects on; repeatable)",
+    )
+    parser.add_argument(
         "--no-service-monitor",
         action="store_true",
         help="never render ServiceMonitors, even when the API is served",
@@ -72,12 +79,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-v", "--verbose", action="store_true")
 
 
-def _labels(pairs: list[str]) -> dict[str, str]:
+def _labels(pairs: list[str], flag: str) -> dict[str, str]:
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise ValueError(f"--metrics-namespace-label: expected KEY=VALUE, got {pair!r}")
+            raise ValueError(f"{flag}: expected KEY=VALUE, got {pair!r}")
         out[key] = value
     return out
 
@@ -98,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
             allowed_image_prefixes=tuple(args.allowed_image_prefix),
             allowed_host_path_prefixes=tuple(args.allowed_host_path_prefix),
         )
-        metrics_labels = _labels(args.metrics_namespace_label)
+        metrics_labels = _labels(args.metrics_namespace_label, "--metrics-namespace-label")
+        monitor_labels = _labels(args.service_monitor_label, "--service-monitor-label")
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -109,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
             router_image=args.router_image,
             image_pull_secrets=tuple(args.image_pull_secret),
             metrics_namespace_labels=metrics_labels,
+            service_monitor_labels=monitor_labels,
         ),
         resync_seconds=args.resync_seconds,
         detect_monitoring=not args.no_service_monitor,

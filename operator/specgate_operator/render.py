@@ -40,6 +40,8 @@ class RenderOptions:
     router_image: str = "ghcr.io/specgate/specgate:0.1.0"
     service_monitor: bool = False
     """Render ServiceMonitors (the operator sets this when monitoring.coreos.com/v1 is served)."""
+    service_monitor_labels: dict[str, str] = field(default_factory=dict)
+    """Labels on them: what the Prometheus' serviceMonitorSelector selects on."""
     image_pull_secrets: tuple[str, ...] = ()
     """Secrets for pulling the engine and router images (the chart passes its
     imagePullSecrets), in the resource's namespace."""
@@ -711,13 +713,19 @@ def engine_network_policy(sdd: api.SpecDecodeDeployment, opts: RenderOptions) ->
     }
 
 
-def service_monitor(sdd: api.SpecDecodeDeployment, component: str) -> Manifest:
+def service_monitor(
+    sdd: api.SpecDecodeDeployment, component: str, labels: dict[str, str] | None = None
+) -> Manifest:
+    meta = _meta(sdd, names(sdd.name)[component], component)
+    meta["labels"] = {**(labels or {}), **meta["labels"]}
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",
-        "metadata": _meta(sdd, names(sdd.name)[component], component),
+        "metadata": meta,
         "spec": {
             "selector": {"matchLabels": selector(sdd, component)},
+            # The dashboards group by specgate_io_deployment, as the chart's PodMonitors give it.
+            "podTargetLabels": [LABEL_DEPLOYMENT],
             "endpoints": [{"port": "http", "path": "/metrics", "interval": "15s"}],
         },
     }
@@ -756,7 +764,8 @@ def render(
     if route is not None:
         out.append(route)
     if opts.service_monitor:
-        out += [service_monitor(sdd, "engine"), service_monitor(sdd, "router")]
+        labels = dict(opts.service_monitor_labels)
+        out += [service_monitor(sdd, "engine", labels), service_monitor(sdd, "router", labels)]
     return out
 
 

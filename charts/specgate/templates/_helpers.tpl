@@ -66,8 +66,13 @@ app.kubernetes.io/component: operator
 {{- range $key, $value := .Values.operator.metricsNamespaceLabels }}
 - --metrics-namespace-label={{ $key }}={{ $value }}
 {{- end }}
-{{- if not .Values.operator.serviceMonitors }}
+{{- /* One scrape path a pod: the chart's PodMonitors replace the operator's ServiceMonitors. */}}
+{{- if or (not .Values.operator.serviceMonitors) .Values.monitoring.podMonitor.enabled }}
 - --no-service-monitor
+{{- else }}
+{{- range $key, $value := .Values.operator.serviceMonitorLabels }}
+- --service-monitor-label={{ $key }}={{ $value }}
+{{- end }}
 {{- end }}
 {{- if .Values.operator.verbose }}
 - --verbose
