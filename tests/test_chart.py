@@ -178,8 +178,17 @@ def test_monitoring_objects_only_when_enabled() -> None:
     monitors = by_kind(docs, "PodMonitor")
     assert {
         m["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] for m in monitors
-    } == {"router", "engine"}
+    } == {"router", "engine", "operator"}
     assert monitors[0]["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    # The operator's own metrics: its pod, its metrics port, which its flags serve.
+    (own,) = [m for m in monitors if m["metadata"]["name"].endswith("-operator")]
+    (dep,) = by_kind(docs, "Deployment")
+    pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert own["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert own["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "metrics", "containerPort": 8081, "protocol": "TCP"} in container["ports"]
+    assert "--metrics-port=8081" in container["args"]
     (rule,) = by_kind(docs, "PrometheusRule")
     alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
     assert alerts == {

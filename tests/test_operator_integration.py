@@ -56,6 +56,7 @@ class OperatorProcess:
     def __init__(self, kubeconfig: Path, log: Path, *flags: str) -> None:
         self.kubeconfig, self.log, self.flags = kubeconfig, log, flags
         self.liveness_port = _free_port()
+        self.metrics_port = _free_port()
         self.proc: asyncio.subprocess.Process | None = None
 
     async def start(self) -> None:
@@ -71,6 +72,8 @@ class OperatorProcess:
             "1",
             "--liveness",
             f"http://127.0.0.1:{self.liveness_port}/healthz",
+            "--metrics-port",
+            str(self.metrics_port),
             *self.flags,
             env=env,
             stdout=self.log.open("a"),
@@ -387,6 +390,17 @@ async def test_a_resource_the_policy_refuses_gets_no_children_until_it_complies(
         )
         assert resp.status_code == 200, resp.text
         await wait_for(lambda: _all_children(cluster), timeout=30, what="children")
+        # The operator's own metrics count both outcomes, and how long reconciles take.
+        async with httpx.AsyncClient() as client:
+            text = (await client.get(f"http://127.0.0.1:{proc.metrics_port}/metrics")).text
+        counts = {
+            outcome: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            for outcome in ("ok", "failed")
+            if line.startswith(f'specgate_operator_reconciles_total{{outcome="{outcome}"}}')
+        }
+        assert counts.get("failed", 0) >= 1 and counts.get("ok", 0) >= 1, text[-2000:]
+        assert "specgate_operator_reconcile_seconds_count" in text
     finally:
         await proc.stop()
         print((tmp_path / "operator.log").read_text()[-5000:])

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from specgate import api
 from specgate.kube import Credentials, KubeClient, KubeError, adopt
 from specgate_operator import render, status
+from specgate_operator.metrics import OperatorMetrics
 from specgate_operator.policy import Policy, violations
 
 log = logging.getLogger("specgate.operator")
@@ -42,6 +43,8 @@ class OperatorConfig:
     """How often every resource is re-applied (drift correction) and its status refreshed."""
     detect_monitoring: bool = True
     """Render ServiceMonitors when the monitoring.coreos.com/v1 API is served."""
+    metrics_port: int = 0
+    """Serve the operator's own metrics (/metrics) on this port; 0: not served."""
 
 
 class MissingSecret(Exception):
@@ -141,7 +144,11 @@ async def reconcile(body: Any, patch: Any, memo: Any, logger: Logger) -> None:
     async with guard.lock:
         if guard.deleting or body["metadata"].get("deletionTimestamp"):
             return
-        await _reconcile(body, patch, memo, logger)
+        metrics: OperatorMetrics | None = getattr(memo, "metrics", None)
+        if metrics is None:
+            await _reconcile(body, patch, memo, logger)
+        else:
+            await metrics.timed(lambda: _reconcile(body, patch, memo, logger))
 
 
 async def _reconcile(body: Any, patch: Any, memo: Any, logger: Logger) -> None:
@@ -294,6 +301,8 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
                 "no Kubernetes credentials: no service account, no kubeconfig"
             )
         memo.config = config
+        memo.metrics = OperatorMetrics()
+        memo.metrics.serve(config.metrics_port)
         memo.kube = KubeClient(Credentials.from_kopf(info))
         memo.service_monitor = False
         if config.detect_monitoring:
@@ -304,6 +313,8 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
 
     @kopf.on.cleanup(registry=registry)
     async def close(memo: Any, **_: Any) -> None:
+        if getattr(memo, "metrics", None) is not None:
+            memo.metrics.stop()
         if getattr(memo, "kube", None) is not None:
             await memo.kube.aclose()
 

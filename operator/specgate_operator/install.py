@@ -60,8 +60,11 @@ def manifests(namespace: str = NAMESPACE, image: str = IMAGE) -> list[dict[str, 
     container = {
         "name": "operator",
         "image": image,
-        "command": ["specgate", "operator", "--all-namespaces"],
-        "ports": [{"name": "health", "containerPort": 8080}],
+        "command": ["specgate", "operator", "--all-namespaces", "--metrics-port=8081"],
+        "ports": [
+            {"name": "health", "containerPort": 8080},
+            {"name": "metrics", "containerPort": 8081},
+        ],
         "livenessProbe": {
             "httpGet": {"path": "/healthz", "port": "health"},
             "periodSeconds": 20,

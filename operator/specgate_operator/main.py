@@ -72,6 +72,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a label on the ServiceMonitors (what your Prometheus selects on; repeatable)",
     )
     parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        metavar="PORT",
+        help="serve the operator's metrics (reconciles, outcomes, durations) here; 0: off",
+    )
+    parser.add_argument(
         "--no-service-monitor",
         action="store_true",
         help="never render ServiceMonitors, even when the API is served",
@@ -105,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
             allowed_image_prefixes=tuple(args.allowed_image_prefix),
             allowed_host_path_prefixes=tuple(args.allowed_host_path_prefix),
         )
+        if not 0 <= args.metrics_port <= 65535:
+            raise ValueError(f"--metrics-port: a port 1-65535 (0: off), got {args.metrics_port}")
         metrics_labels = _labels(args.metrics_namespace_label, "--metrics-namespace-label")
         monitor_labels = _labels(args.service_monitor_label, "--service-monitor-label")
     except ValueError as exc:
@@ -121,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
         ),
         resync_seconds=args.resync_seconds,
         detect_monitoring=not args.no_service_monitor,
+        metrics_port=args.metrics_port,
     )
     namespaces = list(args.namespace)
     # A single replica (Recreate) runs at a time, so kopf's peering is not needed.

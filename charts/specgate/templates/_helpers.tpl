@@ -63,6 +63,7 @@ app.kubernetes.io/component: operator
 {{- end }}
 - --resync-seconds={{ .Values.operator.resyncSeconds }}
 - --liveness=http://0.0.0.0:8080/healthz
+- --metrics-port=8081
 {{- range $key, $value := .Values.operator.metricsNamespaceLabels }}
 - --metrics-namespace-label={{ $key }}={{ $value }}
 {{- end }}
