@@ -230,3 +230,39 @@ def test_a_resource_may_allow_an_engine_field_and_only_that_one() -> None:
         api.SpecDecodeDeployment.model_validate(
             minimal_resource(router={"allowedEngineFields": ["anything"]})
         )
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        ({"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+          "tracestate": "vendor=abc"},
+         (("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+          ("tracestate", "vendor=abc"))),
+        ({"traceparent": "00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01"},
+         (("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),)),
+        ({"traceparent": "00-00000000000000000000000000000000-00f067aa0ba902b7-01"}, ()),
+        ({"traceparent": "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}, ()),
+        ({"traceparent": "00-xyz-00f067aa0ba902b7-01\r\nX-Evil: 1"}, ()),
+        ({"tracestate": "vendor=abc"}, ()),
+        ({"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+          "tracestate": "x" * 600},
+         (("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),)),
+    ],
+)  # fmt: skip
+def test_a_well_formed_trace_context_reaches_the_engine_and_nothing_else(
+    headers: dict[str, str], expected: tuple[tuple[str, str], ...]
+) -> None:
+    from specgate_router import proxy
+
+    assert routed.trace_context(headers) == expected
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    req = routed.parse("/v1/chat/completions", json.dumps(body).encode(), headers, SETTINGS)
+    assert req.trace == expected
+
+    class State:
+        settings = SETTINGS
+
+    sent = proxy._headers(State(), "rid-1", req)  # type: ignore[arg-type]
+    assert {k: v for k, v in sent.items() if k.startswith("trace")} == dict(expected)
+    assert sent["x-request-id"] == "rid-1"

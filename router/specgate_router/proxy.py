@@ -88,8 +88,8 @@ class SseTap:
         return not (self.drop_usage and usage_only)
 
 
-def _headers(state: RouterState, request_id: str) -> dict[str, str]:
-    headers = {"Content-Type": "application/json", "x-request-id": request_id}
+def _headers(state: RouterState, request_id: str, req: RoutedRequest) -> dict[str, str]:
+    headers = {"Content-Type": "application/json", "x-request-id": request_id, **dict(req.trace)}
     if state.settings.engine_api_key:
         headers["Authorization"] = f"Bearer {state.settings.engine_api_key}"
     return headers
@@ -101,7 +101,7 @@ async def _open(
     """Send and wait for the first byte of the answer; anything failing so far is retryable."""
     try:
         resp = await state.engine_http.post(
-            pod.url + req.path, req.body, _headers(state, request_id)
+            pod.url + req.path, req.body, _headers(state, request_id, req)
         )
     except RETRYABLE as exc:
         raise _Retry("connect", f"{type(exc).__name__}: {exc}") from exc

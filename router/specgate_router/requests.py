@@ -8,6 +8,7 @@ to the engine untouched, which answers for its own fields.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -37,6 +38,8 @@ class RoutedRequest:
     max_tokens: int | None
     traffic_class: TrafficClass
     client_wants_usage: bool
+    trace: tuple[tuple[str, str], ...] = ()
+    """The client's W3C trace context (traceparent, tracestate), passed on to the engine."""
 
 
 def _positive_int(value: Any, field: str) -> int:
@@ -191,7 +194,29 @@ def parse(
             rewritten = True
     traffic_class = classify(headers, max_tokens, settings, client)
     upstream = json.dumps(body).encode() if rewritten else raw
-    return RoutedRequest(kind, path, upstream, stream, max_tokens, traffic_class, wants_usage)
+    return RoutedRequest(
+        kind, path, upstream, stream, max_tokens, traffic_class, wants_usage, trace_context(headers)
+    )
+
+
+TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
+MAX_TRACESTATE = 512
+
+
+def trace_context(headers: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """traceparent (and tracestate with it) when well-formed per W3C Trace Context; anything
+    else is dropped, not passed to the engine (and not an error: tracing is best effort)."""
+    parent = (headers.get("traceparent") or "").strip().lower()
+    if not TRACEPARENT.match(parent) or parent.startswith("ff-"):
+        return ()
+    _, trace_id, span_id, _ = parent.split("-")
+    if trace_id == "0" * 32 or span_id == "0" * 16:
+        return ()
+    out = [("traceparent", parent)]
+    state = (headers.get("tracestate") or "").strip()
+    if state and len(state) <= MAX_TRACESTATE and state.isprintable() and state.isascii():
+        out.append(("tracestate", state))
+    return tuple(out)
 
 
 # ---- documented request shapes (for the OpenAPI schema; validation is `parse`'s) ----
