@@ -290,6 +290,28 @@ def test_the_operator_reconciles_with_the_charts_rights_and_children_go_with_the
         _wait(lambda k=kind, n=name: _get(cluster, k, n) is None, f"{kind}/{name} to go", 90)
 
 
+def test_the_autoscaling_example_targets_the_resources_scale_subresource(
+    cluster: ControlPlane,
+) -> None:
+    """The HPA example is accepted by the API server, and what it scales, the resource's
+    scale subresource, reads and writes spec.replicas with the engine pods' selector."""
+    doc = yaml.safe_load((ROOT / "examples" / "tiny-single-gpu.yaml").read_text())
+    doc["metadata"] = {"name": "llama-8b", "namespace": "default"}
+    cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(doc))
+    cluster.kubectl("apply", "-f", str(ROOT / "examples" / "autoscaling" / "hpa.yaml"))
+    hpa = _get(cluster, "hpa", "llama-8b")
+    assert hpa is not None and hpa["spec"]["scaleTargetRef"]["kind"] == "SpecDecodeDeployment"
+    scale = json.loads(
+        cluster.kubectl("get", "--raw", "/apis/specgate.io/v1alpha1/namespaces/default/"
+                        "specdecodedeployments/llama-8b/scale").stdout
+    )  # fmt: skip
+    assert scale["kind"] == "Scale" and scale["spec"]["replicas"] == 1
+    cluster.kubectl("scale", "sdd", "llama-8b", "--replicas=2")
+    assert _get(cluster, "sdd", "llama-8b")["spec"]["replicas"] == 2  # type: ignore[index]
+    cluster.kubectl("delete", "hpa", "llama-8b")
+    cluster.kubectl("delete", "sdd", "llama-8b", "--wait=false")
+
+
 def test_an_operator_limited_to_a_namespace_reconciles_there_and_can_do_nothing_elsewhere(
     cluster: ControlPlane,
 ) -> None:
