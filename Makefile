@@ -42,7 +42,7 @@ dashboards: $(STAMP)
 	$(BIN)/specgate dashboards --out charts/specgate/dashboards
 
 chart-crd:
-	cp crds/specdecodedeployments.specgate.io.yaml charts/specgate/crds/
+	cp crds/specdecodedeployments.specgate.io.yaml charts/specgate/files/
 
 tools: $(STAMP)
 	bash scripts/install-tools.sh

@@ -71,10 +71,24 @@ def test_schema_rejects_bad_values_naming_the_field(setting: str, field: str) ->
 
 
 def test_chart_crd_is_the_crd() -> None:
-    chart_crd = (CHART / "crds" / "specdecodedeployments.specgate.io.yaml").read_text()
+    chart_crd = (CHART / "files" / "specdecodedeployments.specgate.io.yaml").read_text()
     assert chart_crd == (ROOT / "crds" / "specdecodedeployments.specgate.io.yaml").read_text(), (
         "run `make chart-crd`"
     )
+
+
+def test_the_chart_installs_upgrades_and_keeps_the_crd() -> None:
+    """The CRD is a template, so `helm upgrade` brings a new schema; it carries Helm's keep
+    policy (uninstall leaves it and every resource); crds.enabled=false leaves it to the user."""
+    generated = yaml.safe_load(
+        (ROOT / "crds" / "specdecodedeployments.specgate.io.yaml").read_text()
+    )
+    (crd,) = by_kind(rendered(), "CustomResourceDefinition")
+    assert crd["spec"] == generated["spec"]
+    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    (loose,) = by_kind(rendered(sets=("crds.keep=false",)), "CustomResourceDefinition")
+    assert "helm.sh/resource-policy" not in (loose["metadata"].get("annotations") or {})
+    assert by_kind(rendered(sets=("crds.enabled=false",)), "CustomResourceDefinition") == []
 
 
 def test_app_version_follows_the_package() -> None:
