@@ -148,6 +148,9 @@ def test_values_become_operator_flags_the_cli_accepts() -> None:
     assert parsed.namespace == ["llm-prod", "llm-staging"] and parsed.resync_seconds == 60
     assert parsed.allowed_image_prefix == ["registry.example.com/llm/"]
     assert parsed.allowed_host_path_prefix == ["/mnt/models"]
+    assert parsed.allow_env_secrets is False
+    allowing = _operator_args(rendered(sets=("operator.policy.allowEnvSecrets=true",)))
+    assert build_parser().parse_args(allowing).allow_env_secrets is True
     assert "--allowed-host-path-prefix" not in " ".join(default)
     monitoring = _operator_args(rendered(CHART / "ci" / "monitoring-values.yaml"))
     assert "--metrics-namespace-label=kubernetes.io/metadata.name=monitoring" in monitoring

@@ -85,3 +85,16 @@ def test_a_resource_gets_one_line_per_refused_field_naming_the_fix() -> None:
 def test_a_malformed_policy_is_refused(bad: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         Policy(**bad)
+
+
+def test_engine_env_reads_only_the_secrets_the_resource_names_unless_allowed() -> None:
+    env = [
+        {"name": "PLAIN", "value": "1"},
+        {"name": "DB", "valueFrom": {"secretKeyRef": {"name": "other-team-db", "key": "pw"}}},
+        {"name": "CM", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "k"}}},
+    ]
+    sdd = _sdd(engine={"env": env})
+    (refused,) = violations(sdd, Policy())
+    assert refused.startswith("spec.engine.env[1].valueFrom.secretKeyRef:")
+    assert "--allow-env-secrets" in refused and "tokenSecretRef" in refused
+    assert violations(sdd, Policy(allow_env_secrets=True)) == []

@@ -54,6 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="node directories hostPath weights may mount (repeatable; none: no hostPath)",
     )
     parser.add_argument(
+        "--allow-env-secrets",
+        action="store_true",
+        help="let spec.engine.env read Secrets (secretKeyRef); off: only the Secrets a "
+        "resource's own fields name",
+    )
+    parser.add_argument(
         "--resync-seconds",
         type=float,
         default=30.0,
@@ -111,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
         policy = Policy(
             allowed_image_prefixes=tuple(args.allowed_image_prefix),
             allowed_host_path_prefixes=tuple(args.allowed_host_path_prefix),
+            allow_env_secrets=args.allow_env_secrets,
         )
         if not 0 <= args.metrics_port <= 65535:
             raise ValueError(f"--metrics-port: a port 1-65535 (0: off), got {args.metrics_port}")

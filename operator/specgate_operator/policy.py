@@ -26,6 +26,11 @@ class Policy:
     allowed_host_path_prefixes: tuple[str, ...] = ()
     """Node directories a hostPath weights source may mount lie under one of these; empty:
     hostPath sources are refused."""
+    allow_env_secrets: bool = False
+    """Let spec.engine.env read Secrets (valueFrom.secretKeyRef). Off, a resource reads only
+    the Secrets its own fields name (the engine key, the hub token, the client keys), so a
+    tenant who may create resources but not pods cannot read its namespace's other Secrets
+    through an engine pod."""
 
     def __post_init__(self) -> None:
         for prefix in self.allowed_host_path_prefixes:
@@ -83,6 +88,16 @@ def violations(
                 f"{field}: {image!r} is not under the images this operator allows ({allowed}):"
                 " use one of them, or leave the field unset for the default image"
             )
+    if not policy.allow_env_secrets:
+        for i, var in enumerate(sdd.spec.engine.env):
+            value_from = var.get("valueFrom") if isinstance(var, dict) else None
+            if isinstance(value_from, dict) and "secretKeyRef" in value_from:
+                out.append(
+                    f"spec.engine.env[{i}].valueFrom.secretKeyRef: this operator lets resources"
+                    " read only the Secrets their own fields name (apiKeySecretRef,"
+                    " model.source.hub.tokenSecretRef, router.clientAuth): use one of them, or"
+                    " ask its administrator for --allow-env-secrets"
+                )
     source = sdd.spec.model.source
     if source.type == "hostPath" and source.host_path is not None:
         path = source.host_path.path

@@ -61,6 +61,9 @@ app.kubernetes.io/component: operator
 {{- range .Values.operator.policy.allowedHostPathPrefixes }}
 - --allowed-host-path-prefix={{ . }}
 {{- end }}
+{{- if .Values.operator.policy.allowEnvSecrets }}
+- --allow-env-secrets
+{{- end }}
 - --resync-seconds={{ .Values.operator.resyncSeconds }}
 - --liveness=http://0.0.0.0:8080/healthz
 - --metrics-port=8081
