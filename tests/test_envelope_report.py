@@ -1438,7 +1438,7 @@ def test_threshold_changes_are_read_from_the_routers_own_log_lines() -> None:
     threshold changes with their reasons, and nothing else (request lines, uvicorn's text)."""
     import logging
 
-    from specgate_router.main import JsonFormatter
+    from specgate.logs import JsonFormatter
 
     envelope = load_module(ROOT / "lab" / "bench" / "gpu_envelope.py", "gpu_envelope")
     formatter = JsonFormatter()

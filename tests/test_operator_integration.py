@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import signal
 import sys
@@ -404,6 +405,14 @@ async def test_a_resource_the_policy_refuses_gets_no_children_until_it_complies(
     finally:
         await proc.stop()
         print((tmp_path / "operator.log").read_text()[-5000:])
+    # Its log is JSON lines, the refusal among them with its level and the field.
+    records = [
+        json.loads(line)
+        for line in (tmp_path / "operator.log").read_text().splitlines()
+        if line.startswith("{")
+    ]
+    refusals = [r for r in records if "spec.engine.image" in r["msg"]]
+    assert refusals and refusals[0]["level"] == "warning" and refusals[0]["logger"]
 
 
 async def test_api_rejects_a_malformed_resource_naming_the_field(cluster: Cluster) -> None:

@@ -997,7 +997,7 @@ def launch_router(config: Path, port: int, out: Path) -> subprocess.Popen[bytes]
 
 def threshold_changes(router_log: str, origin: float) -> list[dict[str, Any]]:
     """The router's threshold changes with their reasons, from its JSON log lines
-    (specgate_router.main.JsonFormatter), as seconds since `origin` (to the second): the
+    (specgate.logs.JsonFormatter), as seconds since `origin` (to the second): the
     envelope polls the router once a window, and what it decided in between is only here."""
     changes = []
     for line in router_log.splitlines():

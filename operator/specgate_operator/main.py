@@ -7,6 +7,7 @@ import asyncio
 import logging
 import sys
 
+from specgate import logs
 from specgate_operator import render
 from specgate_operator.policy import Policy
 
@@ -89,6 +90,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="never render ServiceMonitors, even when the API is served",
     )
+    parser.add_argument(
+        "--log-format",
+        choices=("json", "text"),
+        default="json",
+        help="log lines as JSON objects (for log collectors) or plain text",
+    )
     parser.add_argument("-v", "--verbose", action="store_true")
 
 
@@ -107,10 +114,7 @@ def run(args: argparse.Namespace) -> int:
 
     from specgate_operator import handlers
 
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logs.configure("DEBUG" if args.verbose else "INFO", args.log_format)
     # One line per API call is noise at INFO; kopf logs each handler outcome already.
     logging.getLogger("httpx").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     try:

@@ -3,35 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
-import time
 
 import uvicorn
 
+from specgate import logs
 from specgate_router import settings as settings_mod
 from specgate_router.app import create_app
 from specgate_router.http_limits import BoundedHttpToolsProtocol
-
-_STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line; extra fields (request_id, pod, ...) become keys. Request
-    headers are never logged: they carry API keys."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        out = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        out.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD})
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,9 +49,7 @@ def overrides(args: argparse.Namespace) -> dict[str, object]:
 
 
 def run(args: argparse.Namespace) -> int:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    logging.basicConfig(level=args.log_level.upper(), handlers=[handler], force=True)
+    logs.configure(args.log_level, "json")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     if args.no_access_log:
         logging.getLogger("specgate.router.access").setLevel(logging.WARNING)

@@ -1,0 +1,40 @@
+"""Log lines as JSON objects, one a line, for the router and the operator: what log
+collectors parse without a pattern. Extra fields of a record (request_id, pod, ...) become
+keys."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+_STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line; extra fields (request_id, pod, ...) become keys. Request
+    headers are never logged: they carry API keys."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        out.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD})
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def configure(level: str, fmt: str = "json") -> None:
+    """The process's root logging: JSON lines (or `text`) to stderr at `level`."""
+    import sys
+
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
