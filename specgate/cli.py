@@ -336,7 +336,7 @@ def _fetch_weights_arguments(p: argparse.ArgumentParser) -> None:
 def _cmd_fetch_weights(args: argparse.Namespace) -> int:
     from specgate import weights
 
-    return weights.main(["--endpoint", args.endpoint, "--cache", args.cache, *args.repos])
+    return weights.fetch_all(args.endpoint, Path(args.cache), args.repos)
 
 
 ArgumentsOf = Callable[[argparse.ArgumentParser], None]

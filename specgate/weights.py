@@ -149,24 +149,18 @@ def fetch(
     return target
 
 
-def main(argv: list[str]) -> int:
-    """`specgate fetch-weights --endpoint URL --cache DIR REPO[@REVISION]...`."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="specgate fetch-weights", description=__doc__)
-    parser.add_argument("--endpoint", default="https://huggingface.co")
-    parser.add_argument("--cache", required=True, type=Path)
-    parser.add_argument("repos", nargs="+", metavar="REPO[@REVISION]")
-    args = parser.parse_args(argv)
+def fetch_all(endpoint: str, cache: Path, repos: list[str]) -> int:
+    """`specgate fetch-weights`: every REPO[@REVISION] in turn, the token from HF_TOKEN;
+    0, or 2 with one line on stderr."""
     token = os.environ.get("HF_TOKEN", "").strip() or None
     try:
-        refs = [RepoRef.parse(text) for text in args.repos]
+        refs = [RepoRef.parse(text) for text in repos]
         for ref in refs:
-            fetch(ref, args.cache, endpoint=args.endpoint, token=token)
+            fetch(ref, cache, endpoint=endpoint, token=token)
     except FetchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0
 
 
-__all__ = ["FetchError", "RepoRef", "fetch", "main", "safe_file_name"]
+__all__ = ["FetchError", "RepoRef", "fetch", "fetch_all", "safe_file_name"]

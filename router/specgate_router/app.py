@@ -12,6 +12,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import generate_latest
+from starlette.datastructures import Headers
 from starlette.responses import StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -240,10 +241,10 @@ class AdminGuard:
         if scope["type"] != "http" or not is_admin_path(scope["path"]):
             await self.app(scope, receive, send)
             return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         try:
             self.auth.refresh(self.clock())
-            require_admin(self.auth.ring.identify(bearer(headers.get("authorization"))))
+            presented = bearer(Headers(scope=scope).get("authorization"))
+            require_admin(self.auth.ring.identify(presented))
         except RouterError as exc:
             response = JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
             await response(scope, receive, send)

@@ -351,18 +351,27 @@ def _smooth(previous: float | None, value: float, elapsed: float, half_life: flo
     return keep * previous + (1.0 - keep) * value
 
 
-def counters_from_wire(spec: Mapping[str, Any]) -> dict[str, float] | None:
-    """The acceptance counters of a /v1/loads `speculative` section, or None when the engine
-    does not report them; ValueError when one is not a finite number >= 0."""
-    if not all(name in spec for name in contract.ACCEPTANCE_COUNTERS):
+def _counters(spec: Mapping[str, Any], names: Sequence[str]) -> dict[str, float] | None:
+    """`names` read from a /v1/loads `speculative` section as lifetime counters, or None when
+    one is absent; ValueError naming the counter when one is not a finite number >= 0."""
+    if not all(name in spec for name in names):
         return None
     out = {}
-    for name in contract.ACCEPTANCE_COUNTERS:
-        value = _number(spec[name])
+    for name in names:
+        try:
+            value = _number(spec[name])
+        except ValueError as exc:
+            raise ValueError(f"{name}: {exc}") from None
         if value < 0:
             raise ValueError(f"{name} must be >= 0, got {value}")
         out[name] = value
     return out
+
+
+def counters_from_wire(spec: Mapping[str, Any]) -> dict[str, float] | None:
+    """The acceptance counters of a /v1/loads `speculative` section, or None when the engine
+    does not report them; ValueError when one is not a finite number >= 0."""
+    return _counters(spec, contract.ACCEPTANCE_COUNTERS)
 
 
 def uninterrupted_step_seconds(before: Mapping[str, Any], after: Mapping[str, Any]) -> float | None:
@@ -370,20 +379,13 @@ def uninterrupted_step_seconds(before: Mapping[str, Any], after: Mapping[str, An
     directly followed another decode step (contract.STEP_TIME_COUNTERS); None when either
     does not report them, no such step ran, or the counters went back (a restart).
     ValueError when one is not a finite number >= 0."""
-    steps_name, us_name = contract.STEP_TIME_COUNTERS
-    if not all(name in side for side in (before, after) for name in contract.STEP_TIME_COUNTERS):
+    first = _counters(before, contract.STEP_TIME_COUNTERS)
+    last = _counters(after, contract.STEP_TIME_COUNTERS)
+    if first is None or last is None:
         return None
-    values = {}
-    for side, spec in (("before", before), ("after", after)):
-        for name in contract.STEP_TIME_COUNTERS:
-            value = spec[name]
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
-            if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-            values[side, name] = float(value)
-    steps = values["after", steps_name] - values["before", steps_name]
-    micros = values["after", us_name] - values["before", us_name]
+    steps_name, us_name = contract.STEP_TIME_COUNTERS
+    steps = last[steps_name] - first[steps_name]
+    micros = last[us_name] - first[us_name]
     if steps <= 0 or micros <= 0:
         return None
     return micros / 1e6 / steps
