@@ -36,9 +36,10 @@ import aiohttp
 import yaml
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE)]
+sys.path[:0] = [str(HERE), str(HERE.parent / "gpu")]
 
 from router_overhead import cpu_seconds, free_port, open_loop, pct, start, wait_up  # noqa: E402
+from verify import stop_all  # type: ignore[import-not-found]  # noqa: E402
 
 KEY = "bench-key"
 CLIENT_KEY = "sg-bench-client"
@@ -190,10 +191,7 @@ async def frozen_pod(folder: Path, limit: float, count: int) -> dict[str, Any]:
                 waits.append(time.perf_counter() - started)
     finally:
         pods[0].send_signal(signal.SIGCONT)
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=30)
+        stop_all(procs)
     return {
         "first_byte_limit_s": limit,
         "requests": count,
@@ -269,10 +267,7 @@ async def auth_cost(
                 base = await routed("baseline", base_port, procs[3].pid, {})
                 added["baseline"].append((pct(base, 99) - pct(direct, 99)) * 1e3)
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=30)
+        stop_all(procs)
     return {
         "rate": rate,
         "seconds_per_point": seconds,
@@ -381,10 +376,7 @@ async def run(args: argparse.Namespace, out: Path, folder: Path) -> int:
             print(f"  {row}", flush=True)
             results["header_attack"].append(row)
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=30)
+        stop_all(procs)
     print(f"[frozen pod] limit {args.ttfb_limit} s ...", flush=True)
     results["frozen_pod"] = await frozen_pod(folder, args.ttfb_limit, args.frozen_requests)
     print(f"  longest wait {results['frozen_pod']['longest_wait_s']} s", flush=True)

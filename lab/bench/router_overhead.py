@@ -28,6 +28,10 @@ from typing import Any
 import aiohttp
 
 HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent / "gpu")]
+
+from verify import stop_all  # type: ignore[import-not-found]  # noqa: E402
+
 BODY = {"model": "bench", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
 
 
@@ -235,10 +239,7 @@ async def main() -> int:
         await wait_up(f"http://127.0.0.1:{slow_router_port}/readyz")
         ok, errors, secs = await held_streams(f"http://127.0.0.1:{slow_router_port}", args.streams)
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=30)
+        stop_all(procs)
     header = (
         "| req/s | stream | direct p50 | direct p99 | router p50 | router p99 | added p50 |"
         " added p99 | router CPU per request | errors |"
