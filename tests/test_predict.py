@@ -8,8 +8,9 @@ import math
 import pytest
 
 from specgate import contract
-from specgate_router import predict
+from specgate_router import control, predict
 from specgate_router.predict import AcceptanceTracker, Residuals, StepProfile
+from specgate_router.settings import ControlSettings
 from specgate_sim import profile as profiles
 
 WIRE = {"on": [[1, 0.010], [8, 0.012], [32, 0.020]], "off": [[1, 0.004], [8, 0.006], [32, 0.010]]}
@@ -186,3 +187,47 @@ def test_a_mode_without_samples_takes_the_others_correction() -> None:
     assert got.threshold == plain.threshold
     assert got.ratio(8) == pytest.approx(plain.ratio(8))  # type: ignore[arg-type]
     assert math.isclose(got.correction[0], got.correction[1])
+
+
+# Speculating steps grow with the batch while off steps stay flat: with accept length 2, the
+# modes cross between batch 14 (speculation 1.5% ahead) and 15 (plain 4% ahead).
+NEAR = {
+    "on": [[1, 0.012], [8, 0.015], [14, 0.0197], [15, 0.0208], [16, 0.0215], [32, 0.04]],
+    "off": [[1, 0.010], [8, 0.010], [14, 0.010], [15, 0.010], [16, 0.010], [32, 0.010]],
+}
+
+
+def _follow(current: int, batch: float) -> control.Decision:
+    profile = StepProfile.from_wire(NEAR)
+    got = predict.predict(profile, (2.0, "measured"), None, min_threshold=0, max_threshold=64)
+    assert got is not None and got.confident and got.threshold == 14
+    params = ControlSettings(threshold=8, max_threshold=64, hysteresis=2, cooldown_seconds=30)
+    previous = control.Decision(threshold=current, reason="", changed_at=0.0)
+    own = [control.Sample(at=999.0, batch=batch, tokens_per_second=1.0, speculating_fraction=1.0)]
+    return control.decide(
+        samples=own, previous=previous, now=1000.0, fresh=True, params=params, own=own,
+        prediction=got,
+    )  # fmt: skip
+
+
+def test_a_move_within_hysteresis_that_flips_the_mode_at_the_load_is_made() -> None:
+    """The load sits at batch 16 and the crossover moves to 14 under a threshold of 16: the
+    pod speculates where plain decoding is predicted 7% faster. Hysteresis (2) must not keep it
+    there; the switch margin decides."""
+    moved = _follow(current=16, batch=15.8)
+    assert moved.threshold == 14, moved.reason
+
+
+def test_a_move_within_hysteresis_that_changes_nothing_at_the_load_waits() -> None:
+    """The same crossover with the load at batch 6: both thresholds speculate there, and the
+    move would buy nothing now."""
+    held = _follow(current=16, batch=6.0)
+    assert held.threshold == 16 and "within hysteresis" in held.reason
+
+
+def test_a_flip_at_the_load_smaller_than_the_margin_waits() -> None:
+    """At batch 15 plain is predicted 4% ahead (past the 3% margin), at 14.6 about 1%: the
+    second must not switch a stationary load on noise."""
+    assert _follow(current=16, batch=15.0).threshold == 14
+    held = _follow(current=16, batch=14.6)
+    assert held.threshold == 16 and "differ by" in held.reason, held.reason

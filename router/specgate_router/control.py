@@ -382,7 +382,10 @@ def _follow_prediction(
     """Move to the predicted crossover in one step, past hysteresis and cooldown. A move that
     would flip the mode at the batch the pod runs now also needs the new mode predicted
     SWITCH_MARGIN faster there: at the crossover both modes deliver the same, and noise in the
-    acceptance would otherwise switch a stationary load back and forth."""
+    acceptance would otherwise switch a stationary load back and forth. That margin, not
+    hysteresis, guards such a move: a load sitting between the two thresholds would otherwise
+    run the slower mode for as long as the crossover stays within hysteresis of the current
+    threshold."""
     current = previous.threshold if previous.threshold is not None else params.max_threshold
     target = max(params.min_threshold, min(params.max_threshold, prediction.threshold))
     why = prediction.why
@@ -390,7 +393,9 @@ def _follow_prediction(
         previous = replace(previous, probe=None)  # the model decides: no probe needed
     if target == current:
         return replace(previous, threshold=current, reason=why)
-    if abs(target - current) <= params.hysteresis:
+    batch = own[-1].batch if own and now - own[-1].at <= steady_window(params) else None
+    flips_here = batch is not None and (batch <= current) != (batch <= target)
+    if abs(target - current) <= params.hysteresis and not flips_here:
         return replace(previous, reason=f"{why}; within hysteresis of {current}")
     direction = (target > current) - (target < current)
     # A move on in the direction of the model's last one is the same change still arriving
@@ -412,8 +417,7 @@ def _follow_prediction(
             reason=f"{why}; holding {current}: the modes differ by under"
             f" {predict.SWITCH_MARGIN:.0%} between {band.start} and {band.stop - 1}",
         )
-    batch = own[-1].batch if own and now - own[-1].at <= steady_window(params) else None
-    if batch is not None and (batch <= current) != (batch <= target):
+    if flips_here and batch is not None:
         ratio = prediction.ratio(batch)
         gain = None if ratio is None else (ratio if batch <= target else 1 / ratio)
         if gain is not None and gain < 1 + predict.SWITCH_MARGIN:
