@@ -283,6 +283,32 @@ def test_the_hold_grid_runs_the_router_and_engine_as_the_operator_renders_them(
     }
     table = grid.report({"temperature": 0.8, "predicted_accept_length": 3.83, "cells": [cell]})
     assert "| 16 | 64 | 800 | 1000 | 950 | **0.950** | 900-1000 | 32 | on 0.95 | 1 of 2 |" in table
+    step = {"c": 16, "temperatures": [0.8, 1.1], "final_threshold": 14,
+            "settled_after_step_s": 12.0, "routed_after": [2900.0, 3000.0, 3100.0],
+            "plain_after": [3200.0], "eagle3_after": [2800.0]}  # fmt: skip
+    engine = {"uid_gid": [["65534"] * 4] * 2, "without_key": 401, "with_key": 200}
+    table = grid.report(
+        {"temperature": 0.8, "predicted_accept_length": 3.83, "cells": [cell], "step": step,
+         "routed_engine": engine}
+    )  # fmt: skip
+    assert "T 0.8 -> 1.1: threshold 14 12 s after the step" in table
+    assert "routed 3000 (2900-3100), plain 3200, EAGLE-3 2800: **0.938**" in table
+    assert "without the key 401, with it 200" in table
+
+
+def test_the_hold_grid_can_pass_the_engine_key_as_the_operator_does(tmp_path: Path) -> None:
+    """--engine-key-from-env takes the key off the command line and into SGLANG_API_KEY (the
+    variable the patched engine reads), as the operator's engine pods carry it."""
+    import argparse
+
+    grid = load_module(ROOT / "lab" / "bench" / "hold_grid.py", "hold_grid")
+    flags = ["--model-path", "m", "--api-key", "k", "--port", "1"]
+    setup = argparse.Namespace(engine_key_from_env=True, engine_user=None)
+    moved, env = grid.routed_engine_setup(flags, {"A": "1"}, setup)
+    assert moved == ["--model-path", "m", "--port", "1"]
+    assert env == {"A": "1", "SGLANG_API_KEY": grid.verify.KEY}
+    setup = argparse.Namespace(engine_key_from_env=False, engine_user=None)
+    assert grid.routed_engine_setup(flags, {}, setup) == (flags, {})
 
 
 def test_the_hostile_benchmark_reports_memory_wait_and_key_cost_side_by_side() -> None:

@@ -16,6 +16,10 @@ eagle3 each run c for the same windows. A cell is routed / max(plain, eagle3), m
 its windows, with every window's figure kept (the spread). The router's threshold and its
 prediction are read each window from /specgate/pods.
 
+--engine-key-from-env starts the routed engine with its key in SGLANG_API_KEY instead of
+--api-key (as the operator does) and checks that it refuses a request without the key;
+--engine-user UID runs it as that user, HOME in a fresh folder (as spec.engine.runAsUser does).
+
 --step T1,T2 adds an acceptance step at c = --step-level: T1 held --hold seconds, then T2, the
 routed pod's threshold read every second; it says when the threshold settled after the step.
 
@@ -33,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -135,9 +140,12 @@ def static_cell(port: int, c: int, temperature: float, args: argparse.Namespace)
 
 
 def acceptance_step(router_port: int, args: argparse.Namespace) -> dict[str, Any]:
+    """T1 held --hold seconds at --step-level, then T2 as long: the routed pod's threshold read
+    every second, and its output tok/s over the last --measure seconds of T2."""
     t1, t2 = (float(x) for x in args.step.split(","))
     trace: list[dict[str, Any]] = []
     origin = time.monotonic()
+    routed_after: list[float] = []
     for temperature in (t1, t2):
         clients = verify.ClosedLoopClients(router_port, args.step_level, temperature, NEW_TOKENS)
         end = time.monotonic() + args.hold
@@ -145,12 +153,69 @@ def acceptance_step(router_port: int, args: argparse.Namespace) -> dict[str, Any
             time.sleep(1.0)
             view = pod_view(router_port)
             trace.append({"t": round(time.monotonic() - origin, 1), "T": temperature, **view})
+        if temperature == t2:
+            stop = time.monotonic()
+            start = stop - args.measure
+            routed_after = [
+                round(rate(clients, t, t + args.window), 1)
+                for t in (start + i * args.window for i in range(int(args.measure / args.window)))
+            ]
         clients.stop()
     after = [p for p in trace if p["T"] == t2]
     final = after[-1].get("threshold") if after else None
     settled = next((p["t"] - after[0]["t"] for p in after if p.get("threshold") == final), None)
     return {"temperatures": [t1, t2], "c": args.step_level, "trace": trace,
-            "settled_after_step_s": settled, "final_threshold": final}  # fmt: skip
+            "settled_after_step_s": settled, "final_threshold": final,
+            "routed_after": routed_after}  # fmt: skip
+
+
+def routed_engine_setup(
+    flags: list[str], env: dict[str, str], args: argparse.Namespace
+) -> tuple[list[str], dict[str, str]]:
+    """The routed engine's flags and environment with --engine-key-from-env/--engine-user."""
+    if args.engine_key_from_env:
+        at = flags.index("--api-key")
+        flags = flags[:at] + flags[at + 2 :]
+        env = {**env, "SGLANG_API_KEY": verify.KEY}
+    if args.engine_user is not None:
+        home = Path(f"/tmp/engine-home-{args.engine_user}")
+        home.mkdir(exist_ok=True)
+        os.chown(home, args.engine_user, args.engine_user)
+        # The lab's shared kernel caches belong to root: the engine keeps its own under HOME,
+        # where SGLang's dependencies put them when nothing else says.
+        env = {
+            **env,
+            "HOME": str(home),
+            "XDG_CACHE_HOME": f"{home}/.cache",
+            "TRITON_CACHE_DIR": f"{home}/.triton/cache",
+            "TVM_FFI_CACHE_DIR": f"{home}/.cache/tvm-ffi",
+        }
+    return flags, env
+
+
+def engine_checks(port: int, proc: subprocess.Popen[bytes]) -> dict[str, Any]:
+    """Who the engine runs as, and what it answers without and with the key."""
+
+    def status(headers: dict[str, str]) -> int | str:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models", headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=10) as resp:
+                return int(resp.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+        except OSError as exc:
+            return str(exc)
+
+    uids = [
+        line.split()[1:]
+        for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+        if line.startswith(("Uid:", "Gid:"))
+    ]
+    return {
+        "uid_gid": uids,
+        "without_key": status({}),
+        "with_key": status({"Authorization": f"Bearer {verify.KEY}"}),
+    }
 
 
 def start_router(engine_port: int, router_port: int, out: Path) -> subprocess.Popen[bytes]:
@@ -197,9 +262,38 @@ def report(results: dict[str, Any]) -> str:
             "",
             f"Acceptance step at c = {step['c']}, T {step['temperatures'][0]} -> "
             f"{step['temperatures'][1]}: threshold {step['final_threshold']} "
-            f"{step['settled_after_step_s']} s after the step.",
+            f"{step['settled_after_step_s']:.0f} s after the step.",
+        ]
+        if step.get("routed_after") and step.get("plain_after"):
+            routed = statistics.median(step["routed_after"])
+            plain = statistics.median(step["plain_after"])
+            eagle3 = statistics.median(step["eagle3_after"])
+            lines.append(
+                f"Last {len(step['routed_after'])} windows after the step: routed {routed:.0f} "
+                f"({min(step['routed_after']):.0f}-{max(step['routed_after']):.0f}), plain "
+                f"{plain:.0f}, EAGLE-3 {eagle3:.0f}: **{routed / max(plain, eagle3):.3f}**"
+            )
+    engine = results.get("routed_engine")
+    if engine:
+        lines += [
+            "",
+            f"Routed engine: uid/gid {engine['uid_gid']}, /v1/models without the key "
+            f"{engine['without_key']}, with it {engine['with_key']}.",
         ]
     return "\n".join(lines)
+
+
+def merge_by_temperature(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One run per temperature: the cells of runs at the same temperature together (largest c
+    first), the later run's step and engine checks kept."""
+    merged: dict[float, dict[str, Any]] = {}
+    for results in runs:
+        into = merged.setdefault(results["temperature"], {**results, "cells": []})
+        into.update({k: v for k, v in results.items() if k != "cells"})
+        into["cells"] += results["cells"]
+    for results in merged.values():
+        results["cells"].sort(key=lambda cell: -cell["c"])
+    return list(merged.values())
 
 
 def plot(runs: list[dict[str, Any]], path: Path) -> None:
@@ -270,13 +364,15 @@ def main() -> int:
     parser.add_argument("--deadline", type=float, default=570.0, help="no new cell after this")
     parser.add_argument("--mem-fraction", type=float, default=0.25)
     parser.add_argument("--port-base", type=int, default=32400)
+    parser.add_argument("--engine-key-from-env", action="store_true")
+    parser.add_argument("--engine-user", type=int, help="run the routed engine as this uid")
     parser.add_argument(
         "--report", type=Path, nargs="+", help="print the tables of results files (no run)"
     )
     parser.add_argument("--plot", type=Path, help="with --report: draw them into this PNG")
     args = parser.parse_args()
     if args.report:
-        runs = [json.loads(path.read_text()) for path in args.report]
+        runs = merge_by_temperature([json.loads(path.read_text()) for path in args.report])
         print("\n\n".join(report(results) for results in runs))
         if args.plot:
             plot(runs, args.plot)
@@ -300,7 +396,7 @@ def main() -> int:
     servers: dict[str, tuple[list[str], dict[str, str]]] = {
         "plain": (common, {"PYTHONPATH": upstream} if upstream else {}),
         "eagle3": ([*common, *eagle], {"PYTHONPATH": upstream} if upstream else {}),
-        "routed": ([*common, *eagle, *control_flags], {}),
+        "routed": routed_engine_setup([*common, *eagle, *control_flags], {}, args),
     }
     ports = {name: args.port_base + i for i, name in enumerate(servers)}
     router_port = args.port_base + ROUTER_PORT_OFFSET
@@ -316,10 +412,23 @@ def main() -> int:
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for name, (flags, env) in servers.items():
-            procs.append(verify.start(name, flags, ports[name], out, env))
-            verify.wait_for_log(out / f"{name}.log", verify.MEMORY_SIZED, procs[-1])
+            user = args.engine_user if name == "routed" else None
+            procs.append(verify.start(name, flags, ports[name], out, env, user=user))
+            try:
+                verify.wait_for_log(out / f"{name}.log", verify.MEMORY_SIZED, procs[-1])
+            except RuntimeError as exc:
+                if user is None:
+                    raise
+                # Keep the grid: say why the engine failed as that user, then run it as root.
+                results["engine_user_failed"] = str(exc)
+                (out / f"{name}.log").rename(out / f"{name}-as-{user}.log")
+                verify.log(f"{name} as uid {user} failed ({exc}); starting it as root")
+                procs[-1] = verify.start(name, flags, ports[name], out, env)
+                verify.wait_for_log(out / f"{name}.log", verify.MEMORY_SIZED, procs[-1])
         for (name, _), proc in zip(servers.items(), procs, strict=True):
             results[f"startup_seconds_{name}"] = round(verify.wait_healthy(ports[name], proc), 1)
+        results["routed_engine"] = engine_checks(ports["routed"], procs[-1])
+        verify.log(f"routed engine: {results['routed_engine']}")
         procs.append(start_router(ports["routed"], router_port, out))
         verify.log(f"servers and router up after {time.monotonic() - started:.0f} s")
         before = args.first_from
@@ -346,7 +455,11 @@ def main() -> int:
             verify.log(f"c={c}: ratio {cell['ratio']} threshold {routed['pods'][-1]}")
             before = c
         if args.step and time.monotonic() - started + 2 * args.hold < args.deadline + 30:
-            results["step"] = acceptance_step(router_port, args)
+            step = acceptance_step(router_port, args)
+            t2 = step["temperatures"][1]
+            step["plain_after"] = static_cell(ports["plain"], args.step_level, t2, args)
+            step["eagle3_after"] = static_cell(ports["eagle3"], args.step_level, t2, args)
+            results["step"] = step
     except Exception as exc:  # keep what was measured
         results["error"] = f"{type(exc).__name__}: {exc}"
         verify.log(results["error"])

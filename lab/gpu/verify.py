@@ -202,17 +202,29 @@ def start(
     logs: Path,
     env: dict[str, str] | None = None,
     cpus: Collection[int] | None = None,
+    user: int | None = None,
 ) -> subprocess.Popen[bytes]:
     """Launch one SGLang server; with `cpus`, it and every process it spawns run on those
-    CPUs only (set in the child before it starts Python: inherited by the scheduler)."""
+    CPUs only (set in the child before it starts Python: inherited by the scheduler); with
+    `user`, as that user and group id with no supplementary groups (as a pod's runAsUser)."""
     log(f"starting {name} on :{port}" + (f" with {env}" if env else ""))
     out = open(logs / f"{name}.log", "wb")  # noqa: SIM115 (the server process writes it)
+    pin = pin_to(cpus)
+
+    def in_child() -> None:
+        if pin is not None:
+            pin()
+        if user is not None:
+            os.setgroups([])
+            os.setgid(user)
+            os.setuid(user)
+
     return subprocess.Popen(
         [sys.executable, "-m", "sglang.launch_server", *args, "--port", str(port)],
         stdout=out,
         stderr=subprocess.STDOUT,
         env={**os.environ, **(env or {})},
-        preexec_fn=pin_to(cpus),
+        preexec_fn=in_child if pin is not None or user is not None else None,
     )
 
 
