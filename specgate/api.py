@@ -229,7 +229,8 @@ class SpeculationControl(_Model):
     where speculation would pay. Raise it for engines that run larger batches."""
     hysteresis: int = Field(default=2, ge=0, le=256)
     """The controller changes a pod's threshold only when its estimate moves more than this many
-    requests away from the current value."""
+    requests away from the current value, unless the move switches the mode at the batch the
+    pod runs now and the model predicts the new mode at least 3% faster there."""
     cooldown_seconds: float = Field(default=30, ge=0, le=3600)
     """Minimum time between two threshold changes on one pod."""
     probe_interval_seconds: float = Field(default=600, ge=0, le=86400)

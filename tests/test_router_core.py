@@ -163,6 +163,20 @@ def test_plain_decoding_read_far_below_its_samples_does_not_halve_the_threshold(
     assert lower.threshold < 8, lower.reason
 
 
+def test_an_idle_pod_is_not_moved_by_its_siblings_samples_until_it_serves() -> None:
+    """Two pods of one deployment on the same hardware: the busy one's samples move it; the
+    idle one has no data of its own and keeps its threshold, then follows once it serves."""
+    samples = analytic_samples(16, start=0.0)
+    busy = control.PodInput(control.Decision(16, "initial", -math.inf), samples, True)
+    idle = control.PodInput(control.Decision(16, "initial", -math.inf), (), True, serving=False)
+    moved, kept = control.decide_pods(samples, [busy, idle], now=100.0, params=PARAMS)
+    assert moved.threshold != 16
+    assert kept.threshold == 16 and "idle: keeps 16 until it serves" in kept.reason
+    woken = idle._replace(serving=True)
+    _, followed = control.decide_pods(samples, [busy, woken], now=100.0, params=PARAMS)
+    assert followed.threshold == moved.threshold
+
+
 def test_each_move_is_at_most_a_halving_or_doubling() -> None:
     decision = control.Decision(64, "initial", -math.inf)
     decision = control.decide(
@@ -1083,23 +1097,24 @@ def test_probe_outcome_names_what_the_router_counts() -> None:
 async def test_pods_learn_only_from_siblings_on_the_same_accelerators() -> None:
     """A deployment without a node selector can land on several GPU models: a pod's samples
     move its siblings on the same accelerators, not a pod on others (which keeps its threshold
-    until its own data says otherwise)."""
+    until its own data says otherwise), nor an idle sibling on the same ones until it serves."""
     from specgate_router.state import RouterState
 
     params = {"threshold": 8, "cooldownSeconds": 0, "hysteresis": 0, "minSamples": 2}
     now = [100.0]
     state = RouterState(
         RouterSettings.model_validate(
-            {"backends": ["http://a", "http://b", "http://c"], "control": params}
+            {"backends": ["http://a", "http://b", "http://c", "http://d"], "control": params}
         ),
         clock=lambda: now[0],
     )
     state.is_leader = False  # decide, push nothing
-    hardware = {"a": "NVIDIA H200", "b": "NVIDIA H200", "c": "NVIDIA L40S"}
+    hardware = {"a": "NVIDIA H200", "b": "NVIDIA H200", "c": "NVIDIA L40S", "d": "NVIDIA H200"}
     pods = {p.url.removeprefix("http://"): p for p in state.live_pods()}
     for name, pod_state in pods.items():
         load = EngineLoad(
-            running=8, waiting=0, max_running=64, threshold=8, threshold_known=True,
+            running=0 if name == "d" else 8, waiting=0, max_running=64, threshold=8,
+            threshold_known=True,
             accelerator=hardware[name], num_accelerators=1,
         )  # fmt: skip
         pod_state.record(Scrape(now[0], load))
@@ -1113,6 +1128,7 @@ async def test_pods_learn_only_from_siblings_on_the_same_accelerators() -> None:
     moved = pods["a"].decision.threshold
     assert moved != 8 and pods["b"].decision.threshold == moved
     assert pods["c"].decision.threshold == 8
+    assert pods["d"].decision.threshold == 8 and "until it serves" in pods["d"].decision.reason
     view = pods["c"].view(now[0], state.settings.control, state.settings.resilience)
     assert view["accelerator"] == {"name": "NVIDIA L40S", "perEngine": 1}
     # A malformed report is unknown, not an error: pooled with the other unknown pods.

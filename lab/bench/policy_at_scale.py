@@ -274,7 +274,12 @@ class Fleet:
         self._update_pools(now, samples)
         decisions = control.decide_pods(
             samples,
-            [control.PodInput(view.decision, view.samples, True, view.pool) for view in self.views],
+            [
+                control.PodInput(
+                    view.decision, view.samples, True, view.pool, serving=view.serving()
+                )
+                for view in self.views
+            ],
             now=now,
             params=self.control,
         )

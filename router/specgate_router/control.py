@@ -12,14 +12,15 @@ estimate is the largest such b. Each move is bounded to [T/2, 2T+1], so a far es
 approached in steps and re-measured on the way: a fixed-point iteration towards the crossover.
 
 Until both modes have enough samples near T at two or more batch sizes, the pod keeps its
-threshold. A load that holds steadily away from T never gives such samples: a pod running
-plain at batch 64 under T = 20 never measures speculation there. Such a pod probes: it runs
-the other mode at its batch for a few seconds (`probe`), keeps it when it delivers more per
-request, and otherwise goes back and waits twice as long before the next probe. Probes are rare
-(`probeIntervalSeconds` apart at least, one pod of a deployment at a time), and a mode the pod
-measured at that batch within the wait decides without one. Probes compare a pod with itself
-(siblings at the same batch may serve another traffic mix), and pods of the latency pool do not
-probe: their threshold is what the pool is sized by.
+threshold; so does an idle pod, whatever its siblings measured, until it serves. A load that
+holds steadily away from T never gives such samples: a pod running plain at batch 64 under
+T = 20 never measures speculation there. Such a pod probes: it runs the other mode at its batch for
+a few seconds (`probe`), keeps it when it delivers more per request, and otherwise goes back
+and waits twice as long before the next probe. Probes are rare (`probeIntervalSeconds` apart at
+least, one pod of a deployment at a time), and a mode the pod measured at that batch within the
+wait decides without one. Probes compare a pod with itself (siblings at the same batch may
+serve another traffic mix), and pods of the latency pool do not probe: their threshold is what
+the pool is sized by.
 
 A new value is pushed only when it moves more than `hysteresis` from the current one, the
 pod's last change is `cooldownSeconds` old, and samples near the current threshold were taken
@@ -318,13 +319,16 @@ def decide(
     own: Sequence[Sample] = (),
     may_probe: bool = True,
     prediction: Prediction | None = None,
+    serving: bool = True,
 ) -> Decision:
     """The next threshold for one pod, from `prediction` (the crossover its engine's step
     profile and acceptance predict) when that is confident, else from `samples` (pooled
     across its deployment) and, for probes, `own` (its own; none: it does not probe). Pods
     deciding from the same samples at the same time can share `estimates` (keyed by current
     threshold): the fit is then made once per distinct threshold, not once per pod.
-    `may_probe`: no other pod is probing."""
+    `may_probe`: no other pod is probing. `serving`: the pod has requests now; an idle pod
+    has no data of its own, and its siblings' samples do not move it until it serves (what
+    they measured may come from another traffic mix; it costs one scrape once load arrives)."""
     if params.mode == "alwaysOn":
         return _keep_or(previous, None, "control.mode alwaysOn", now)
     if params.mode == "off":
@@ -342,6 +346,8 @@ def decide(
         if estimates is not None:
             estimates[current] = cached
     value, why = cached.threshold, cached.why
+    if value is not None and not serving:
+        return replace(previous, reason=f"{why}; idle: keeps {current} until it serves")
     if value is not None:
         target = clamp(value, current, params)
         direction = (target > current) - (target < current)
@@ -441,6 +447,7 @@ class PodInput(NamedTuple):
     fresh: bool
     pool: str = "mixed"  # latency pods do not probe: the pool is sized by their threshold
     prediction: Prediction | None = None
+    serving: bool = True  # requests running, queued or in flight to it now
 
 
 def decide_pods(
@@ -462,6 +469,7 @@ def decide_pods(
             own=() if pod.pool == "latency" else pod.own,
             may_probe=not probing,
             prediction=pod.prediction,
+            serving=pod.serving,
         )
         probing = probing or decision.probe is not None
         decisions.append(decision)

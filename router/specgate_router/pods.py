@@ -111,6 +111,10 @@ class PodState:
             return self.in_flight
         return self.last.load.running + self.last.load.waiting + self.dispatched_since_scrape
 
+    def serving(self) -> bool:
+        """Requests are running, queued or on their way to it: it makes data of its own."""
+        return self.expected_batch() > 0 or self.in_flight > 0
+
     def capacity(self) -> int:
         return max(1, self.last.load.max_running) if self.last else 1
 

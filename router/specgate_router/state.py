@@ -272,7 +272,12 @@ class RouterState:
                 control.pool_samples([pod.samples for pod in group]),
                 [
                     control.PodInput(
-                        pod.decision, pod.samples, pod.fresh(now, params), pod.pool, pod.prediction
+                        pod.decision,
+                        pod.samples,
+                        pod.fresh(now, params),
+                        pod.pool,
+                        pod.prediction,
+                        serving=pod.serving(),
                     )
                     for pod in group
                 ],
