@@ -549,8 +549,14 @@ async def test_a_new_pod_gets_the_predicted_threshold_without_learning(
                     break
             metrics = (await http.get(r.url + "/metrics")).text
             pods_core = pods.pods[0].core
-            await asyncio.sleep(1.0)
-            speculating = pods_core.speculating and len(pods_core.running) >= 12
+            # At a moment the pod holds 12 or more streams (under threshold 8 it would not
+            # speculate there): a single look can fall between two requests on a busy host.
+            speculating = False
+            for _ in range(50):
+                await asyncio.sleep(0.1)
+                if len(pods_core.running) >= 12:
+                    speculating = pods_core.speculating
+                    break
     assert isinstance(view["threshold"], int) and view["threshold"] >= 32, view
     assert str(view["reason"]).startswith("predicted: speculation pays up to"), view
     prediction = view["prediction"]
