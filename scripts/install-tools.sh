@@ -6,7 +6,9 @@
 #  - typescript and @grafana/schema from npm, to type-check the dashboards;
 #  - a Kubernetes control plane built from Go modules (scripts/build-control-plane.sh);
 #  - dockerfile-check, buildkit's own Dockerfile checks (`docker build --check`) built from
-#    its Go module (scripts/dockerfile-check), for a machine without a Docker engine.
+#    its Go module (scripts/dockerfile-check), for a machine without a Docker engine;
+#  - prometheus-config, the Prometheus Operator's configuration generator built from its Go
+#    module (scripts/prometheus-config): what the chart's PodMonitors become in Prometheus.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TOOLS=$PWD/.tools
@@ -46,12 +48,15 @@ fi
 # kube-apiserver, kube-controller-manager and etcd, built from their Go modules (minutes cold,
 # nothing when built): the end-to-end tests run against them (tests/control_plane.py).
 bash scripts/build-control-plane.sh
-# About a minute cold; rebuilt whenever its sources change.
-CHECK_SUM=$(cat scripts/dockerfile-check/go.mod scripts/dockerfile-check/go.sum \
-  scripts/dockerfile-check/main.go | sha256sum | cut -d' ' -f1)
-if [ "$(cat "$TOOLS/bin/.dockerfile-check.sum" 2>/dev/null)" != "$CHECK_SUM" ]; then
-  (cd scripts/dockerfile-check && GOTOOLCHAIN=local GOFLAGS=-mod=mod \
-    go build -trimpath -o "$TOOLS/bin/dockerfile-check" .)
-  echo "$CHECK_SUM" > "$TOOLS/bin/.dockerfile-check.sum"
-fi
+# Small Go programs of ours on published modules: one and five minutes cold on 2 cores; each
+# rebuilt whenever its sources change.
+for program in dockerfile-check prometheus-config; do
+  sum=$(cat scripts/$program/go.mod scripts/$program/go.sum scripts/$program/main.go \
+    | sha256sum | cut -d' ' -f1)
+  if [ "$(cat "$TOOLS/bin/.$program.sum" 2>/dev/null)" != "$sum" ]; then
+    (cd scripts/$program && GOTOOLCHAIN=local GOFLAGS=-mod=mod \
+      go build -trimpath -o "$TOOLS/bin/$program" .)
+    echo "$sum" > "$TOOLS/bin/.$program.sum"
+  fi
+done
 echo "tools ready in $TOOLS/bin"

@@ -21,9 +21,11 @@ from specgate_sim.cluster import free_ports
 
 
 class RouterServer:
-    def __init__(self, server: uvicorn.Server, port: int, app: Any) -> None:
+    def __init__(
+        self, server: uvicorn.Server, port: int, app: Any, host: str = "127.0.0.1"
+    ) -> None:
         self.server, self.port, self.app = server, port, app
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"http://{host}:{port}"
 
     @property
     def state(self) -> RouterState:
@@ -39,15 +41,16 @@ async def run_router(
     config_path: str | None = None,
     ready: bool = True,
     port: int | None = None,
+    host: str = "127.0.0.1",
 ) -> AsyncIterator[RouterServer]:
     if isinstance(settings, dict):
         settings = RouterSettings.model_validate(settings)
     app = create_app(settings, engine_http=engine_http, config_path=config_path, identity="test")
-    port = port or free_ports(1)[0]
+    port = port or free_ports(1, host)[0]
     limits = settings.resilience
     config = uvicorn.Config(
         app,
-        host="127.0.0.1",
+        host=host,
         port=port,
         log_level="warning",
         timeout_graceful_shutdown=30,
@@ -60,7 +63,7 @@ async def run_router(
         if task.done():
             task.result()
         await asyncio.sleep(0.01)
-    handle = RouterServer(server, port, app)
+    handle = RouterServer(server, port, app, host)
     if ready:
         async with httpx.AsyncClient() as client:
             for _ in range(200):
