@@ -559,7 +559,6 @@ async def test_the_charts_pod_monitors_scrape_the_pods_and_every_dashboard_query
     Debian's build leaves out: the pods this API server lists reach Prometheus through a file
     with the meta labels that discovery gives them (`_pod_role_targets`)."""
     import asyncio
-    import re as regex
 
     import httpx
 
@@ -570,7 +569,7 @@ async def test_the_charts_pod_monitors_scrape_the_pods_and_every_dashboard_query
     from specgate_sim.pod import PodSettings
 
     from .router_harness import run_router
-    from .tools import tool
+    from .tools import query_range, tool
 
     address = own_address()
     engine_port, router_port = free_ports(2, address)
@@ -704,19 +703,6 @@ async def test_the_charts_pod_monitors_scrape_the_pods_and_every_dashboard_query
             await asyncio.sleep(3)  # a few more scrapes
             end = time.time()
 
-        def data(expr: str) -> bool:
-            expr = expr.replace("$__rate_interval", "20s")
-            expr = regex.sub(r"\$namespace\b", "default", expr)
-            expr = regex.sub(r"\$deployment\b", "watched", expr)
-            expr = regex.sub(r"\$pod\b", ".*", expr)
-            answer = httpx.get(
-                url + "/api/v1/query_range",
-                params={"query": expr, "start": start, "end": end, "step": "1s"},
-                timeout=30,
-            ).json()
-            assert answer["status"] == "success", (expr, answer)
-            return bool(answer["data"]["result"])
-
         boards = {
             path.stem: json.loads(path.read_text()) for path in CHART.glob("dashboards/*.json")
         }
@@ -729,7 +715,12 @@ async def test_the_charts_pod_monitors_scrape_the_pods_and_every_dashboard_query
             if "expr" in target
         ]
         assert len(queries) >= 10
-        empty = [f"{uid}: {title}: {expr}" for uid, title, expr in queries if not data(expr)]
+        window = {"url": url, "start": start, "end": end}
+        empty = [
+            f"{uid}: {title}: {expr}"
+            for uid, title, expr in queries
+            if not query_range(window, expr, namespace="default", deployment="watched")
+        ]
         assert not empty, "\n".join(empty)
     finally:
         prometheus.terminate()

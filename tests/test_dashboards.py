@@ -32,7 +32,7 @@ from specgate_sim.pod import PodSettings
 
 from .conftest import ROOT
 from .router_harness import run_router
-from .tools import CHART, TOOLS, tool
+from .tools import CHART, TOOLS, query_range, tool
 
 FOLDER = CHART / "dashboards"
 KNOWN_PANEL_TYPES = {"timeseries", "stat", "statetimeline", "table", "gauge", "bargauge", "text"}
@@ -147,11 +147,6 @@ def test_type_check_catches_an_unknown_field(tmp_path: Path) -> None:
 # ---- against a real Prometheus ----
 
 
-def substitute(expr: str) -> str:
-    expr = expr.replace("$__rate_interval", "20s")
-    return re.sub(r"\$(namespace|deployment|pod)\b", ".*", expr)
-
-
 @pytest.fixture(scope="module")
 def prometheus_with_data(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A real Prometheus that scraped a router + 3 simulated pods every second through ~25 s of
@@ -225,23 +220,6 @@ async def _load(router_port: int) -> None:
             )
             await gen.run()
             await asyncio.sleep(2)
-
-
-def query_range(data: dict[str, Any], expr: str) -> list[dict[str, Any]]:
-    resp = httpx.get(
-        data["url"] + "/api/v1/query_range",
-        params={
-            "query": substitute(expr),
-            "start": data["start"],
-            "end": data["end"],
-            "step": "1s",
-        },
-        timeout=30,
-    )
-    body = resp.json()
-    assert body["status"] == "success", (expr, body)
-    result: list[dict[str, Any]] = body["data"]["result"]
-    return result
 
 
 @pytest.mark.integration

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
+
+import httpx
 
 from .conftest import ROOT
 
@@ -38,3 +42,22 @@ def helm_template(
     for s in sets:
         args += ["--set", s]
     return run(*args, check=check)
+
+
+def query_range(data: dict[str, Any], expr: str, **variables: str) -> list[dict[str, Any]]:
+    """A dashboard query's series from the Prometheus at data["url"] over [start, end]: its
+    template variables (namespace, deployment, pod) set to `variables`, `.*` where not given,
+    and $__rate_interval to 20s."""
+    expr = expr.replace("$__rate_interval", "20s")
+    expr = re.sub(
+        r"\$(namespace|deployment|pod)\b", lambda m: variables.get(m.group(1), ".*"), expr
+    )
+    resp = httpx.get(
+        data["url"] + "/api/v1/query_range",
+        params={"query": expr, "start": data["start"], "end": data["end"], "step": "1s"},
+        timeout=30,
+    )
+    body = resp.json()
+    assert body["status"] == "success", (expr, body)
+    result: list[dict[str, Any]] = body["data"]["result"]
+    return result

@@ -45,13 +45,9 @@ def main() -> int:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    models = Path("/tmp/specgate-models-synthetic")
+    models = hold_grid.MODELS
     hold_grid.write_synthetic_pair(models, 12.0)  # type: ignore[attr-defined]
     results: dict[str, Any] = {"model_modes_as_written": modes(models)}
-    # A pod's weights are readable by its user (a volume's fsGroup, or an image's layers);
-    # the lab writes them as root, so open them up the same way.
-    for path in [models, *models.rglob("*")]:
-        path.chmod(path.stat().st_mode | 0o444 | (0o111 if path.is_dir() else 0))
     flags = verify.server_flags(
         models / "target",
         mem_fraction=0.3,

@@ -169,6 +169,16 @@ def acceptance_step(router_port: int, args: argparse.Namespace) -> dict[str, Any
             "routed_after": routed_after}  # fmt: skip
 
 
+MODELS = Path("/tmp/specgate-models-synthetic")
+
+
+def readable_by_all(root: Path) -> None:
+    """Open `root` to every user: safetensors writes weights as 0600, and a pod's weights are
+    readable by its user (a volume's fsGroup, or an image's layers)."""
+    for path in [root, *root.rglob("*")]:
+        path.chmod(path.stat().st_mode | 0o444 | (0o111 if path.is_dir() else 0))
+
+
 def routed_engine_setup(
     flags: list[str], env: dict[str, str], args: argparse.Namespace
 ) -> tuple[list[str], dict[str, str]]:
@@ -178,6 +188,7 @@ def routed_engine_setup(
         flags = flags[:at] + flags[at + 2 :]
         env = {**env, "SGLANG_API_KEY": verify.KEY}
     if args.engine_user is not None:
+        readable_by_all(MODELS)
         home = Path(f"/tmp/engine-home-{args.engine_user}")
         home.mkdir(exist_ok=True)
         os.chown(home, args.engine_user, args.engine_user)
@@ -380,7 +391,7 @@ def main() -> int:
     started = time.monotonic()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    models = Path("/tmp/specgate-models-synthetic")
+    models = MODELS
     write_synthetic_pair(models, args.c)
     common = verify.server_flags(
         models / "target",
