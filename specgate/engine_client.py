@@ -45,6 +45,8 @@ class EngineLoad(BaseModel):
     `decode_moments`; 0 until the first decode step)."""
     decode_batch_sum: float = 0.0
     decode_tokens: float = 0.0
+    decode_step_us: float = 0.0
+    """The sum of the decode steps' launch intervals, prefills between them included."""
     # Present only on patched engines:
     threshold: int | None = None
     threshold_known: bool = False
@@ -81,6 +83,7 @@ class EngineLoad(BaseModel):
             decode_steps=float(moments.get("steps", 0.0)),
             decode_batch_sum=float(moments.get("batch", 0.0)),
             decode_tokens=float(moments.get("generated", 0.0)),
+            decode_step_us=float(moments.get("step_us", 0.0)),
             threshold=spec.get("disable_batch_threshold"),
             threshold_known="disable_batch_threshold" in spec,
             speculating=spec.get("speculating"),

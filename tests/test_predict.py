@@ -110,6 +110,32 @@ def test_acceptance_is_measured_while_speculating_and_estimated_while_off() -> N
     assert tracker.calibration == before
 
 
+def test_an_interval_that_mixed_the_modes_measures_no_accept_length() -> None:
+    """A load that straddles the threshold speculates a step here and there among off steps;
+    those steps accept more than steady speculation would, and must not read as 'measured'."""
+    tracker = AcceptanceTracker()
+    tracker.update(_counters(), 0.0, 3, 1.0)
+    steady = dict(spec_request_steps=100, spec_accepted_tokens=55)  # tau 1.55
+    tracker.update(_counters(**steady), 1.0, 3, 1.0)
+    assert tracker.current(1.0) == (pytest.approx(1.55), "measured")
+    # Then mostly off: a few speculating steps accepting 0.75 a step, agreement 40%.
+    mixed = dict(spec_request_steps=110, spec_accepted_tokens=62.5)
+    for i, at in enumerate((2.0, 3.0, 4.0, 7.0)):
+        agreed = dict(draft_first_proposed=100.0 * (i + 1), draft_first_agreed=40.0 * (i + 1))
+        tracker.update(_counters(**{**mixed, **agreed}), at, 3, 0.2)
+        mixed["spec_request_steps"] += 10
+        mixed["spec_accepted_tokens"] += 7.5
+    assert tracker.tau == pytest.approx(1.55)  # the mixed intervals did not move it
+    tau, source = tracker.current(7.0)  # type: ignore[misc]
+    assert source.startswith("estimated while off")
+    assert tau == pytest.approx(predict.chain_accept_length(0.4, 3))
+    # Unknown fractions (an engine that does not count steps per mode) read as steady.
+    tracker.update(
+        _counters(**mixed, draft_first_proposed=400, draft_first_agreed=160), 8.0, 3, None
+    )
+    assert tracker.current(8.0)[1] == "measured"  # type: ignore[index]
+
+
 def test_counters_that_go_backwards_start_over() -> None:
     tracker = AcceptanceTracker()
     tracker.update(_counters(spec_request_steps=100, spec_accepted_tokens=200), 0.0, 3)
@@ -231,3 +257,64 @@ def test_a_flip_at_the_load_smaller_than_the_margin_waits() -> None:
     assert _follow(current=16, batch=15.0).threshold == 14
     held = _follow(current=16, batch=14.6)
     assert held.threshold == 16 and "differ by" in held.reason, held.reason
+
+
+def test_time_between_steps_per_mode_moves_the_crossover() -> None:
+    """WIRE at tau 2: the modes tie at batches 8 and 32, so the crossover reads 32. With a
+    speculating batch's prefills costing 40 us a token more between steps, each request pays
+    b * 40 us more a token speculating, and speculation pays nowhere."""
+    profile = StepProfile.from_wire(WIRE)
+    assert profile is not None
+    assert predict.seconds_per_token(profile, 8, True, 2.0) == pytest.approx(0.006)
+    assert predict.seconds_per_token(
+        profile, 8, False, 2.0, step_rate=0.5, between=1e-4
+    ) == pytest.approx(0.012 + 8e-4)
+    plain = predict.predict(profile, (2.0, "measured"), None, min_threshold=0, max_threshold=64)
+    assert plain is not None and plain.threshold == 32
+    residuals = Residuals()
+    for at in (1.0, 1.5, 2.0):  # a figure counts from its third interval
+        residuals.add_between(speculating=True, seconds_per_token=60e-6, at=at)
+    # Only one mode measured: it stands for both, so the crossover does not move.
+    one = predict.predict(profile, (2.0, "measured"), residuals, min_threshold=0, max_threshold=64)
+    assert one is not None and one.threshold == 32 and one.between_at == (2.0, -math.inf)
+    for at in (3.0, 3.5, 4.0):
+        residuals.add_between(speculating=False, seconds_per_token=20e-6, at=at)
+    both = predict.predict(profile, (2.0, "measured"), residuals, min_threshold=0, max_threshold=64)
+    assert both is not None and both.between == pytest.approx((60e-6, 20e-6))
+    # A request's token: t_on / 2 + 60 us * b speculating, t_off + 20 us * b off; at b = 32
+    # (where the modes tied) 11.92 ms against 10.64: plain now wins there and everywhere.
+    expected = max(
+        (b for b in range(1, 33) if (r := both.ratio(b)) is not None and r >= 1), default=0
+    )
+    assert both.threshold == expected == 0
+    assert "between steps 60 us a token on, 20 off" in both.why
+    # Hostile or broken figures never reach the model.
+    residuals.add_between(speculating=False, seconds_per_token=float("nan"), at=5.0)
+    residuals.add_between(speculating=False, seconds_per_token=-1.0, at=5.0)
+    assert residuals.between_steps() == pytest.approx((60e-6, 20e-6))
+
+
+def test_time_between_steps_comes_from_the_decode_moments() -> None:
+    from specgate.engine_client import EngineLoad
+    from specgate_router.pods import Scrape, between_steps
+
+    def scrape(at: float, steps: float, micros: float, tokens: float) -> Scrape:
+        load = EngineLoad(
+            running=8,
+            waiting=0,
+            max_running=64,
+            decode_steps=steps,
+            decode_step_us=micros,
+            decode_tokens=tokens,
+        )
+        return Scrape(at, load)
+
+    # 100 steps in 0.6 s of launch intervals, each step 4 ms on its own: 0.2 s between steps,
+    # over 800 tokens.
+    a, b = scrape(0.0, 1000, 5e6, 8000), scrape(1.0, 1100, 5.6e6, 8800)
+    assert between_steps(a, b, 0.004) == pytest.approx(0.2 / 800)
+    assert between_steps(a, b, 0.007) == 0.0  # steps slower than their intervals: none between
+    assert between_steps(b, a, 0.004) is None  # counters went back
+    # Never more than the interval itself (a stale moment spanning idle time).
+    c = scrape(1.0, 1100, 5e6 + 3e6, 8800)
+    assert between_steps(a, c, 0.004) == pytest.approx((1.0) / 800)

@@ -44,11 +44,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
+from specgate import contract
 from specgate_router import predict
 from specgate_router.predict import Prediction
 from specgate_router.settings import ControlSettings
 
-STEADY_MODE_FRACTION = 0.9
+STEADY_MODE_FRACTION = predict.STEADY_MODE_FRACTION
 """A sample counts for a mode when at least this share of its decode steps ran in that mode."""
 HALF_LIFE_SECONDS = 300.0
 POOLED_SAMPLES = 4800
@@ -98,6 +99,9 @@ class Probe:
     started: float
     until: float  # judged from here, once it has min_samples samples ...
     give_up: float  # ... or abandoned from here without a verdict
+    measuring: bool = False
+    """Run for the prediction's sake: to measure the mode's time between decode steps, which
+    the step profile does not hold. The model, not the probe's rate, decides after it."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,7 @@ class Decision:
     probe_wait: float = 1.0  # the wait before the next probe, in probe intervals
     probe_after: float = -math.inf  # no probe before this (a pod's first: one interval in)
     moved: int = 0  # the direction of the last change the fit made: +1 up, -1 down, 0 none
+    measure_after: float = -math.inf  # no measuring probe before this (one came back empty)
 
 
 def sample_between(
@@ -336,7 +341,7 @@ def decide(
     if not fresh:
         return replace(previous, reason="metrics stale: no decision")
     if prediction is not None and prediction.confident:
-        return _follow_prediction(prediction, own, previous, now, params)
+        return _follow_prediction(prediction, own, previous, now, params, may_probe=may_probe)
     if previous.probe is not None:
         return _continue_probe(own, previous, now, params)
     current = previous.threshold if previous.threshold is not None else params.max_threshold
@@ -378,7 +383,123 @@ def decide(
     return explored if explored is not None else replace(previous, reason=why)
 
 
+MEASURE_BELOW_GAIN = 1.5
+"""A pod whose model has never seen the other mode's time between decode steps measures it
+(a probe of `probeSeconds`) when the running mode is predicted less than this much faster at
+its batch. Between-step time (prefills, which a speculating batch pays for its draft too) runs
+up to half a token's time on a small model, so a smaller predicted gain can be wrong."""
+
+
+REMEASURE_INTERVALS = 4
+"""A mode's between-step time is measured again after this many probe intervals: it moves
+with the workload's request lengths, but slowly, and each measurement costs a few scrapes of
+the slower mode."""
+
+
 def _follow_prediction(
+    prediction: Prediction,
+    own: Sequence[Sample],
+    previous: Decision,
+    now: float,
+    params: ControlSettings,
+    *,
+    may_probe: bool = True,
+) -> Decision:
+    """The model's decision, with the probes that measure what it lacks: a measuring probe
+    runs its course, then the model (now knowing both modes) decides at once; a pod that
+    stays in its mode starts one where the model needs it (`_measure_other_mode`)."""
+    probe = previous.probe
+    if probe is not None and probe.measuring:
+        return _end_of_measuring(prediction, own, previous, probe, now, params)
+    decision = _model_move(prediction, own, previous, now, params)
+    current = previous.threshold if previous.threshold is not None else params.max_threshold
+    if decision.threshold == current and may_probe:
+        measuring = _measure_other_mode(prediction, own, decision, now, params)
+        if measuring is not None:
+            return measuring
+    return decision
+
+
+def _measure_other_mode(
+    prediction: Prediction,
+    own: Sequence[Sample],
+    previous: Decision,
+    now: float,
+    params: ControlSettings,
+) -> Decision | None:
+    """A measuring probe of the mode the pod does not run, when the model has no recent
+    between-step time of it and the gain it predicts at the pod's steady batch is small
+    enough for that to matter."""
+    if params.probe_interval_seconds <= 0 or now - previous.changed_at < params.cooldown_seconds:
+        return None
+    if now < previous.measure_after:
+        return None
+    steady = steady_batch(own, now=now, params=params)
+    if steady is None:
+        return None
+    batch, speculating = steady
+    running, other_mode = (0, 1) if speculating else (1, 0)
+    if now - prediction.between_at[running] > steady_window(params):
+        return None  # the running mode's own figure is not current either
+    if (
+        now - prediction.between_at[other_mode]
+        <= REMEASURE_INTERVALS * params.probe_interval_seconds
+    ):
+        return None
+    ratio = prediction.ratio(batch)
+    if ratio is None or ratio <= 0:
+        return None
+    gain = ratio if speculating else 1 / ratio
+    if gain >= MEASURE_BELOW_GAIN:
+        return None
+    other = threshold_to_run(batch, speculating=not speculating, params=params)
+    if other is None:
+        return None
+    probe = Probe(
+        batch,
+        not speculating,
+        other,
+        previous.threshold,
+        now,
+        now,  # done once it has its samples: a few scrapes
+        now + 4 * params.probe_seconds,
+        measuring=True,
+    )
+    why = (
+        f"measuring {_mode(not speculating)} at batch {batch:.0f}: the model has no recent"
+        f" time between its decode steps ({prediction.why})"
+    )
+    return Decision(other, why, now, probe, previous.probe_wait, moved=previous.moved)
+
+
+def _end_of_measuring(
+    prediction: Prediction,
+    own: Sequence[Sample],
+    previous: Decision,
+    probe: Probe,
+    now: float,
+    params: ControlSettings,
+) -> Decision:
+    """Hold a measuring probe until it has its samples, then let the model decide at once:
+    into its threshold when that runs the probed mode at the probe's batch, else back."""
+    _, n = rate_per_request(
+        own, batch=probe.batch, speculating=probe.speculating, since=probe.started
+    )
+    mode = _mode(probe.speculating)
+    if now < probe.until or (n < params.min_samples and now < probe.give_up):
+        return replace(previous, reason=f"measuring {mode} at batch {probe.batch:.0f}: {n} samples")
+    if n < params.min_samples:
+        # Steps too slow for samples, or the load left: the next try waits a probe interval.
+        why = f"measuring {mode} at batch {probe.batch:.0f}: {n} samples; back to {probe.previous}"
+        return Decision(probe.previous, why, now, measure_after=now + params.probe_interval_seconds)
+    target = max(params.min_threshold, min(params.max_threshold, prediction.threshold))
+    why = f"{prediction.why}; measured {mode} at batch {probe.batch:.0f}"
+    if contract.speculates(round(probe.batch), target) == probe.speculating:
+        return Decision(target, f"{why}: keeping it, threshold {target}", now, probe_wait=1.0)
+    return Decision(probe.previous, f"{why}: back to {probe.previous}", now, probe_wait=1.0)
+
+
+def _model_move(
     prediction: Prediction,
     own: Sequence[Sample],
     previous: Decision,

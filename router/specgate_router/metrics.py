@@ -55,6 +55,11 @@ POD_GAUGES: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "Profiled over measured decode step time, by mode (1: the profile holds; 0: no data).",
         ("mode",),
     ),
+    "between_steps": (
+        "specgate_pod_between_steps_seconds_per_token",
+        "Time between decode steps (prefills) per generated token, by mode (0: no data).",
+        ("mode",),
+    ),
 }
 """Per engine pod gauges: key -> (metric name, help, labels beyond engine_pod)."""
 
@@ -98,6 +103,8 @@ class PodCollector(Collector):
             families["expected_accept"].add_metric(name, prediction.tau if prediction else 0.0)
             for mode, ratio in pod.residuals.view().items():
                 families["model_ratio"].add_metric([pod.name, mode], ratio or 0.0)
+            for mode, micros in pod.residuals.between_view().items():
+                families["between_steps"].add_metric([pod.name, mode], (micros or 0.0) / 1e6)
         yield from families.values()
 
 

@@ -63,6 +63,37 @@ class Scrape:
     load: EngineLoad
 
 
+def speculating_fraction(prev: Scrape | None, scrape: Scrape) -> float | None:
+    """The share of decode steps between two scrapes that speculated; None when the engine
+    does not count them or no decode step ran."""
+    if prev is None:
+        return None
+    on0, off0 = prev.load.decode_steps_on, prev.load.decode_steps_off
+    on1, off1 = scrape.load.decode_steps_on, scrape.load.decode_steps_off
+    if on0 is None or off0 is None or on1 is None or off1 is None:
+        return None
+    d_on, d_off = on1 - on0, off1 - off0
+    if d_on < 0 or d_off < 0 or d_on + d_off <= 0:
+        return None
+    return d_on / (d_on + d_off)
+
+
+def between_steps(prev: Scrape, scrape: Scrape, step_seconds: float) -> float | None:
+    """Seconds the pod spent between decode steps per token it generated over an interval:
+    the decode steps' launch intervals (SGLang's decode moments, prefills between steps
+    included) less what the steps themselves took (`step_seconds` each, from the steps that
+    followed another directly), at most the interval itself. None when nothing was generated.
+    Prefills differ between the modes (a speculating batch's also run the draft), and they
+    are paid per request, so per token they weigh as much as a decode step's share."""
+    a, b = prev.load, scrape.load
+    steps, tokens = b.decode_steps - a.decode_steps, b.decode_tokens - a.decode_tokens
+    micros = b.decode_step_us - a.decode_step_us
+    if steps <= 0 or tokens <= 0 or micros < 0:
+        return None
+    between = micros / 1e6 - steps * step_seconds
+    return min(max(0.0, between), max(0.0, scrape.at - prev.at)) / tokens
+
+
 @dataclass
 class PodState:
     name: str
@@ -143,7 +174,7 @@ class PodState:
         self.threshold_known = load.threshold_known
         if load.threshold_known:
             self.confirmed_threshold = load.threshold
-        self._read_model_inputs(scrape)
+        self._read_model_inputs(scrape, speculating_fraction(prev, scrape))
         if prev is None or load.decode_steps_on is None or load.decode_steps_off is None:
             return
         if prev.load.decode_steps_on is None or prev.load.decode_steps_off is None:
@@ -174,9 +205,9 @@ class PodState:
                 self.profile_error = str(exc)[:300]
                 return
             if step_seconds is not None:
-                self._check_model(sample, step_seconds)
+                self._check_model(sample, step_seconds, between_steps(prev, scrape, step_seconds))
 
-    def _read_model_inputs(self, scrape: Scrape) -> None:
+    def _read_model_inputs(self, scrape: Scrape, speculating: float | None) -> None:
         """The step profile (parsed when it changes) and the acceptance counters. A malformed
         one is dropped with its error kept for the pod's view: it never reaches the model."""
         spec = scrape.load.speculative
@@ -196,11 +227,14 @@ class PodState:
             return
         if counters is not None:
             steps = self.profile.num_steps if self.profile else 3
-            self.acceptance.update(counters, scrape.at, steps)
+            self.acceptance.update(counters, scrape.at, steps, speculating)
 
-    def _check_model(self, sample: control.Sample, step_seconds: float) -> None:
+    def _check_model(
+        self, sample: control.Sample, step_seconds: float, between: float | None
+    ) -> None:
         """The profile against the decode steps the pod ran in the sample's interval (those
-        that directly followed another decode step: prefills and idle time do not blur it)."""
+        that directly followed another decode step: prefills and idle time do not blur it),
+        and what the pod spent between its decode steps per token, in that mode."""
         if self.profile is None or not step_seconds > 0:
             return
         speculating = sample.speculating_fraction >= control.STEADY_MODE_FRACTION
@@ -211,6 +245,10 @@ class PodState:
             profile=self.profile,
             at=sample.at,
         )
+        if between is not None:
+            self.residuals.add_between(
+                speculating=speculating, seconds_per_token=between, at=sample.at
+            )
 
     def scrape_failed(self, error: str, *, unreachable: bool) -> None:
         """A failed scrape leaves the metrics to go stale (the pod is then de-prioritised and
@@ -270,6 +308,7 @@ class PodState:
             "acceptLength": None if acceptance is None else round(acceptance[0], 3),
             "acceptLengthSource": None if acceptance is None else acceptance[1],
             "observedOverPredicted": self.residuals.view(),
+            "betweenStepsUsPerToken": self.residuals.between_view(),
         }
         if self.prediction is not None:
             out["threshold"] = self.prediction.threshold

@@ -6,7 +6,14 @@ pays at batch b while
 
     tau / t_on(b) >= k / t_off(b)
 
-so the threshold is the largest batch where it does. The engine reports t_on and t_off for its
+so the threshold is the largest batch where it does. A pod also spends time between its decode
+steps (prefills, mostly), and a speculating batch's prefills cost more (the draft prefills
+too; the patched engine's off mode only writes the draft's KV): with q_on and q_off that
+time per generated token, measured per mode from SGLang's decode moments, a request's token
+costs t_on(b) / tau + b * q_on against t_off(b) / k + b * q_off, and the crossover is where
+those meet. A mode the pod has not run in takes the other's q (no difference, no move); a pod
+that holds one mode near the crossover measures the other for a few scrapes
+(`control.MEASURE_BELOW_GAIN`). The engine reports t_on and t_off for its
 batch sizes (`contract.STEP_PROFILE`), measured whatever mode it runs; tau is measured while it
 speculates and estimated while it does not, from how often the draft's proposal for the next
 position agrees with the target's token (first-position acceptance p1): for a chain of n drafts
@@ -49,6 +56,9 @@ ESTIMATE_FRESH_SECONDS = 10.0
 CROSS_CALIBRATION_SECONDS = 15.0
 """A measured accept length calibrates the estimate only when the agreement it is compared
 with was measured this recently: across one switch, on the same workload."""
+STEADY_MODE_FRACTION = 0.9
+"""An interval counts for a mode when at least this share of its decode steps ran in that mode
+(for the accept length here, for learning samples in `control`)."""
 MIN_PROPOSALS = 64
 """Draft proposals (while off) before their agreement rate says anything."""
 RESIDUAL_HALF_LIFE_SECONDS = 30.0
@@ -151,7 +161,20 @@ class AcceptanceTracker:
     _last: dict[str, float] | None = None
     _pending: list[float] = field(default_factory=lambda: [0.0, 0.0])
 
-    def update(self, counters: Mapping[str, float], at: float, num_steps: int) -> None:
+    def update(
+        self,
+        counters: Mapping[str, float],
+        at: float,
+        num_steps: int,
+        speculating_fraction: float | None = None,
+    ) -> None:
+        """Read one interval's counters. `speculating_fraction`, the share of the interval's
+        decode steps that speculated (None: unknown, taken as steady): an interval that mixed
+        the modes says nothing of the accept length speculation keeps up. Its speculating
+        steps mostly follow off steps, whose tokens all came from the target's own sampling,
+        and accept more than a steady chain does, whose context holds the bonus tokens drawn
+        from the residual distribution after each rejection (on a GPU: 1.75 among off steps
+        against 1.55 speculating throughout)."""
         self.num_steps = num_steps
         last, self._last = self._last, dict(counters)
         if last is None:
@@ -160,7 +183,8 @@ class AcceptanceTracker:
         if any(v < 0 for v in d.values()):
             return  # counters reset (an engine restart): start over from this reading
         steps = d["spec_request_steps"]
-        if steps > 0:
+        steady = speculating_fraction is None or speculating_fraction >= STEADY_MODE_FRACTION
+        if steps > 0 and steady:
             measured = 1.0 + d["spec_accepted_tokens"] / steps
             self.tau = _smooth(self.tau, measured, at - self.tau_at, TAU_HALF_LIFE_SECONDS)
             self.tau_at = at
@@ -224,12 +248,31 @@ class Residual:
 
 @dataclass
 class Residuals:
-    """The model checked against the pod's own samples, per mode (True: speculating)."""
+    """The model checked against the pod's own samples, per mode (True: speculating): the
+    decode step against the profile (`modes`), and the time the pod spends between decode
+    steps per generated token (`between`, seconds: prefills, mostly)."""
 
     modes: dict[bool, Residual] = field(
         default_factory=lambda: {True: Residual(), False: Residual()}
     )
+    between: dict[bool, Residual] = field(
+        default_factory=lambda: {True: Residual(), False: Residual()}
+    )
     last_outlier: float = -math.inf
+
+    def add_between(self, *, speculating: bool, seconds_per_token: float, at: float) -> None:
+        """One interval's time between decode steps per generated token, in one mode."""
+        if math.isfinite(seconds_per_token) and seconds_per_token >= 0:
+            self.between[speculating].add(seconds_per_token, at)
+
+    def between_steps(self) -> tuple[float, float]:
+        """(on, off) seconds between decode steps per generated token. A mode the pod has not
+        run in takes the other's: only a difference between them moves the crossover, and
+        none is known until both have run."""
+        known = {mode: r.mean for mode, r in self.between.items() if r.weight >= 2}
+        on = known.get(True, known.get(False, 0.0))
+        off = known.get(False, known.get(True, 0.0))
+        return on, off
 
     def add(
         self,
@@ -257,15 +300,33 @@ class Residuals:
             for mode, r in self.modes.items()
         }
 
+    def between_view(self) -> dict[str, float | None]:
+        """Microseconds between decode steps per generated token, per mode (None: unmeasured)."""
+        return {
+            ("on" if mode else "off"): (round(r.mean * 1e6, 2) if r.weight >= 2 else None)
+            for mode, r in self.between.items()
+        }
 
-def per_request_rate(
-    profile: StepProfile, batch: float, speculating: bool, tau: float
+
+def seconds_per_token(
+    profile: StepProfile,
+    batch: float,
+    speculating: bool,
+    tau: float,
+    *,
+    step_rate: float = 1.0,
+    between: float = 0.0,
 ) -> float | None:
-    """Predicted tokens per second per request at `batch` in one mode, before correction."""
+    """Predicted seconds per generated token of one request at `batch` in one mode: its share
+    of a decode step (the profile's, divided by `step_rate`, the observed-over-profiled step
+    rate) plus, for every token the batch generates, `between` seconds spent between decode
+    steps (prefills). Per request a step yields tau or the off-step tokens and the batch
+    b times that, so: t(b) / (step_rate * tokens) + b * between."""
     seconds = profile.step_seconds(batch, speculating)
     if seconds is None:
         return None
-    return (tau if speculating else profile.off_step_tokens) / seconds
+    tokens = tau if speculating else profile.off_step_tokens
+    return seconds / (step_rate * tokens) + batch * between
 
 
 @dataclass(frozen=True)
@@ -277,15 +338,30 @@ class Prediction:
     confident: bool
     profile: StepProfile
     tau: float
-    correction: tuple[float, float]  # (on, off) factors applied to the model's rates
+    correction: tuple[float, float]  # (on, off) factors applied to the model's step rates
+    between: tuple[float, float] = (0.0, 0.0)  # (on, off) seconds between steps per token
+    between_at: tuple[float, float] = (-math.inf, -math.inf)
+    """When each mode's time between steps was last measured (-inf: never; it then has the
+    other mode's)."""
+
+    def seconds_per_token(self, batch: float, speculating: bool) -> float | None:
+        mode = 0 if speculating else 1
+        return seconds_per_token(
+            self.profile,
+            batch,
+            speculating,
+            self.tau,
+            step_rate=self.correction[mode],
+            between=self.between[mode],
+        )
 
     def ratio(self, batch: float) -> float | None:
         """Predicted speculating over plain per-request rate at `batch` (None: unprofiled)."""
-        on = per_request_rate(self.profile, batch, True, self.tau)
-        off = per_request_rate(self.profile, batch, False, self.tau)
-        if on is None or off is None or off <= 0:
+        on = self.seconds_per_token(batch, True)
+        off = self.seconds_per_token(batch, False)
+        if on is None or off is None or on <= 0:
             return None
-        return (on * self.correction[0]) / (off * self.correction[1])
+        return off / on
 
 
 def predict(
@@ -308,17 +384,23 @@ def predict(
     on_f = on_r.factor() if on_r.weight >= 2 else off_r.factor()
     off_f = off_r.factor() if off_r.weight >= 2 else on_r.factor()
     correction = (on_f, off_f)
+    between = residuals.between_steps() if residuals is not None else (0.0, 0.0)
+    between_at = (-math.inf, -math.inf)
+    if residuals is not None:
+        on_b, off_b = residuals.between[True], residuals.between[False]
+        between_at = (
+            on_b.at if on_b.weight >= 2 else -math.inf,
+            off_b.at if off_b.weight >= 2 else -math.inf,
+        )
+    model = Prediction(0, "", True, profile, tau, correction, between, between_at)
     # 0 is allowed here, unlike a threshold learnt from samples: the acceptance is estimated
     # while off too, so a pod that never speculates still knows what speculation would give.
     low = max(0, min_threshold)
     high = max(low, min(max_threshold, int(profile.top())))
     best = 0
     for batch in range(1, high + 1):
-        on = per_request_rate(profile, batch, True, tau)
-        off = per_request_rate(profile, batch, False, tau)
-        if on is None or off is None:
-            continue
-        if on * correction[0] >= off * correction[1]:
+        ratio = model.ratio(batch)
+        if ratio is not None and ratio >= 1.0:
             best = batch
     threshold = min(max(best, low), max_threshold)
     confident = on_r.agrees() and off_r.agrees()
@@ -332,10 +414,12 @@ def predict(
     why += f" (accept length {tau:.2f}, {source}"
     if correction != (1.0, 1.0):
         why += f"; corrected x{correction[0]:.2f} on, x{correction[1]:.2f} off"
+    if between[0] != between[1]:
+        why += f"; between steps {between[0] * 1e6:.0f} us a token on, {between[1] * 1e6:.0f} off"
     why += ")"
     if not confident:
         why += "; samples disagree with the model"
-    return Prediction(threshold, why, confident, profile, tau, correction)
+    return Prediction(threshold, why, confident, profile, tau, correction, between, between_at)
 
 
 def _number(value: Any) -> float:
@@ -399,5 +483,6 @@ __all__: Sequence[str] = (
     "chain_accept_length",
     "counters_from_wire",
     "predict",
+    "seconds_per_token",
     "uninterrupted_step_seconds",
 )

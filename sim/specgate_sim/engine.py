@@ -262,7 +262,10 @@ class EngineCore:
             admitted.append(self.waiting.popleft())
         if admitted:
             self.running.extend(admitted)
-            duration = self.profile.prefill_time(sum(r.prompt_tokens for r in admitted))
+            duration = self.profile.prefill_time(
+                sum(r.prompt_tokens for r in admitted),
+                contract.speculates(len(self.running), self.threshold),
+            )
             duration = self._in_spell(duration, 0.0)
             return Step("prefill", duration, len(admitted), False, tuple((r, 1) for r in admitted))
         if not self.running:

@@ -56,6 +56,12 @@ class StepCosts(_Model):
 class PrefillCosts(_Model):
     overhead_s: float = Field(ge=0)
     s_per_token: float = Field(ge=0)
+    draft_overhead_s: float = Field(default=0.0, ge=0)
+    """What a prefill costs more when the batch it joins speculates: the draft's own prefill
+    and first proposals, where the patched engine's off mode only writes the draft's KV. It
+    makes the modes differ in what they spend between decode steps, which the step profile
+    does not see."""
+    draft_s_per_token: float = Field(default=0.0, ge=0)
 
 
 class Acceptance(_Model):
@@ -112,8 +118,12 @@ class Profile(_Model):
         s = self.step
         return s.overhead_s + (self.num_steps * s.draft_overhead_s if speculating else 0.0)
 
-    def prefill_time(self, prompt_tokens: int) -> float:
-        return self.prefill.overhead_s + prompt_tokens * self.prefill.s_per_token
+    def prefill_time(self, prompt_tokens: int, speculating: bool = False) -> float:
+        p = self.prefill
+        seconds = p.overhead_s + prompt_tokens * p.s_per_token
+        if speculating:
+            seconds += p.draft_overhead_s + prompt_tokens * p.draft_s_per_token
+        return seconds
 
     def mean_accept_length(self) -> float:
         """Expected tokens per request per speculating step (accepted drafts + the bonus token)."""

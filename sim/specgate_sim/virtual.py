@@ -156,6 +156,7 @@ def engine_load(
         decode_steps=stats.decode_moments[0],
         decode_batch_sum=stats.decode_moments[1],
         decode_tokens=stats.decode_moments[5],
+        decode_step_us=stats.decode_moments[2],
         speculative={}
         if step_profile is None
         else {
