@@ -65,6 +65,9 @@ class Sample:
     batch: float  # mean running requests over the interval
     tokens_per_second: float  # output tokens delivered
     speculating_fraction: float  # share of decode steps with speculation on
+    accept_length: float | None = None
+    """The pod's accept length (measured or estimated) when taken: samples of another
+    workload are not compared with the current one's (None: unknown)."""
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,9 @@ class Decision:
     probe_wait: float = 1.0  # the wait before the next probe, in probe intervals
     probe_after: float = -math.inf  # no probe before this (a pod's first: one interval in)
     moved: int = 0  # the direction of the last change the fit made: +1 up, -1 down, 0 none
-    measure_after: float = -math.inf  # no measuring probe before this (one came back empty)
+    measure_after: float = -math.inf  # no measuring probe before this on the same workload
+    measured_tau: float | None = None  # the accept length when the last measuring probe ended
+    measured_batch: float = 0.0  # and the batch it measured at
 
 
 def sample_between(
@@ -383,17 +388,20 @@ def decide(
     return explored if explored is not None else replace(previous, reason=why)
 
 
-MEASURE_BELOW_GAIN = 1.5
-"""A pod whose model has never seen the other mode's time between decode steps measures it
-(a probe of `probeSeconds`) when the running mode is predicted less than this much faster at
-its batch. Between-step time (prefills, which a speculating batch pays for its draft too) runs
-up to half a token's time on a small model, so a smaller predicted gain can be wrong."""
-
-
+MEASURE_BELOW_GAIN = 1.3
+"""A pod that holds one mode where the model predicts it less than this much faster than the
+other measures the other (a probe of `minSamples` scrapes) unless it has recently, on the same
+workload. The profile holds decode steps only; what a pod spends between them (prefills,
+which a speculating batch pays for its draft too) is missing from it: on the H200 pair at
+accept length 1.5 the profile said speculation pays up to batch 64 where plain delivered 1.4x
+at batch 16 (BENCHMARKS.md, section 0c)."""
 REMEASURE_INTERVALS = 4
-"""A mode's between-step time is measured again after this many probe intervals: it moves
-with the workload's request lengths, but slowly, and each measurement costs a few scrapes of
-the slower mode."""
+"""After a measuring probe, the next waits this many probe intervals unless the load holds
+another batch or the accept length moves by more than COMPARABLE_ACCEPT: each costs a few
+seconds of the slower mode."""
+COMPARABLE_ACCEPT = 0.1
+"""Samples taken at an accept length within this fraction of the current one describe the
+same workload; others are not compared with it."""
 
 
 def _follow_prediction(
@@ -405,71 +413,100 @@ def _follow_prediction(
     *,
     may_probe: bool = True,
 ) -> Decision:
-    """The model's decision, with the probes that measure what it lacks: a measuring probe
-    runs its course, then the model (now knowing both modes) decides at once; a pod that
-    stays in its mode starts one where the model needs it (`_measure_other_mode`)."""
+    """The model's move, checked against what the pod delivered at the batch it holds: the
+    delivered rates of both modes there, on the same workload, outrank the model (which sees
+    decode steps only) at that batch; where they are missing and the model's margin is small,
+    a measuring probe takes them."""
     probe = previous.probe
     if probe is not None and probe.measuring:
         return _end_of_measuring(prediction, own, previous, probe, now, params)
     decision = _model_move(prediction, own, previous, now, params)
-    current = previous.threshold if previous.threshold is not None else params.max_threshold
-    if decision.threshold == current and may_probe:
-        measuring = _measure_other_mode(prediction, own, decision, now, params)
-        if measuring is not None:
-            return measuring
-    return decision
-
-
-def _measure_other_mode(
-    prediction: Prediction,
-    own: Sequence[Sample],
-    previous: Decision,
-    now: float,
-    params: ControlSettings,
-) -> Decision | None:
-    """A measuring probe of the mode the pod does not run, when the model has no recent
-    between-step time of it and the gain it predicts at the pod's steady batch is small
-    enough for that to matter."""
-    if params.probe_interval_seconds <= 0 or now - previous.changed_at < params.cooldown_seconds:
-        return None
-    if now < previous.measure_after:
-        return None
     steady = steady_batch(own, now=now, params=params)
-    if steady is None:
-        return None
+    if steady is None or decision.threshold is None:
+        return decision
     batch, speculating = steady
-    running, other_mode = (0, 1) if speculating else (1, 0)
-    if now - prediction.between_at[running] > steady_window(params):
-        return None  # the running mode's own figure is not current either
-    if (
-        now - prediction.between_at[other_mode]
-        <= REMEASURE_INTERVALS * params.probe_interval_seconds
-    ):
-        return None
+    current = previous.threshold if previous.threshold is not None else params.max_threshold
+    rates = rates_per_request(
+        own,
+        batch=batch,
+        since=now - params.probe_interval_seconds,
+        accept_length=prediction.tau,
+    )
+    (on, n_on), (off, n_off) = rates[True], rates[False]
+    need = params.min_samples
+    if n_on >= need and n_off >= need and on > 0 and off > 0:
+        return _measured_at_batch(prediction, decision, current, batch, on, off, now, params)
+    if decision.threshold != current or not may_probe:
+        return decision
+    if params.probe_interval_seconds <= 0 or now - previous.changed_at < params.cooldown_seconds:
+        return decision
+    same_workload = previous.measured_tau is not None and (
+        abs(prediction.tau - previous.measured_tau) <= COMPARABLE_ACCEPT * previous.measured_tau
+    )
+    same_batch = abs(batch - previous.measured_batch) <= band(previous.measured_batch)
+    if now < previous.measure_after and same_workload and same_batch:
+        return decision
     ratio = prediction.ratio(batch)
-    if ratio is None or ratio <= 0:
-        return None
-    gain = ratio if speculating else 1 / ratio
-    if gain >= MEASURE_BELOW_GAIN:
-        return None
+    if ratio is None or ratio <= 0 or (ratio if speculating else 1 / ratio) >= MEASURE_BELOW_GAIN:
+        return decision
     other = threshold_to_run(batch, speculating=not speculating, params=params)
     if other is None:
-        return None
+        return decision
     probe = Probe(
         batch,
         not speculating,
         other,
-        previous.threshold,
+        current,
         now,
-        now,  # done once it has its samples: a few scrapes
+        now,  # judged once it has min_samples samples: a few scrapes of the other mode
         now + 4 * params.probe_seconds,
         measuring=True,
     )
     why = (
-        f"measuring {_mode(not speculating)} at batch {batch:.0f}: the model has no recent"
-        f" time between its decode steps ({prediction.why})"
+        f"measuring {_mode(not speculating)} at batch {batch:.0f}: the model predicts"
+        f" {_mode(speculating)} under {MEASURE_BELOW_GAIN}x faster there ({prediction.why})"
     )
-    return Decision(other, why, now, probe, previous.probe_wait, moved=previous.moved)
+    return replace(decision, threshold=other, reason=why, changed_at=now, probe=probe)
+
+
+def _measured_at_batch(
+    prediction: Prediction,
+    decision: Decision,
+    current: int,
+    batch: float,
+    on: float,
+    off: float,
+    now: float,
+    params: ControlSettings,
+) -> Decision:
+    """Both modes measured at the pod's batch on this workload: where one delivered
+    PROBE_MARGIN more than the other and the model's decision runs the other there, the
+    threshold runs the measured one at that batch and keeps the model's elsewhere."""
+    assert decision.threshold is not None
+    better = on > off
+    gain = max(on, off) / min(on, off)
+    if gain <= 1 + PROBE_MARGIN or contract.speculates(round(batch), decision.threshold) == better:
+        return decision
+    run_at = threshold_to_run(batch, speculating=better, params=params)
+    if run_at is None:
+        return decision
+    target = max(decision.threshold, run_at) if better else min(decision.threshold, run_at)
+    why = (
+        f"{prediction.why}; measured at batch {batch:.0f}: {_mode(better)} delivers"
+        f" {gain:.2f}x, which the model does not see"
+    )
+    if target == current:
+        return replace(decision, threshold=current, reason=f"{why}; holding {current}")
+    return Decision(
+        target,
+        why,
+        now,
+        probe_wait=1.0,
+        moved=(target > current) - (target < current),
+        measure_after=decision.measure_after,
+        measured_tau=decision.measured_tau,
+        measured_batch=decision.measured_batch,
+    )
 
 
 def _end_of_measuring(
@@ -480,23 +517,46 @@ def _end_of_measuring(
     now: float,
     params: ControlSettings,
 ) -> Decision:
-    """Hold a measuring probe until it has its samples, then let the model decide at once:
-    into its threshold when that runs the probed mode at the probe's batch, else back."""
-    _, n = rate_per_request(
-        own, batch=probe.batch, speculating=probe.speculating, since=probe.started
-    )
+    """Hold a measuring probe until it has its samples, then judge it as a probe is judged:
+    kept where it delivered PROBE_MARGIN more than the mode before it, else back. The model
+    and both modes' rates then decide together (`_measured_at_batch`)."""
     mode = _mode(probe.speculating)
+    tried, n = rate_per_request(
+        own,
+        batch=probe.batch,
+        speculating=probe.speculating,
+        since=probe.started,
+        accept_length=prediction.tau,
+    )
     if now < probe.until or (n < params.min_samples and now < probe.give_up):
         return replace(previous, reason=f"measuring {mode} at batch {probe.batch:.0f}: {n} samples")
-    if n < params.min_samples:
-        # Steps too slow for samples, or the load left: the next try waits a probe interval.
-        why = f"measuring {mode} at batch {probe.batch:.0f}: {n} samples; back to {probe.previous}"
-        return Decision(probe.previous, why, now, measure_after=now + params.probe_interval_seconds)
-    target = max(params.min_threshold, min(params.max_threshold, prediction.threshold))
-    why = f"{prediction.why}; measured {mode} at batch {probe.batch:.0f}"
-    if contract.speculates(round(probe.batch), target) == probe.speculating:
-        return Decision(target, f"{why}: keeping it, threshold {target}", now, probe_wait=1.0)
-    return Decision(probe.previous, f"{why}: back to {probe.previous}", now, probe_wait=1.0)
+    base, n_base = rate_per_request(
+        own,
+        batch=probe.batch,
+        speculating=not probe.speculating,
+        since=probe.started - steady_window(params),
+        until=probe.started,
+        accept_length=prediction.tau,
+    )
+    back = probe.previous
+    if n < params.min_samples or n_base < params.min_samples or base <= 0:
+        threshold = back
+        why = f"measuring {mode} at batch {probe.batch:.0f}: inconclusive ({n} samples,"
+        why += f" {n_base} before); back to {back}"
+    else:
+        ratio = tried / base
+        keep = ratio > 1 + PROBE_MARGIN
+        threshold = probe.threshold if keep else back
+        why = f"measured {mode} at batch {probe.batch:.0f}: {ratio:.2f}x; "
+        why += "keeping it" if keep else f"back to {back}"
+    return Decision(
+        threshold,
+        why,
+        now,
+        measure_after=now + REMEASURE_INTERVALS * params.probe_interval_seconds,
+        measured_tau=prediction.tau,
+        measured_batch=probe.batch,
+    )
 
 
 def _model_move(
@@ -553,7 +613,9 @@ def _model_move(
                 reason=f"{why}; holding {current}: the modes differ by {abs(gain - 1):.1%}"
                 f" at batch {batch:.0f}",
             )
-    return Decision(target, why, now, probe_wait=1.0, moved=direction)
+    return replace(
+        previous, threshold=target, reason=why, changed_at=now, probe_wait=1.0, moved=direction
+    )
 
 
 MODEL_SETTLE_SECONDS = 5.0
@@ -634,16 +696,27 @@ def steady_batch(
 
 
 def rates_per_request(
-    samples: Sequence[Sample], *, batch: float, since: float, until: float = math.inf
+    samples: Sequence[Sample],
+    *,
+    batch: float,
+    since: float,
+    until: float = math.inf,
+    accept_length: float | None = None,
 ) -> dict[bool, tuple[float, int]]:
     """Per mode (True: speculating), the mean output tok/s per running request of the samples
-    near `batch` taken in [since, until], and how many. One pass, newest first, stopping at
-    `since`: samples are in time order, and this runs for every steady pod on every step."""
+    near `batch` taken in [since, until], and how many; with `accept_length`, only samples
+    taken within COMPARABLE_ACCEPT of it. One pass, newest first, stopping at `since`: samples
+    are in time order, and this runs for every steady pod on every step."""
     width = band(batch)
     totals = {True: [0.0, 0], False: [0.0, 0]}
     for s in reversed(samples):
         if s.at < since:
             break
+        if accept_length is not None and (
+            s.accept_length is None
+            or abs(s.accept_length - accept_length) > COMPARABLE_ACCEPT * accept_length
+        ):
+            continue
         if s.at <= until and abs(s.batch - batch) <= width:
             total = totals[s.speculating_fraction >= STEADY_MODE_FRACTION]
             total[0] += s.tokens_per_second / s.batch
@@ -658,9 +731,13 @@ def rate_per_request(
     speculating: bool,
     since: float,
     until: float = math.inf,
+    accept_length: float | None = None,
 ) -> tuple[float, int]:
     """Mean output tok/s per running request of one mode's samples near `batch`, and how many."""
-    return rates_per_request(samples, batch=batch, since=since, until=until)[speculating]
+    rates = rates_per_request(
+        samples, batch=batch, since=since, until=until, accept_length=accept_length
+    )
+    return rates[speculating]
 
 
 def threshold_to_run(batch: float, *, speculating: bool, params: ControlSettings) -> int | None:

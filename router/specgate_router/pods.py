@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from specgate import contract
@@ -196,6 +196,9 @@ class PodState:
             else None,
         )
         if sample is not None:
+            acceptance = self.acceptance.current(scrape.at)
+            if acceptance is not None:
+                sample = replace(sample, accept_length=acceptance[0])
             self.samples.append(sample)
             try:
                 step_seconds = predict.uninterrupted_step_seconds(

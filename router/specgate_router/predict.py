@@ -6,14 +6,7 @@ pays at batch b while
 
     tau / t_on(b) >= k / t_off(b)
 
-so the threshold is the largest batch where it does. A pod also spends time between its decode
-steps (prefills, mostly), and a speculating batch's prefills cost more (the draft prefills
-too; the patched engine's off mode only writes the draft's KV): with q_on and q_off that
-time per generated token, measured per mode from SGLang's decode moments, a request's token
-costs t_on(b) / tau + b * q_on against t_off(b) / k + b * q_off, and the crossover is where
-those meet. A mode the pod has not run in takes the other's q (no difference, no move); a pod
-that holds one mode near the crossover measures the other for a few scrapes
-(`control.MEASURE_BELOW_GAIN`). The engine reports t_on and t_off for its
+so the threshold is the largest batch where it does. The engine reports t_on and t_off for its
 batch sizes (`contract.STEP_PROFILE`), measured whatever mode it runs; tau is measured while it
 speculates and estimated while it does not, from how often the draft's proposal for the next
 position agrees with the target's token (first-position acceptance p1): for a chain of n drafts
@@ -261,18 +254,13 @@ class Residuals:
     last_outlier: float = -math.inf
 
     def add_between(self, *, speculating: bool, seconds_per_token: float, at: float) -> None:
-        """One interval's time between decode steps per generated token, in one mode."""
+        """One interval's time between decode steps per generated token, in one mode: what the
+        step profile leaves out (prefills, which a speculating batch pays for its draft too).
+        Shown, not modelled: it does not scale simply with the batch (prefills batch up), so
+        where it makes the model wrong the delivered rates measured at the pod's batch decide
+        (`control`)."""
         if math.isfinite(seconds_per_token) and seconds_per_token >= 0:
             self.between[speculating].add(seconds_per_token, at)
-
-    def between_steps(self) -> tuple[float, float]:
-        """(on, off) seconds between decode steps per generated token. A mode the pod has not
-        run in takes the other's: only a difference between them moves the crossover, and
-        none is known until both have run."""
-        known = {mode: r.mean for mode, r in self.between.items() if r.weight >= 2}
-        on = known.get(True, known.get(False, 0.0))
-        off = known.get(False, known.get(True, 0.0))
-        return on, off
 
     def add(
         self,
@@ -309,24 +297,15 @@ class Residuals:
 
 
 def seconds_per_token(
-    profile: StepProfile,
-    batch: float,
-    speculating: bool,
-    tau: float,
-    *,
-    step_rate: float = 1.0,
-    between: float = 0.0,
+    profile: StepProfile, batch: float, speculating: bool, tau: float, *, step_rate: float = 1.0
 ) -> float | None:
-    """Predicted seconds per generated token of one request at `batch` in one mode: its share
-    of a decode step (the profile's, divided by `step_rate`, the observed-over-profiled step
-    rate) plus, for every token the batch generates, `between` seconds spent between decode
-    steps (prefills). Per request a step yields tau or the off-step tokens and the batch
-    b times that, so: t(b) / (step_rate * tokens) + b * between."""
+    """Predicted seconds per generated token of one request at `batch` in one mode: the
+    profile's decode step over the tokens it yields a request (tau, or the off-step tokens),
+    the step divided by `step_rate` (the observed-over-profiled step rate)."""
     seconds = profile.step_seconds(batch, speculating)
     if seconds is None:
         return None
-    tokens = tau if speculating else profile.off_step_tokens
-    return seconds / (step_rate * tokens) + batch * between
+    return seconds / (step_rate * (tau if speculating else profile.off_step_tokens))
 
 
 @dataclass(frozen=True)
@@ -339,21 +318,10 @@ class Prediction:
     profile: StepProfile
     tau: float
     correction: tuple[float, float]  # (on, off) factors applied to the model's step rates
-    between: tuple[float, float] = (0.0, 0.0)  # (on, off) seconds between steps per token
-    between_at: tuple[float, float] = (-math.inf, -math.inf)
-    """When each mode's time between steps was last measured (-inf: never; it then has the
-    other mode's)."""
 
     def seconds_per_token(self, batch: float, speculating: bool) -> float | None:
-        mode = 0 if speculating else 1
-        return seconds_per_token(
-            self.profile,
-            batch,
-            speculating,
-            self.tau,
-            step_rate=self.correction[mode],
-            between=self.between[mode],
-        )
+        step_rate = self.correction[0 if speculating else 1]
+        return seconds_per_token(self.profile, batch, speculating, self.tau, step_rate=step_rate)
 
     def ratio(self, batch: float) -> float | None:
         """Predicted speculating over plain per-request rate at `batch` (None: unprofiled)."""
@@ -384,15 +352,7 @@ def predict(
     on_f = on_r.factor() if on_r.weight >= 2 else off_r.factor()
     off_f = off_r.factor() if off_r.weight >= 2 else on_r.factor()
     correction = (on_f, off_f)
-    between = residuals.between_steps() if residuals is not None else (0.0, 0.0)
-    between_at = (-math.inf, -math.inf)
-    if residuals is not None:
-        on_b, off_b = residuals.between[True], residuals.between[False]
-        between_at = (
-            on_b.at if on_b.weight >= 2 else -math.inf,
-            off_b.at if off_b.weight >= 2 else -math.inf,
-        )
-    model = Prediction(0, "", True, profile, tau, correction, between, between_at)
+    model = Prediction(0, "", True, profile, tau, correction)
     # 0 is allowed here, unlike a threshold learnt from samples: the acceptance is estimated
     # while off too, so a pod that never speculates still knows what speculation would give.
     low = max(0, min_threshold)
@@ -414,12 +374,10 @@ def predict(
     why += f" (accept length {tau:.2f}, {source}"
     if correction != (1.0, 1.0):
         why += f"; corrected x{correction[0]:.2f} on, x{correction[1]:.2f} off"
-    if between[0] != between[1]:
-        why += f"; between steps {between[0] * 1e6:.0f} us a token on, {between[1] * 1e6:.0f} off"
     why += ")"
     if not confident:
         why += "; samples disagree with the model"
-    return Prediction(threshold, why, confident, profile, tau, correction, between, between_at)
+    return Prediction(threshold, why, confident, profile, tau, correction)
 
 
 def _number(value: Any) -> float:
