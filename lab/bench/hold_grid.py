@@ -443,7 +443,7 @@ def main() -> int:
         procs.append(start_router(ports["routed"], router_port, out))
         verify.log(f"servers and router up after {time.monotonic() - started:.0f} s")
         before = args.first_from
-        for c in (int(x) for x in args.levels.split(",")):
+        for c in (int(x) for x in args.levels.split(",") if x):
             if time.monotonic() - started > args.deadline:
                 break
             routed = routed_cell(router_port, c, before, args.temperature, args)

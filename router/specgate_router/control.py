@@ -399,9 +399,10 @@ REMEASURE_INTERVALS = 4
 """After a measuring probe, the next waits this many probe intervals unless the load holds
 another batch or the accept length moves by more than COMPARABLE_ACCEPT: each costs a few
 seconds of the slower mode."""
-COMPARABLE_ACCEPT = 0.1
+COMPARABLE_ACCEPT = 0.2
 """Samples taken at an accept length within this fraction of the current one describe the
-same workload; others are not compared with it."""
+same workload; others are not compared with it. Wide enough for an estimate made while off
+against a figure measured while speculating."""
 
 
 def _follow_prediction(
