@@ -290,3 +290,19 @@ def test_time_between_steps_comes_from_the_decode_moments() -> None:
     residuals.add_between(speculating=False, seconds_per_token=float("nan"), at=2.0)
     residuals.add_between(speculating=False, seconds_per_token=-1.0, at=2.0)
     assert residuals.between_view() == {"on": pytest.approx(60.0), "off": None}
+
+
+def test_samples_of_another_workload_are_not_compared() -> None:
+    """Delivered rates compare only at the accept length they were taken at (within 10%): the
+    seconds after an acceptance step still run requests of the old workload."""
+    samples = [
+        control.Sample(1.0, 16, 16 * 200.0, 1.0, accept_length=1.9),  # just after the step
+        control.Sample(2.0, 16, 16 * 150.0, 1.0, accept_length=1.6),
+        control.Sample(3.0, 16, 16 * 190.0, 0.0, accept_length=1.62),
+        control.Sample(4.0, 16, 16 * 190.0, 0.0, accept_length=None),  # unknown: not compared
+    ]
+    rates = control.rates_per_request(samples, batch=16, since=0.0, accept_length=1.6)
+    assert rates[True] == (pytest.approx(150.0), 1)
+    assert rates[False] == (pytest.approx(190.0), 1)
+    everything = control.rates_per_request(samples, batch=16, since=0.0)
+    assert everything[True] == (pytest.approx(175.0), 2) and everything[False][1] == 2
