@@ -391,10 +391,9 @@ def decide(
 MEASURE_BELOW_GAIN = 1.3
 """A pod that holds one mode where the model predicts it less than this much faster than the
 other measures the other (a probe of `minSamples` scrapes) unless it has recently, on the same
-workload. The profile holds decode steps only; what a pod spends between them (prefills,
-which a speculating batch pays for its draft too) is missing from it: on the H200 pair at
-accept length 1.5 the profile said speculation pays up to batch 64 where plain delivered 1.4x
-at batch 16 (BENCHMARKS.md, section 0c)."""
+workload. The profile holds decode steps only and misses whatever else differs between the
+modes: on the H200 pair at accept length 1.5 it said speculation pays up to batch 64 where
+plain delivered 1.4x at batch 16 (BENCHMARKS.md, section 0c)."""
 REMEASURE_INTERVALS = 4
 """After a measuring probe, the next waits this many probe intervals unless the load holds
 another batch or the accept length moves by more than COMPARABLE_ACCEPT: each costs a few
