@@ -309,46 +309,49 @@ def test_samples_of_another_workload_are_not_compared() -> None:
 
 
 def test_a_pod_near_the_predicted_crossover_measures_the_other_mode_and_keeps_the_better() -> None:
-    """WIRE at tau 2 predicts the modes equal at batch 16 (threshold 32: speculate). The pod
+    """WIRE at tau 2.2 predicts speculation 1.1x faster at batch 16 (threshold 32). The pod
     holds 16 speculating; it measures plain for a few scrapes, plain delivers 1.5x, it keeps
-    plain, and the model's unchanged word does not take it back; another workload's model does."""
+    plain, and the model's unchanged word does not take it back, even once the samples that
+    showed it have aged out; another workload's model does."""
     params = ControlSettings()
     profile = StepProfile.from_wire(WIRE)
     prediction = predict.predict(
-        profile, (2.0, "measured"), None, min_threshold=0, max_threshold=64
+        profile, (2.2, "measured"), None, min_threshold=0, max_threshold=64
     )
     assert prediction is not None and prediction.threshold == 32
-    own = [control.Sample(0.5 * i, 16, 1600.0, 1.0, accept_length=2.0) for i in range(1, 81)]
+    assert prediction.ratio(16) == pytest.approx(1.1)
+    own = [control.Sample(0.5 * i, 16, 1600.0, 1.0, accept_length=2.2) for i in range(1, 81)]
     previous = control.Decision(32, "predicted", 0.0)
 
-    def decide(now: float) -> control.Decision:
+    def decide(now: float, samples: list[control.Sample]) -> control.Decision:
         return control.decide(
-            samples=own,
+            samples=samples,
             previous=previous,
             now=now,
             fresh=True,
             params=params,
-            own=own,
+            own=samples,
             prediction=prediction,
         )
 
-    previous = decide(40.0)
+    previous = decide(40.0, own)
     assert previous.probe is not None and previous.probe.measuring, previous.reason
     assert previous.threshold is not None and previous.threshold < 16
     assert "measuring plain decoding at batch 16" in previous.reason
-    own += [control.Sample(40.0 + 0.5 * i, 16, 2400.0, 0.0, accept_length=2.0) for i in range(1, 7)]
-    previous = decide(43.0)
+    own += [control.Sample(40.0 + 0.5 * i, 16, 2400.0, 0.0, accept_length=2.2) for i in range(1, 7)]
+    previous = decide(43.0, own)
     assert previous.probe is None and previous.threshold is not None and previous.threshold < 16
     assert "1.50x; keeping it" in previous.reason
-    own += [control.Sample(43.0 + 0.5 * i, 16, 2400.0, 0.0, accept_length=2.0) for i in range(75)]
-    previous = decide(80.0)  # long past the cooldown, plain held at 16: the model still says 32
+    plain = [control.Sample(43.0 + 0.5 * i, 16, 2400.0, 0.0, accept_length=2.2) for i in range(75)]
+    previous = decide(80.0, plain)  # the speculating samples are gone; the model still says 32
     assert previous.threshold is not None and previous.threshold < 16, previous.reason
+    assert "measured at batch 16: plain decoding delivers 1.50x" in previous.reason
     assert previous.probe is None  # measured on this workload at this batch: no second probe
-    # Another workload (accept length 3): the old measurement no longer speaks for it.
+    # Another workload (accept length 3): the measurement no longer speaks for it.
     faster = predict.predict(profile, (3.0, "measured"), None, min_threshold=0, max_threshold=64)
     assert faster is not None
     moved = control.decide(
-        samples=own, previous=previous, now=80.0, fresh=True, params=params, own=own,
+        samples=plain, previous=previous, now=80.0, fresh=True, params=params, own=plain,
         prediction=faster,
     )  # fmt: skip
     assert moved.threshold == faster.threshold, moved.reason

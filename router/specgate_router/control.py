@@ -103,8 +103,8 @@ class Probe:
     until: float  # judged from here, once it has min_samples samples ...
     give_up: float  # ... or abandoned from here without a verdict
     measuring: bool = False
-    """Run for the prediction's sake: to measure the mode's time between decode steps, which
-    the step profile does not hold. The model, not the probe's rate, decides after it."""
+    """Started where the model's margin at the pod's batch is small (`MEASURE_BELOW_GAIN`):
+    judged by its rate as any probe is, and its verdict outranks the model at that batch."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +119,8 @@ class Decision:
     measure_after: float = -math.inf  # no measuring probe before this on the same workload
     measured_tau: float | None = None  # the accept length when the last measuring probe ended
     measured_batch: float = 0.0  # and the batch it measured at
+    measured_better: bool | None = None  # the mode it found faster there (None: neither)
+    measured_gain: float = 1.0  # by how much
 
 
 def sample_between(
@@ -438,16 +440,20 @@ def _follow_prediction(
     (on, n_on), (off, n_off) = rates[True], rates[False]
     need = params.min_samples
     if n_on >= need and n_off >= need and on > 0 and off > 0:
-        return _measured_at_batch(prediction, decision, current, batch, on, off, now, params)
-    if decision.threshold != current or not may_probe:
-        return decision
-    if params.probe_interval_seconds <= 0 or now - previous.changed_at < params.cooldown_seconds:
-        return decision
+        better, gain = on > off, max(on, off) / min(on, off)
+        return _measured_at_batch(prediction, previous, decision, batch, better, gain, now, params)
     same_workload = previous.measured_tau is not None and (
         abs(prediction.tau - previous.measured_tau) <= COMPARABLE_ACCEPT * previous.measured_tau
     )
     same_batch = abs(batch - previous.measured_batch) <= band(previous.measured_batch)
-    if now < previous.measure_after and same_workload and same_batch:
+    measured = now < previous.measure_after and same_workload and same_batch
+    if measured and previous.measured_better is not None:
+        # The verdict of the last measuring probe here outlives the samples it took.
+        better, gain = previous.measured_better, previous.measured_gain
+        return _measured_at_batch(prediction, previous, decision, batch, better, gain, now, params)
+    if decision.threshold != current or not may_probe or measured:
+        return decision
+    if params.probe_interval_seconds <= 0 or now - previous.changed_at < params.cooldown_seconds:
         return decision
     ratio = prediction.ratio(batch)
     if ratio is None or ratio <= 0 or (ratio if speculating else 1 / ratio) >= MEASURE_BELOW_GAIN:
@@ -474,20 +480,19 @@ def _follow_prediction(
 
 def _measured_at_batch(
     prediction: Prediction,
+    previous: Decision,
     decision: Decision,
-    current: int,
     batch: float,
-    on: float,
-    off: float,
+    better: bool,
+    gain: float,
     now: float,
     params: ControlSettings,
 ) -> Decision:
-    """Both modes measured at the pod's batch on this workload: where one delivered
-    MEASURED_OVER_MODEL_MARGIN more than the other and the model's decision runs the other
-    there, the threshold runs the measured one at that batch and keeps the model's elsewhere."""
+    """Both modes measured at the pod's batch on this workload, `better` (True: speculation)
+    delivering `gain` times the other: where that is MEASURED_OVER_MODEL_MARGIN or more and the
+    model's decision runs the other mode there, the threshold runs the measured one at that
+    batch and keeps the model's elsewhere."""
     assert decision.threshold is not None
-    better = on > off
-    gain = max(on, off) / min(on, off)
     if (
         gain <= 1 + MEASURED_OVER_MODEL_MARGIN
         or contract.speculates(round(batch), decision.threshold) == better
@@ -501,17 +506,12 @@ def _measured_at_batch(
         f"{prediction.why}; measured at batch {batch:.0f}: {_mode(better)} delivers"
         f" {gain:.2f}x, which the model does not see"
     )
+    current = previous.threshold if previous.threshold is not None else params.max_threshold
     if target == current:
-        return replace(decision, threshold=current, reason=f"{why}; holding {current}")
-    return Decision(
-        target,
-        why,
-        now,
-        probe_wait=1.0,
-        moved=(target > current) - (target < current),
-        measure_after=decision.measure_after,
-        measured_tau=decision.measured_tau,
-        measured_batch=decision.measured_batch,
+        return replace(previous, probe=None, reason=f"{why}; holding {current}")
+    moved = (target > current) - (target < current)
+    return replace(
+        decision, threshold=target, reason=why, changed_at=now, probe_wait=1.0, moved=moved
     )
 
 
@@ -545,7 +545,9 @@ def _end_of_measuring(
         accept_length=prediction.tau,
     )
     back = probe.previous
-    if n < params.min_samples or n_base < params.min_samples or base <= 0:
+    better: bool | None = None
+    gain = 1.0
+    if n < params.min_samples or n_base < params.min_samples or base <= 0 or tried <= 0:
         threshold = back
         why = f"measuring {mode} at batch {probe.batch:.0f}: inconclusive ({n} samples,"
         why += f" {n_base} before); back to {back}"
@@ -555,6 +557,9 @@ def _end_of_measuring(
         threshold = probe.threshold if keep else back
         why = f"measured {mode} at batch {probe.batch:.0f}: {ratio:.2f}x; "
         why += "keeping it" if keep else f"back to {back}"
+        gain = max(ratio, 1 / ratio)
+        if gain > 1 + MEASURED_OVER_MODEL_MARGIN:
+            better = probe.speculating if ratio > 1 else not probe.speculating
     return Decision(
         threshold,
         why,
@@ -562,6 +567,8 @@ def _end_of_measuring(
         measure_after=now + REMEASURE_INTERVALS * params.probe_interval_seconds,
         measured_tau=prediction.tau,
         measured_batch=probe.batch,
+        measured_better=better,
+        measured_gain=gain,
     )
 
 
