@@ -93,8 +93,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-model-inputs",
         action="store_true",
-        help="report no step profile or acceptance counters, as the patched SGLang engine "
-        "does today: the router then learns the crossover from samples and probes",
+        help="report no step profile or acceptance counters, as an engine without the "
+        "specgate patch: the router then learns the crossover from samples and probes",
     )
 
 
