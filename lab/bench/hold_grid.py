@@ -64,15 +64,17 @@ NEW_TOKENS = (64, 192)
 ROUTER_PORT_OFFSET = 500
 
 
-def operator_defaults() -> tuple[dict[str, Any], list[str]]:
+def operator_defaults(replicas: int = 1) -> tuple[dict[str, Any], list[str]]:
     """The router's config and the engine's control flags as the operator renders them for a
-    resource that names only its models: (router config without cluster discovery, flags)."""
+    resource that names only its models and `replicas`: (router config without cluster
+    discovery, flags)."""
     sdd = api.SpecDecodeDeployment.model_validate(
         {
             "apiVersion": "specgate.io/v1alpha1",
             "kind": "SpecDecodeDeployment",
             "metadata": {"name": "hold-grid", "namespace": "lab"},
             "spec": {
+                "replicas": replicas,
                 "model": {"path": "/models/target"},
                 "speculative": {"draftModel": {"path": "/models/draft"}},
             },
@@ -170,6 +172,21 @@ def acceptance_step(router_port: int, args: argparse.Namespace) -> dict[str, Any
 
 
 MODELS = Path("/tmp/specgate-models-synthetic")
+
+
+def synthetic_server_flags(c: float, mem_fraction: float) -> tuple[list[str], list[str]]:
+    """Write the synthetic pair to MODELS; (flags every server on it shares, the EAGLE-3
+    flags a speculating one adds)."""
+    write_synthetic_pair(MODELS, c)
+    common = verify.server_flags(
+        MODELS / "target",
+        mem_fraction=mem_fraction,
+        max_running=128,
+        max_graph_batch=128,
+        dummy_weights=False,
+        sleep_on_idle=True,
+    )
+    return common, [*verify.EAGLE, "--speculative-draft-model-path", str(MODELS / "draft")]
 
 
 def readable_by_all(root: Path) -> None:
@@ -391,17 +408,7 @@ def main() -> int:
     started = time.monotonic()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    models = MODELS
-    write_synthetic_pair(models, args.c)
-    common = verify.server_flags(
-        models / "target",
-        mem_fraction=args.mem_fraction,
-        max_running=128,
-        max_graph_batch=128,
-        dummy_weights=False,
-        sleep_on_idle=True,
-    )
-    eagle = [*verify.EAGLE, "--speculative-draft-model-path", str(models / "draft")]
+    common, eagle = synthetic_server_flags(args.c, args.mem_fraction)
     _, control_flags = operator_defaults()
     upstream = os.environ.get("SPECGATE_UPSTREAM_SITE")
     servers: dict[str, tuple[list[str], dict[str, str]]] = {

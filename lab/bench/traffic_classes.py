@@ -58,41 +58,13 @@ sys.path[:0] = [
 
 import verify  # type: ignore[import-not-found]  # noqa: E402
 from gpu_envelope import launch_router  # noqa: E402
-from speed import tokens_in_window, write_synthetic_pair  # type: ignore[import-not-found]  # noqa: E402
-
-from specgate import api  # noqa: E402
-from specgate_operator import render  # noqa: E402
-
-NEW_TOKENS = (64, 192)
-"""Each request's max_new_tokens (ignore_eos), uniform in this range, after a 32-token prompt."""
-ROUTER_PORT_OFFSET = 500
-MODELS = Path("/tmp/specgate-models-synthetic")
-
-
-def operator_config() -> tuple[dict[str, Any], list[str]]:
-    """The router's config (without cluster discovery) and the engine's control flags as the
-    operator renders them for a resource with two replicas that names only its models."""
-    sdd = api.SpecDecodeDeployment.model_validate(
-        {
-            "apiVersion": "specgate.io/v1alpha1",
-            "kind": "SpecDecodeDeployment",
-            "metadata": {"name": "traffic-classes", "namespace": "lab"},
-            "spec": {
-                "replicas": 2,
-                "model": {"path": "/models/target"},
-                "speculative": {"draftModel": {"path": "/models/draft"}},
-            },
-        }
-    )
-    config = render.router_config(sdd)
-    for cluster_only in ("discovery", "leaderElection", "statusTarget"):
-        config.pop(cluster_only, None)
-    args = render.engine_args(sdd)
-    flags: list[str] = []
-    for flag in ("--speculative-disable-batch-threshold", "--speculative-off-step-tokens"):
-        if flag in args:
-            flags += [flag, args[args.index(flag) + 1]]
-    return config, flags
+from hold_grid import (  # noqa: E402
+    NEW_TOKENS,
+    ROUTER_PORT_OFFSET,
+    operator_defaults,
+    synthetic_server_flags,
+)
+from speed import tokens_in_window  # type: ignore[import-not-found]  # noqa: E402
 
 
 class StreamingClients:
@@ -211,17 +183,8 @@ def measure(
 
 
 def start_sglang(args: argparse.Namespace, out: Path) -> tuple[list[Any], dict[str, int]]:
-    write_synthetic_pair(MODELS, args.c)
-    common = verify.server_flags(
-        MODELS / "target",
-        mem_fraction=args.mem_fraction,
-        max_running=128,
-        max_graph_batch=128,
-        dummy_weights=False,
-        sleep_on_idle=True,
-    )
-    eagle = [*verify.EAGLE, "--speculative-draft-model-path", str(MODELS / "draft")]
-    _, control_flags = operator_config()
+    common, eagle = synthetic_server_flags(args.c, args.mem_fraction)
+    _, control_flags = operator_defaults(replicas=2)
     upstream = os.environ.get("SPECGATE_UPSTREAM_SITE")
     env = {"PYTHONPATH": upstream} if upstream else {}
     servers = {
@@ -322,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         "temperature": args.temperature,
         "latency_streams": args.latency,
         "throughput_streams": args.throughput,
-        "router": operator_config()[0],
+        "router": operator_defaults(replicas=2)[0],
         "configurations": {},
     }
     path = out / "traffic-classes.json"
@@ -331,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         start = start_sim if args.engine == "sim" else start_sglang
         procs, ports = start(args, out)
-        config, _ = operator_config()
+        config, _ = operator_defaults(replicas=2)
         config["backends"] = [f"http://127.0.0.1:{ports[p]}" for p in ("routed-a", "routed-b")]
         config["engineApiKey"] = verify.KEY
         (out / "router.yaml").write_text(json.dumps(config))  # JSON is YAML
