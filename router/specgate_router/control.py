@@ -108,6 +108,27 @@ class Probe:
 
 
 @dataclass(frozen=True)
+class Measurement:
+    """A measuring probe's verdict: at `batch`, on the workload of accept length `tau`,
+    `better` (True: speculation; None: neither by MEASURED_OVER_MODEL_MARGIN) delivered `gain`
+    times the other mode. It stands, and no other probe measures there, until `until`."""
+
+    until: float
+    tau: float
+    batch: float
+    better: bool | None
+    gain: float
+
+    def holds(self, now: float, tau: float, batch: float) -> bool:
+        """Whether it still speaks for this workload at this batch."""
+        return (
+            now < self.until
+            and abs(tau - self.tau) <= COMPARABLE_ACCEPT * self.tau
+            and abs(batch - self.batch) <= band(self.batch)
+        )
+
+
+@dataclass(frozen=True)
 class Decision:
     threshold: int | None  # None: always speculate
     reason: str
@@ -116,11 +137,7 @@ class Decision:
     probe_wait: float = 1.0  # the wait before the next probe, in probe intervals
     probe_after: float = -math.inf  # no probe before this (a pod's first: one interval in)
     moved: int = 0  # the direction of the last change the fit made: +1 up, -1 down, 0 none
-    measure_after: float = -math.inf  # no measuring probe before this on the same workload
-    measured_tau: float | None = None  # the accept length when the last measuring probe ended
-    measured_batch: float = 0.0  # and the batch it measured at
-    measured_better: bool | None = None  # the mode it found faster there (None: neither)
-    measured_gain: float = 1.0  # by how much
+    measured: Measurement | None = None  # the last measuring probe's verdict
 
 
 def sample_between(
@@ -442,14 +459,11 @@ def _follow_prediction(
     if n_on >= need and n_off >= need and on > 0 and off > 0:
         better, gain = on > off, max(on, off) / min(on, off)
         return _measured_at_batch(prediction, previous, decision, batch, better, gain, now, params)
-    same_workload = previous.measured_tau is not None and (
-        abs(prediction.tau - previous.measured_tau) <= COMPARABLE_ACCEPT * previous.measured_tau
-    )
-    same_batch = abs(batch - previous.measured_batch) <= band(previous.measured_batch)
-    measured = now < previous.measure_after and same_workload and same_batch
-    if measured and previous.measured_better is not None:
+    verdict = previous.measured
+    measured = verdict is not None and verdict.holds(now, prediction.tau, batch)
+    if verdict is not None and measured and verdict.better is not None:
         # The verdict of the last measuring probe here outlives the samples it took.
-        better, gain = previous.measured_better, previous.measured_gain
+        better, gain = verdict.better, verdict.gain
         return _measured_at_batch(prediction, previous, decision, batch, better, gain, now, params)
     if decision.threshold != current or not may_probe or measured:
         return decision
@@ -536,14 +550,7 @@ def _end_of_measuring(
     )
     if now < probe.until or (n < params.min_samples and now < probe.give_up):
         return replace(previous, reason=f"measuring {mode} at batch {probe.batch:.0f}: {n} samples")
-    base, n_base = rate_per_request(
-        own,
-        batch=probe.batch,
-        speculating=not probe.speculating,
-        since=probe.started - steady_window(params),
-        until=probe.started,
-        accept_length=prediction.tau,
-    )
+    base, n_base = _probe_baseline(own, probe, params, accept_length=prediction.tau)
     back = probe.previous
     better: bool | None = None
     gain = 1.0
@@ -560,16 +567,9 @@ def _end_of_measuring(
         gain = max(ratio, 1 / ratio)
         if gain > 1 + MEASURED_OVER_MODEL_MARGIN:
             better = probe.speculating if ratio > 1 else not probe.speculating
-    return Decision(
-        threshold,
-        why,
-        now,
-        measure_after=now + REMEASURE_INTERVALS * params.probe_interval_seconds,
-        measured_tau=prediction.tau,
-        measured_batch=probe.batch,
-        measured_better=better,
-        measured_gain=gain,
-    )
+    until = now + REMEASURE_INTERVALS * params.probe_interval_seconds
+    verdict = Measurement(until, prediction.tau, probe.batch, better, gain)
+    return Decision(threshold, why, now, measured=verdict)
 
 
 def _model_move(
@@ -853,13 +853,7 @@ def _continue_probe(
             reason=f"probing {_mode(probe.speculating)} at batch "
             f"{probe.batch:.0f}: {n_tried} samples",
         )
-    base, n_base = rate_per_request(
-        own,
-        batch=probe.batch,
-        speculating=not probe.speculating,
-        since=probe.started - steady_window(params),
-        until=probe.started,
-    )
+    base, n_base = _probe_baseline(own, probe, params)
     backoff = min(PROBE_BACKOFF_LIMIT, 2 * previous.probe_wait)
     if n_tried < need or n_base < need:
         # Steps too slow to give samples (fewer than two per scrape), or a load that left
@@ -872,6 +866,24 @@ def _continue_probe(
     if ratio > 1 + PROBE_MARGIN:
         return Decision(probe.threshold, f"{verdict}; keeping it", now, probe_wait=1.0)
     return Decision(back, f"{verdict}; back to {back}", now, probe_wait=backoff)
+
+
+def _probe_baseline(
+    own: Sequence[Sample],
+    probe: Probe,
+    params: ControlSettings,
+    accept_length: float | None = None,
+) -> tuple[float, int]:
+    """What the mode a probe left delivered per request at its batch over the steady window
+    before it: the figure the probe is held to."""
+    return rate_per_request(
+        own,
+        batch=probe.batch,
+        speculating=not probe.speculating,
+        since=probe.started - steady_window(params),
+        until=probe.started,
+        accept_length=accept_length,
+    )
 
 
 LOAD_MOVED_FACTOR = 1.5
