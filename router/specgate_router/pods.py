@@ -83,8 +83,7 @@ def between_steps(prev: Scrape, scrape: Scrape, step_seconds: float) -> float | 
     the decode steps' launch intervals (SGLang's decode moments, prefills between steps
     included) less what the steps themselves took (`step_seconds` each, from the steps that
     followed another directly), at most the interval itself. None when nothing was generated.
-    Prefills differ between the modes (a speculating batch's also run the draft), and they
-    are paid per request, so per token they weigh as much as a decode step's share."""
+    Shown per mode (`Residuals.between_view`), not modelled."""
     a, b = prev.load, scrape.load
     steps, tokens = b.decode_steps - a.decode_steps, b.decode_tokens - a.decode_tokens
     micros = b.decode_step_us - a.decode_step_us
