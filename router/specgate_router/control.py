@@ -419,8 +419,8 @@ another batch or the accept length moves by more than COMPARABLE_ACCEPT: each co
 seconds of the slower mode."""
 COMPARABLE_ACCEPT = 0.1
 """Samples taken at an accept length within this fraction of the current one describe the
-same workload; others are not compared with it (on the GPU, samples from the seconds after an
-acceptance step, 20% above the settled figure, made speculation look 1.05x faster)."""
+same workload; others are not compared with it: in the seconds after an acceptance step the
+requests of the old workload still run (BENCHMARKS.md, section 0c)."""
 MEASURED_OVER_MODEL_MARGIN = 0.1
 """Measured rates overrule the model at a batch only when one mode delivered this much more:
 a shared host's windows scatter by several percent."""

@@ -166,8 +166,7 @@ class AcceptanceTracker:
         the modes says nothing of the accept length speculation keeps up. Its speculating
         steps mostly follow off steps, whose tokens all came from the target's own sampling,
         and accept more than a steady chain does, whose context holds the bonus tokens drawn
-        from the residual distribution after each rejection (on a GPU: 1.75 among off steps
-        against 1.55 speculating throughout)."""
+        from the residual distribution after each rejection (BENCHMARKS.md, section 0c)."""
         self.num_steps = num_steps
         last, self._last = self._last, dict(counters)
         if last is None:
