@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from specgate.engine_client import EngineClient, EngineLoad
-from specgate_router import control, placement, requests
+from specgate_router import control, placement, predict, requests
 from specgate_router.errors import BadRequest, ModelNotFound
 from specgate_router.pods import CircuitBreaker, PodState, Scrape
 from specgate_router.settings import (
@@ -625,6 +625,15 @@ def test_throughput_traffic_prefers_the_throughput_pool_even_when_fuller() -> No
     assert placement.choose([calm, bulk], ctx("throughput"), rng=random.Random(0)) is bulk
 
 
+def test_throughput_traffic_fills_a_latency_pods_room_and_no_more() -> None:
+    calm = pod("calm", running=2, pool="latency")
+    bulk = pod("bulk", running=30, pool="throughput")
+    calm.throughput_room = 2
+    assert placement.choose([calm, bulk], ctx("throughput"), rng=random.Random(0)) is calm
+    calm.throughput_in_flight = 2  # its room is taken: the throughput pool again
+    assert placement.choose([calm, bulk], ctx("throughput"), rng=random.Random(0)) is bulk
+
+
 def test_load_breaks_class_ties_and_equal_scores_are_random() -> None:
     a, b = pod("a", running=1), pod("b", running=1)
     picks = {
@@ -872,6 +881,69 @@ def test_a_tpot_target_sizes_the_latency_pool() -> None:
     assert control.plan_latency_pool(pods, [5] * 8, latency_batch=2, **kw) == set()
     # A target looser than the threshold changes nothing.
     assert len(control.plan_latency_pool(pods, [5] * 8, latency_batch=9, **kw) or ()) == 4
+
+
+def _linear_prediction(tau: float = 3.0) -> control.Prediction:
+    """Speculating steps of 3 ms at batch 1 growing 0.1 ms a request (plain: 2 ms flat)."""
+    on = [[1, 0.003], [64, 0.003 + 63 * 0.0001]]
+    profile = predict.StepProfile.from_wire({"on": on, "off": [[1, 0.002], [64, 0.002]]})
+    assert profile is not None
+    return control.Prediction(64, "", True, profile, tau, (1.0, 1.0))
+
+
+def test_the_model_predicts_the_batch_that_meets_a_tpot_target() -> None:
+    model = _linear_prediction()
+    # TPOT(b) = (3 + 0.1 (b - 1)) / 3 ms + 0.2 ms * b: 1.2, 1.43, 1.67, 1.9 ms at b = 1..4
+    kw = {"threshold": 64, "target_seconds": 0.0017}
+    assert control.latency_batch_predicted(model, 0.0002, **kw) == 3
+    assert control.latency_batch_predicted(model, 0.0002, threshold=2, target_seconds=0.0017) == 2
+    assert (
+        control.latency_batch_predicted(model, 0.0002, threshold=64, target_seconds=0.001) is None
+    )
+    # Without time between steps only the step grows: (3 + 0.1 (b - 1)) / 3 <= 1.7 up to b = 22
+    assert control.latency_batch_predicted(model, 0.0, **kw) == 22
+    # A pod measured slower than its profile (observed/predicted 0.8 speculating) holds fewer:
+    # 1.45, 1.69, 1.93 ms at b = 1..3.
+    slower = dataclasses.replace(model, correction=(0.8, 1.0))
+    assert control.latency_batch_predicted(slower, 0.0002, **kw) == 2
+
+
+def test_a_tpot_target_is_met_from_the_model_before_samples_reach_small_batches() -> None:
+    # Samples at batch 17 only (a pod under throughput load): the fitted line cannot say.
+    flat = _tpot_samples(0.004, 0.0, range(17, 18)) * 8
+    kw = {"target_ms": 1.7, "now": 100.0, "min_samples": 4}
+    assert control.latency_batch_for_target(flat, [64, 64], **kw) is None
+    model = _linear_prediction()
+    models = [(model, 0.0002), (model, 0.0002), (model, 0.0003)]
+    assert control.latency_batch_for_target(flat, [64, 64], models=models, **kw) == 3  # median
+    assert control.latency_batch_for_target(flat, [64], models=[(model, 0.01)], **kw) is None
+    assert control.latency_batch_for_target(flat, [64], target_ms=None, now=100.0, min_samples=4,
+                                            models=models) is None  # fmt: skip
+
+
+def test_a_tpot_target_forms_a_pool_where_spreading_would_miss_it() -> None:
+    """2 latency and 32 throughput streams on two pods that speculate up to 64: spread, every
+    pod speculates, so without a target there is no pool; a target met only up to batch 3
+    takes one pod for the latency traffic, and the throughput traffic fills what it leaves."""
+    kw: dict[str, Any] = {
+        "latency_load": 2.0,
+        "throughput_load": 32.0,
+        "previous": set(),
+        "default_threshold": 8,
+        "min_fraction": 0.0,
+        "max_fraction": 1.0,
+        "throughput_batch_per_pod": 64,
+    }
+    assert control.plan_latency_pool(["a", "b"], [64, 64], **kw) is None
+    assert control.plan_latency_pool(["a", "b"], [64, 64], latency_batch=3, **kw) == {"a"}
+    # Spread, 34 requests hold 17 a pod: a target met up to 20 needs no pool.
+    assert control.plan_latency_pool(["a", "b"], [64, 64], latency_batch=20, **kw) is None
+    batch = control.latency_pool_batch([64, 64], default_threshold=8, latency_batch=3)
+    assert batch == 3
+    assert control.throughput_room(batch, latency_load=2.0, pool_size=1) == 1
+    assert control.throughput_room(batch, latency_load=5.0, pool_size=1) == 0
+    assert control.throughput_room(8, latency_load=5.0, pool_size=2) == 5
+    assert control.throughput_room(8, latency_load=5.0, pool_size=0) == 0
 
 
 # ---- probes: a load that holds away from the threshold ----

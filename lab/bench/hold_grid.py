@@ -64,20 +64,25 @@ NEW_TOKENS = (64, 192)
 ROUTER_PORT_OFFSET = 500
 
 
-def operator_defaults(replicas: int = 1) -> tuple[dict[str, Any], list[str]]:
+def operator_defaults(
+    replicas: int = 1, pools: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], list[str]]:
     """The router's config and the engine's control flags as the operator renders them for a
-    resource that names only its models and `replicas`: (router config without cluster
-    discovery, flags)."""
+    resource that names only its models and `replicas` (and `pools`, its spec.router.pools,
+    when given): (router config without cluster discovery, flags)."""
+    spec: dict[str, Any] = {
+        "replicas": replicas,
+        "model": {"path": "/models/target"},
+        "speculative": {"draftModel": {"path": "/models/draft"}},
+    }
+    if pools:
+        spec["router"] = {"pools": pools}
     sdd = api.SpecDecodeDeployment.model_validate(
         {
             "apiVersion": "specgate.io/v1alpha1",
             "kind": "SpecDecodeDeployment",
             "metadata": {"name": "hold-grid", "namespace": "lab"},
-            "spec": {
-                "replicas": replicas,
-                "model": {"path": "/models/target"},
-                "speculative": {"draftModel": {"path": "/models/draft"}},
-            },
+            "spec": spec,
         }
     )
     config = render.router_config(sdd)

@@ -15,6 +15,10 @@ each on its own pair of pods:
   split       the latency streams on one EAGLE-3 pod, the throughput streams on one plain pod
   EAGLE-3 alone  the latency streams alone on one EAGLE-3 pod: the latency class's reference
 
+--tpot-target-ms and --throughput-batch-per-pod set the resource's
+spec.router.pools.latencyTpotTargetMs and throughputBatchPerPod (unset: the defaults);
+--static picks the static configurations to measure (only their servers start).
+
 Targets (issue: traffic classes): routed total output tok/s >= the best static two-pod
 configuration's; routed latency-class TPOT p50 <= 1.05 x EAGLE-3 alone's.
 
@@ -182,12 +186,27 @@ def measure(
     }
 
 
+STATICS = ("plain x2", "EAGLE-3 x2", "split", "EAGLE-3 alone")
+NEEDS = {"plain x2": ("plain",), "EAGLE-3 x2": ("eagle",), "split": ("plain", "eagle"),
+         "EAGLE-3 alone": ("eagle",)}  # fmt: skip
+
+
+def pools_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The resource's spec.router.pools the options set (empty: the defaults)."""
+    pools: dict[str, Any] = {}
+    if args.tpot_target_ms is not None:
+        pools["latencyTpotTargetMs"] = args.tpot_target_ms
+    if args.throughput_batch_per_pod is not None:
+        pools["throughputBatchPerPod"] = args.throughput_batch_per_pod
+    return pools
+
+
 def start_sglang(args: argparse.Namespace, out: Path) -> tuple[list[Any], dict[str, int]]:
     common, eagle = synthetic_server_flags(args.c, args.mem_fraction)
     _, control_flags = operator_defaults(replicas=2)
     upstream = os.environ.get("SPECGATE_UPSTREAM_SITE")
     env = {"PYTHONPATH": upstream} if upstream else {}
-    servers = {
+    every = {
         "routed-a": ([*common, *eagle, *control_flags], {}),
         "routed-b": ([*common, *eagle, *control_flags], {}),
         "plain-a": (common, env),
@@ -195,7 +214,10 @@ def start_sglang(args: argparse.Namespace, out: Path) -> tuple[list[Any], dict[s
         "eagle-a": ([*common, *eagle], env),
         "eagle-b": ([*common, *eagle], env),
     }
-    ports = {name: args.port_base + i for i, name in enumerate(servers)}
+    ports = {name: args.port_base + i for i, name in enumerate(every)}
+    pairs = {"routed", *(pair for name in args.static for pair in NEEDS[name])}
+    servers = {name: v for name, v in every.items() if name.rsplit("-", 1)[0] in pairs}
+    ports = {name: port for name, port in ports.items() if name in servers}
     procs = []
     for name, (flags, server_env) in servers.items():
         procs.append(verify.start(name, flags, ports[name], out, server_env))
@@ -227,6 +249,24 @@ def start_sim(args: argparse.Namespace, out: Path) -> tuple[list[Any], dict[str,
     return procs, ports
 
 
+def pools_view(router_port: int) -> dict[str, Any]:
+    """The router's latency pool, the batch it holds for the TPOT target, and each pod's pool,
+    threshold and room for throughput requests, as /specgate/pods says at the end."""
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", router_port, timeout=5)
+        conn.request("GET", "/specgate/pods")
+        body = json.loads(conn.getresponse().read())
+        conn.close()
+    except (OSError, ValueError) as exc:
+        return {"error": str(exc)}
+    pods = [
+        {k: pod.get(k) for k in ("name", "pool", "threshold", "throughputRoom")}
+        for pod in body.get("pods", [])
+    ]
+    return {"latencyPool": body.get("latencyPool"), "latencyBatch": body.get("latencyBatch"),
+            "pods": pods}  # fmt: skip
+
+
 def report(results: dict[str, Any]) -> str:
     rows = results["configurations"]
     lines = [
@@ -244,6 +284,8 @@ def report(results: dict[str, Any]) -> str:
             f"| {thr if thr is not None else '-'} ms | {row.get('errors', 0)} |"
         )
     routed, alone = rows.get("routed"), rows.get("EAGLE-3 alone")
+    if routed and routed.get("pools"):
+        lines.append(f"\nrouted pools at the end: {json.dumps(routed['pools'])}")
     statics = [rows[n]["total_tok_s"] for n in ("plain x2", "EAGLE-3 x2", "split") if n in rows]
     if routed and statics:
         lines.append(
@@ -271,8 +313,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--static-measure", type=float, default=15.0)
     parser.add_argument("--mem-fraction", type=float, default=0.12)
     parser.add_argument("--port-base", type=int, default=32600)
+    parser.add_argument(
+        "--tpot-target-ms", type=float, help="spec.router.pools.latencyTpotTargetMs"
+    )
+    parser.add_argument("--throughput-batch-per-pod", type=int)
+    parser.add_argument(
+        "--static",
+        type=lambda v: [x.strip() for x in v.split(",") if x.strip()],
+        default=list(STATICS),
+        help=f"static configurations, comma-separated (default: {','.join(STATICS)})",
+    )
     parser.add_argument("--report", type=Path, help="print the table of a results file (no run)")
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.static) - set(STATICS))
+    if unknown:
+        parser.error(f"--static: unknown {', '.join(unknown)}; choose from {', '.join(STATICS)}")
     if args.report:
         print(report(json.loads(args.report.read_text())))
         return 0
@@ -285,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         "temperature": args.temperature,
         "latency_streams": args.latency,
         "throughput_streams": args.throughput,
-        "router": operator_defaults(replicas=2)[0],
+        "router": operator_defaults(replicas=2, pools=pools_of(args))[0],
         "configurations": {},
     }
     path = out / "traffic-classes.json"
@@ -294,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         start = start_sim if args.engine == "sim" else start_sglang
         procs, ports = start(args, out)
-        config, _ = operator_defaults(replicas=2)
+        config, _ = operator_defaults(replicas=2, pools=pools_of(args))
         config["backends"] = [f"http://127.0.0.1:{ports[p]}" for p in ("routed-a", "routed-b")]
         config["engineApiKey"] = verify.KEY
         (out / "router.yaml").write_text(json.dumps(config))  # JSON is YAML
@@ -306,16 +361,21 @@ def main(argv: list[str] | None = None) -> int:
             [router_port] * L, [router_port] * T, args,
             settle=args.hold - args.measure, seconds=args.measure,
         )  # fmt: skip
+        rows["routed"]["pools"] = pools_view(router_port)
         path.write_text(json.dumps(results, indent=1))
+        pods = {name: ports.get(name, 0) for name in
+                ("plain-a", "plain-b", "eagle-a", "eagle-b")}  # fmt: skip
         statics = {
-            "plain x2": (spread([ports["plain-a"], ports["plain-b"]], L),
-                         spread([ports["plain-b"], ports["plain-a"]], T)),
-            "EAGLE-3 x2": (spread([ports["eagle-a"], ports["eagle-b"]], L),
-                           spread([ports["eagle-b"], ports["eagle-a"]], T)),
-            "split": ([ports["eagle-a"]] * L, [ports["plain-b"]] * T),
-            "EAGLE-3 alone": ([ports["eagle-a"]] * L, []),
+            "plain x2": (spread([pods["plain-a"], pods["plain-b"]], L),
+                         spread([pods["plain-b"], pods["plain-a"]], T)),
+            "EAGLE-3 x2": (spread([pods["eagle-a"], pods["eagle-b"]], L),
+                           spread([pods["eagle-b"], pods["eagle-a"]], T)),
+            "split": ([pods["eagle-a"]] * L, [pods["plain-b"]] * T),
+            "EAGLE-3 alone": ([pods["eagle-a"]] * L, []),
         }  # fmt: skip
         for name, (lat_ports, thr_ports) in statics.items():
+            if name not in args.static:
+                continue
             rows[name] = measure(
                 lat_ports, thr_ports, args, settle=args.warmup, seconds=args.static_measure
             )

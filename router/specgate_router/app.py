@@ -213,6 +213,7 @@ def create_app(
         return {
             "leader": state.is_leader,
             "latencyPool": sorted(state.latency_pool),
+            "latencyBatch": state.latency_batch,
             "pods": state.views(),
         }
 

@@ -983,6 +983,28 @@ def latency_batch_for_tpot(
     return min(threshold, batch) if batch >= 1 else None
 
 
+def latency_batch_predicted(
+    prediction: Prediction,
+    between_seconds_per_token: float,
+    *,
+    threshold: int,
+    target_seconds: float,
+) -> int | None:
+    """The largest batch, at most `threshold`, up to which the model predicts a speculating pod
+    gives each request a token every `target_seconds`: the profile's decode step over the
+    accept length, plus the time the pod spends between decode steps per generated token
+    (prefills, mostly) times the batch, since a batch of b requests waits for the prefills of
+    b requests' successors. Unlike a line fitted to samples, it needs no samples at small
+    batches: a pod under throughput load has none. None when no batch meets the target."""
+    best = None
+    for batch in range(1, threshold + 1):
+        step = prediction.seconds_per_token(batch, True)
+        if step is None or step + between_seconds_per_token * batch > target_seconds:
+            break
+        best = batch
+    return best
+
+
 def median_threshold(thresholds: Sequence[int], default: int) -> int:
     """The pods' typical threshold (the median), or `default` when none is known."""
     ordered = sorted(thresholds)
@@ -996,17 +1018,35 @@ def latency_batch_for_target(
     target_ms: float | None,
     now: float,
     min_samples: int,
+    models: Sequence[tuple[Prediction, float]] = (),
 ) -> int | None:
-    """`latency_batch_for_tpot` at the pods' median threshold; None without a target."""
+    """The batch that meets a TPOT target at the pods' median threshold: the median of what
+    the pods' models predict (`models`: each pod's prediction and its time between decode
+    steps per token, `latency_batch_predicted`), or without them `latency_batch_for_tpot`
+    from the samples; None without a target, or when neither can say."""
     if target_ms is None or not thresholds:
         return None
+    threshold = median_threshold(thresholds, 1)
+    target = target_ms / 1000
+    predicted = [
+        latency_batch_predicted(m, between, threshold=threshold, target_seconds=target) or 0
+        for m, between in models
+    ]
+    if predicted:
+        batch = sorted(predicted)[len(predicted) // 2]
+        return batch if batch >= 1 else None
     return latency_batch_for_tpot(
-        samples,
-        threshold=median_threshold(thresholds, 1),
-        target_seconds=target_ms / 1000,
-        now=now,
-        min_samples=min_samples,
+        samples, threshold=threshold, target_seconds=target, now=now, min_samples=min_samples
     )
+
+
+def latency_pool_batch(
+    thresholds: Sequence[int], *, default_threshold: int, latency_batch: int | None
+) -> int:
+    """The batch a latency pod is sized for: the pods' median threshold, or `latency_batch`
+    (the batch that meets a TPOT target) when that is smaller."""
+    typical = median_threshold(thresholds, default_threshold)
+    return typical if latency_batch is None else min(typical, latency_batch)
 
 
 def plan_latency_pool(
@@ -1023,15 +1063,15 @@ def plan_latency_pool(
     latency_batch: int | None = None,
 ) -> set[str] | None:
     """The latency pool for the live pods, or None when every pod serves both classes: one pod,
-    no traffic yet, or so little that spread over all pods it stays at or under their
-    threshold (every pod speculates anyway, and splitting would only raise batch sizes).
-    Sized with the pods' median threshold, or `latency_batch` (the batch that meets a TPOT
-    target) when that is smaller."""
-    typical = median_threshold(thresholds, default_threshold)
+    no traffic yet, or so little that spread over all pods it stays at or under the batch a
+    latency pod is sized for (`latency_pool_batch`: every pod speculates anyway, within the
+    TPOT target where one is set, and splitting would only raise batch sizes)."""
+    per_pod = latency_pool_batch(
+        thresholds, default_threshold=default_threshold, latency_batch=latency_batch
+    )
     total = latency_load + throughput_load
-    if len(pods) <= 1 or total < 0.05 or total <= len(pods) * typical:
+    if len(pods) <= 1 or total < 0.05 or total <= len(pods) * per_pod:
         return None
-    per_pod = typical if latency_batch is None else min(typical, latency_batch)
     size = latency_pool_size(
         len(pods),
         latency_load,
@@ -1042,6 +1082,15 @@ def plan_latency_pool(
         throughput_batch_per_pod=throughput_batch_per_pod,
     )
     return assign_pools(pods, previous, size)
+
+
+def throughput_room(pool_batch: int, *, latency_load: float, pool_size: int) -> int:
+    """The throughput requests a latency pod takes: the batch it is sized for less its share
+    of the latency class's in-flight requests (rounded up), so that the latency traffic keeps
+    the batch it was promised and the pod's spare capacity still serves."""
+    if pool_size <= 0:
+        return 0
+    return max(0, pool_batch - math.ceil(latency_load / pool_size - 1e-9))
 
 
 def assign_pools(pods: Sequence[str], previous: set[str], size: int) -> set[str]:

@@ -97,8 +97,9 @@ class ClassFitScorer:
     its threshold with this request added, in the latency pool first. Where no pod would
     speculate it, the class does not matter and load decides alone (piling latency traffic
     onto its pool's busy pods would only make it slower). Throughput traffic goes to
-    throughput-pool pods, which batch past their thresholds without speculation, and spills to
-    the latency pool only when that is all there is."""
+    throughput-pool pods, which batch past their thresholds without speculation, and to a
+    latency pod only while it has room besides its share of the latency traffic
+    (`throughput_room`), or when that is all there is."""
 
     name: ClassVar[str] = "class-fit"
 
@@ -108,6 +109,8 @@ class ClassFitScorer:
             if not contract.speculates(pod.expected_batch() + 1, pod.threshold):
                 return 0.0
             return 1.0 if home else 0.6
+        if not home and pod.throughput_in_flight < pod.throughput_room:
+            return 1.0
         return 1.0 if home else 0.2
 
 

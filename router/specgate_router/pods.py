@@ -105,7 +105,11 @@ class PodState:
     scrape_error: str | None = None
     samples: deque[control.Sample] = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))
     pool: Pool = "mixed"
+    throughput_room: int = 0
+    """In the latency pool: how many throughput requests it takes besides its share of the
+    latency traffic (the batch it is sized for, less that share)."""
     in_flight: int = 0
+    throughput_in_flight: int = 0
     dispatched_since_scrape: int = 0
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
     confirmed_threshold: int | None = None
@@ -273,6 +277,7 @@ class PodState:
             "scrapeAgeSeconds": None if self.last is None else round(now - self.last.at, 3),
             "scrapeError": self.scrape_error,
             "pool": self.pool,
+            "throughputRoom": self.throughput_room,
             "accelerator": {"name": self.hardware[0], "perEngine": self.hardware[1]},
             "batch": load.running if load else None,
             "queued": load.waiting if load else None,

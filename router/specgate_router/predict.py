@@ -281,6 +281,11 @@ class Residuals:
             self.last_outlier = at
         mode.add(log_ratio, at)
 
+    def between_seconds_per_token(self, *, speculating: bool) -> float | None:
+        """One mode's time between decode steps per generated token (None: unmeasured)."""
+        r = self.between[speculating]
+        return r.mean if r.weight >= 2 else None
+
     def view(self) -> dict[str, float | None]:
         return {
             ("on" if mode else "off"): (round(math.exp(r.mean), 3) if r.weight >= 2 else None)

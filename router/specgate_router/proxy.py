@@ -157,6 +157,7 @@ async def forward(state: RouterState, req: RoutedRequest, request_id: str) -> Re
         tried.add(pod.name)
         pod.breaker.on_dispatch(now, res)
         pod.in_flight += 1
+        pod.throughput_in_flight += req.traffic_class == "throughput"
         pod.dispatched_since_scrape += 1
         state.in_flight += 1
         state.in_flight_by_class[req.traffic_class] += 1
@@ -168,6 +169,7 @@ async def forward(state: RouterState, req: RoutedRequest, request_id: str) -> Re
             if not released:
                 released = True
                 pod.in_flight -= 1
+                pod.throughput_in_flight -= req.traffic_class == "throughput"
                 state.in_flight -= 1
                 state.in_flight_by_class[req.traffic_class] -= 1
                 state.metrics.in_flight.dec()

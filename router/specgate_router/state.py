@@ -62,6 +62,8 @@ class RouterState:
         self.class_load: dict[TrafficClass, float] = {"latency": 0.0, "throughput": 0.0}
         self._class_load_at = clock()
         self.latency_pool: set[str] = set()
+        self.latency_batch: int | None = None
+        """The batch that meets the latency TPOT target (None: no target, or unknown yet)."""
         self.draining = False
         self.in_flight = 0
         # Open streams' engine answers, for end_streams; and why they are being ended.
@@ -222,9 +224,25 @@ class RouterState:
         self.update_class_load(now)
         live = [p for p in self.live_pods() if not p.draining]
         pools = self.settings.pools
+        thresholds = [p.threshold for p in live if p.threshold is not None]
+        models = [
+            (p.prediction, between)
+            for p in live
+            if p.prediction is not None
+            and (between := p.residuals.between_seconds_per_token(speculating=True)) is not None
+        ]
+        latency_batch = control.latency_batch_for_target(
+            samples,
+            thresholds,
+            target_ms=pools.latency_tpot_target_ms,
+            now=now,
+            min_samples=self.settings.control.min_samples,
+            models=models,
+        )
+        self.latency_batch = latency_batch
         pool = control.plan_latency_pool(
             [p.name for p in live],
-            [p.threshold for p in live if p.threshold is not None],
+            thresholds,
             latency_load=self.class_load["latency"],
             throughput_load=self.class_load["throughput"],
             previous=self.latency_pool,
@@ -232,23 +250,28 @@ class RouterState:
             min_fraction=pools.min_latency_fraction,
             max_fraction=pools.max_latency_fraction,
             throughput_batch_per_pod=pools.throughput_batch_per_pod,
-            latency_batch=control.latency_batch_for_target(
-                samples,
-                [p.threshold for p in live if p.threshold is not None],
-                target_ms=pools.latency_tpot_target_ms,
-                now=now,
-                min_samples=self.settings.control.min_samples,
-            ),
+            latency_batch=latency_batch,
         )
         if pool is None:
             for pod in self.live_pods():
-                pod.pool = "mixed"
+                pod.pool, pod.throughput_room = "mixed", 0
             self.latency_pool = set()
             self.metrics.latency_pool_size.set(len(live) if len(live) <= 1 else 0)
             return
         self.latency_pool = pool
+        room = control.throughput_room(
+            control.latency_pool_batch(
+                thresholds,
+                default_threshold=self.settings.control.threshold,
+                latency_batch=latency_batch,
+            ),
+            latency_load=self.class_load["latency"],
+            pool_size=len(pool),
+        )
         for pod in self.live_pods():
-            pod.pool = "latency" if pod.name in pool else "throughput"
+            latency = pod.name in pool
+            pod.pool = "latency" if latency else "throughput"
+            pod.throughput_room = room if latency else 0
         self.metrics.latency_pool_size.set(len(pool))
 
     async def control_step(self) -> None:
