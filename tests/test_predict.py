@@ -3,6 +3,7 @@ and refused when malformed, acceptance measured and estimated, residuals, and th
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -340,9 +341,14 @@ def test_a_pod_near_the_predicted_crossover_measures_the_other_mode_and_keeps_th
     assert "measuring plain decoding at batch 16" in previous.reason
     own += [control.Sample(40.0 + 0.5 * i, 16, 2400.0, 0.0, accept_length=2.2) for i in range(1, 7)]
     previous = decide(43.0, own)
+    # Back to speculation to measure it again: the trial is judged against it either side.
+    assert previous.probe is not None and previous.probe.returned == 43.0, previous.reason
+    assert previous.threshold == 32 and "measuring speculation again" in previous.reason
+    own += [control.Sample(43.0 + 0.5 * i, 16, 1600.0, 1.0, accept_length=2.2) for i in range(1, 8)]
+    previous = decide(46.5, own)
     assert previous.probe is None and previous.threshold is not None and previous.threshold < 16
     assert "1.50x; keeping it" in previous.reason
-    plain = [control.Sample(43.0 + 0.5 * i, 16, 2400.0, 0.0, accept_length=2.2) for i in range(75)]
+    plain = [control.Sample(47.0 + 0.5 * i, 16, 2400.0, 0.0, accept_length=2.2) for i in range(75)]
     previous = decide(80.0, plain)  # the speculating samples are gone; the model still says 32
     assert previous.threshold is not None and previous.threshold < 16, previous.reason
     assert "measured at batch 16: plain decoding delivers 1.50x" in previous.reason
@@ -355,3 +361,30 @@ def test_a_pod_near_the_predicted_crossover_measures_the_other_mode_and_keeps_th
         prediction=faster,
     )  # fmt: skip
     assert moved.threshold == faster.threshold, moved.reason
+
+
+def test_a_host_that_slows_down_is_not_read_as_a_mode_gain() -> None:
+    """A pod ran speculation, then plain, while its host slowed to half its speed: the earlier
+    samples read faster though plain is 1.25x faster at any one moment. Only a comparison with the
+    first mode again on both sides (a bracket) speaks, and it names plain."""
+
+    def at(t: float, speculating: bool) -> control.Sample:
+        speed = 1.0 - 0.5 * t / 60  # the host slows to half its speed over the minute
+        rate = 150.0 * speed * (1.0 if speculating else 1.25)
+        return control.Sample(t, 16, 16 * rate, float(speculating), accept_length=1.6)
+
+    spec_then_plain = [at(t, True) for t in range(0, 15)] + [at(t, False) for t in range(15, 60)]
+    naive = control.rates_per_request(spec_then_plain, batch=16, since=0.0, accept_length=1.6)
+    assert naive[True][0] > naive[False][0]  # what an unbracketed comparison reads
+    kw = {"batch": 16, "since": 0.0, "accept_length": 1.6, "need": 4}
+    assert control.bracketed_gain(spec_then_plain, **kw) is None  # no bracket: no verdict
+    bracket = spec_then_plain + [at(t, True) for t in range(60, 66)]
+    better, gain = control.bracketed_gain(bracket, **kw) or (None, 0.0)
+    assert better is False and gain > 1.1
+    # Too few samples on one side, another workload's, or mixed intervals do not bracket.
+    short = spec_then_plain + [at(t, True) for t in range(60, 62)]
+    assert control.bracketed_gain(short, **kw) is None
+    other = [dataclasses.replace(s, accept_length=2.4) for s in bracket[-6:]]
+    assert control.bracketed_gain(spec_then_plain + other, **kw) is None
+    mixed = [dataclasses.replace(s, speculating_fraction=0.5) for s in bracket[-6:]]
+    assert control.bracketed_gain(spec_then_plain + mixed, **kw) is None

@@ -105,6 +105,9 @@ class Probe:
     measuring: bool = False
     """Started where the model's margin at the pod's batch is small (`MEASURE_BELOW_GAIN`):
     judged by its rate as any probe is, and its verdict outranks the model at that batch."""
+    returned: float | None = None
+    """A measuring probe's trial over: when it went back to the mode it left, to measure that
+    again (the trial is judged against that mode before and after it)."""
 
 
 @dataclass(frozen=True)
@@ -448,16 +451,15 @@ def _follow_prediction(
         return decision
     batch, speculating = steady
     current = previous.threshold if previous.threshold is not None else params.max_threshold
-    rates = rates_per_request(
+    bracketed = bracketed_gain(
         own,
         batch=batch,
         since=now - params.probe_interval_seconds,
         accept_length=prediction.tau,
+        need=params.min_samples,
     )
-    (on, n_on), (off, n_off) = rates[True], rates[False]
-    need = params.min_samples
-    if n_on >= need and n_off >= need and on > 0 and off > 0:
-        better, gain = on > off, max(on, off) / min(on, off)
+    if bracketed is not None:
+        better, gain = bracketed
         return _measured_at_batch(prediction, previous, decision, batch, better, gain, now, params)
     verdict = previous.measured
     measured = verdict is not None and verdict.holds(now, prediction.tau, batch)
@@ -529,6 +531,53 @@ def _measured_at_batch(
     )
 
 
+def bracketed_gain(
+    samples: Sequence[Sample],
+    *,
+    batch: float,
+    since: float,
+    accept_length: float,
+    need: int,
+) -> tuple[bool, float] | None:
+    """(better mode, True: speculating; its gain) from the pod's last three runs of one mode
+    at `batch` on this workload (within COMPARABLE_ACCEPT of `accept_length`), one mode, the
+    other, the first again, each of `need` samples or more: the middle run against the mean
+    of the runs either side. A shared host's speed drifts by more than the modes differ near
+    a crossover, and a comparison of one mode's earlier samples with the other's later ones
+    reads that drift as a gain (BENCHMARKS.md, section 0c); bracketed, drift moves both sides
+    alike. None without such runs. Samples that mix the modes belong to neither."""
+    width = band(batch)
+    runs: list[list[float]] = []  # newest first: [speculating (0/1), sum of rates, samples]
+    for s in reversed(samples):
+        if s.at < since:
+            break
+        if (
+            s.accept_length is None
+            or abs(s.accept_length - accept_length) > COMPARABLE_ACCEPT * accept_length
+            or abs(s.batch - batch) > width
+            or STEADY_MODE_FRACTION > s.speculating_fraction > 1 - STEADY_MODE_FRACTION
+            or s.batch <= 0
+        ):
+            continue
+        mode = float(s.speculating_fraction >= STEADY_MODE_FRACTION)
+        if runs and runs[-1][0] == mode:
+            runs[-1][1] += s.tokens_per_second / s.batch
+            runs[-1][2] += 1
+        elif len(runs) == 3:
+            break
+        else:
+            runs.append([mode, s.tokens_per_second / s.batch, 1])
+    if len(runs) < 3 or any(n < need for _, _, n in runs):
+        return None
+    after, middle, before = (total / n for _, total, n in runs)
+    either_side = (after + before) / 2
+    if either_side <= 0 or middle <= 0:
+        return None
+    middle_better = middle > either_side
+    better = bool(runs[1][0] if middle_better else runs[0][0])
+    return better, max(middle, either_side) / min(middle, either_side)
+
+
 def _end_of_measuring(
     prediction: Prediction,
     own: Sequence[Sample],
@@ -537,27 +586,51 @@ def _end_of_measuring(
     now: float,
     params: ControlSettings,
 ) -> Decision:
-    """Hold a measuring probe until it has its samples, then judge it as a probe is judged:
-    kept where it delivered PROBE_MARGIN more than the mode before it, else back. The model
-    and both modes' rates then decide together (`_measured_at_batch`)."""
+    """Hold a measuring probe until it has its samples, go back to the mode it left until
+    that has as many again, then judge it as a probe is judged, against that mode before and
+    after it (a drifting host moves both alike): kept where it delivered PROBE_MARGIN more,
+    else back. The model and both modes' rates then decide together (`_measured_at_batch`)."""
     mode = _mode(probe.speculating)
+    need = params.min_samples
     tried, n = rate_per_request(
         own,
         batch=probe.batch,
         speculating=probe.speculating,
         since=probe.started,
+        until=probe.returned if probe.returned is not None else math.inf,
         accept_length=prediction.tau,
     )
-    if now < probe.until or (n < params.min_samples and now < probe.give_up):
-        return replace(previous, reason=f"measuring {mode} at batch {probe.batch:.0f}: {n} samples")
-    base, n_base = _probe_baseline(own, probe, params, accept_length=prediction.tau)
     back = probe.previous
+    if probe.returned is None:
+        if now < probe.until or (n < need and now < probe.give_up):
+            why = f"measuring {mode} at batch {probe.batch:.0f}: {n} samples"
+            return replace(previous, reason=why)
+        if n >= need:
+            why = f"measured {mode} at batch {probe.batch:.0f} ({n} samples);"
+            why += f" measuring {_mode(not probe.speculating)} again"
+            returned = replace(probe, returned=now, give_up=now + 4 * params.probe_seconds)
+            return replace(previous, threshold=back, reason=why, changed_at=now, probe=returned)
+    after, n_after = (0.0, 0)
+    if probe.returned is not None:
+        # From the scrape after the switch: the one that spans it ran both modes.
+        after, n_after = rate_per_request(
+            own,
+            batch=probe.batch,
+            speculating=not probe.speculating,
+            since=probe.returned + params.scrape_interval_seconds,
+            accept_length=prediction.tau,
+        )
+        if n_after < need and now < probe.give_up:
+            why = f"measuring {_mode(not probe.speculating)} again at batch {probe.batch:.0f}:"
+            return replace(previous, reason=f"{why} {n_after} samples")
+    before, n_base = _probe_baseline(own, probe, params, accept_length=prediction.tau)
+    base = (before + after) / 2
     better: bool | None = None
     gain = 1.0
-    if n < params.min_samples or n_base < params.min_samples or base <= 0 or tried <= 0:
+    if min(n, n_base, n_after) < need or min(before, after, tried) <= 0:
         threshold = back
         why = f"measuring {mode} at batch {probe.batch:.0f}: inconclusive ({n} samples,"
-        why += f" {n_base} before); back to {back}"
+        why += f" {n_base} before, {n_after} after); back to {back}"
     else:
         ratio = tried / base
         keep = ratio > 1 + PROBE_MARGIN
@@ -569,7 +642,8 @@ def _end_of_measuring(
             better = probe.speculating if ratio > 1 else not probe.speculating
     until = now + REMEASURE_INTERVALS * params.probe_interval_seconds
     verdict = Measurement(until, prediction.tau, probe.batch, better, gain)
-    return Decision(threshold, why, now, measured=verdict)
+    changed_at = now if threshold != previous.threshold else previous.changed_at
+    return Decision(threshold, why, changed_at, measured=verdict)
 
 
 def _model_move(
