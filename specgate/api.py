@@ -402,9 +402,12 @@ class PoolSplit(_Model):
     traffic shares pods. Higher values buy latency traffic speculation with fleet tokens."""
     latency_tpot_target_ms: float | None = Field(default=None, gt=0.0, le=10000.0)
     """Time per output token the latency class should get. When set, the latency pool holds
-    its traffic at the batch where a speculating pod, as measured, still meets it (at most the
-    threshold), and forms no pool when the pods that leaves cannot hold it. Unset: the
-    threshold sizes the pool."""
+    its traffic at the largest batch where a speculating pod is predicted to meet it (its
+    step profile over the accept length, plus its measured time between decode steps per
+    token times the batch; at most the threshold), forms even where spreading all traffic
+    would keep every pod speculating, lets throughput traffic fill the rest of that batch, and
+    forms no pool when the pods that leaves cannot hold it. Unset: the threshold sizes the
+    pool."""
 
 
 FilterName = Literal["healthy", "not-draining", "circuit-closed", "fresh-metrics"]
