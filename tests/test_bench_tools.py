@@ -363,15 +363,16 @@ def test_a_tpot_target_forms_a_latency_pool_behind_the_real_router(tmp_path: Pat
     """Two simulated pods that speculate at every batch, 2 latency and 24 throughput streams:
     spread, all would speculate at 13 a pod, so only the TPOT target (met up to a few requests
     by the pods' models) makes the router hold one pod for the latency class; the pool, its
-    batch and the throughput room it leaves come back in /specgate/pods."""
+    batch and the throughput room it leaves come back in /specgate/pods. Held 25 s: the
+    router sizes pools from in-flight requests smoothed over 10 s."""
     bench = load_module(ROOT / "lab" / "bench" / "traffic_classes.py", "traffic_classes_tpot")
-    argv = ["--engine", "sim", "--out", str(tmp_path), "--hold", "12", "--measure", "3"]
-    argv += ["--throughput", "24", "--tpot-target-ms", "2.5", "--throughput-batch-per-pod", "64"]
+    argv = ["--engine", "sim", "--out", str(tmp_path), "--hold", "25", "--measure", "3"]
+    argv += ["--throughput", "24", "--tpot-target-ms", "2.0", "--throughput-batch-per-pod", "64"]
     argv += ["--static", "EAGLE-3 alone", "--static-measure", "1", "--warmup", "0.5"]
     argv += ["--port-base", "33640"]
     assert bench.main(argv) == 0
     results = json.loads((tmp_path / "traffic-classes.json").read_text())
-    assert results["router"]["pools"]["latencyTpotTargetMs"] == 2.5
+    assert results["router"]["pools"]["latencyTpotTargetMs"] == 2.0
     assert list(results["configurations"]) == ["routed", "EAGLE-3 alone"]
     pools = results["configurations"]["routed"]["pools"]
     assert len(pools["latencyPool"]) == 1, pools
