@@ -194,3 +194,21 @@ def test_prefills_that_cost_more_while_speculating_move_the_crossover(rate: floa
     assert ratio >= TARGET, (ratio, routed.thresholds, routed.reasons[-1])
     assert not routed.speculating[-1][1], routed.reasons[-1]  # plain, as measured
     assert any("measuring" in why for _, why in routed.reasons), routed.thresholds
+
+
+@pytest.mark.parametrize("after", [0.45, 0.55])
+def test_a_host_that_slows_after_an_acceptance_step_is_not_read_as_a_mode_gain(
+    after: float,
+) -> None:
+    """16 clients; at 60 s the acceptance falls, and from 64 s the host slows to 60% of its
+    speed over 40 s (static runs see the same). Speculating prefills cost 8 ms more, so plain
+    wins at 16 after the step. Speculation, measured before the host slowed, must not read as
+    the faster mode against plain measured after: neither through delivered rates nor through
+    the model's per-mode corrections (0.85 with residuals measured 30 s apart)."""
+    prof = _with_speculating_prefills("h200-3b-synthetic-deployed", 0.008)
+    changes = [Change(0, concurrency=16, acceptance=0.93), Change(60, acceptance=after)]
+    changes += [Change(60 + 4 * i, host_speed=1 - 0.04 * i) for i in range(1, 11)]
+    ratio, routed = ratio_to_better_static(
+        prof, changes, seconds=120, window=(90, 120), params=PARAMS, output_tokens=(64, 192)
+    )
+    assert ratio >= TARGET, (ratio, routed.thresholds, routed.reasons[-1])

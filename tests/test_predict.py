@@ -388,3 +388,28 @@ def test_a_host_that_slows_down_is_not_read_as_a_mode_gain() -> None:
     assert control.bracketed_gain(spec_then_plain + other, **kw) is None
     mixed = [dataclasses.replace(s, speculating_fraction=0.5) for s in bracket[-6:]]
     assert control.bracketed_gain(spec_then_plain + mixed, **kw) is None
+
+
+def test_residuals_of_the_two_modes_compare_only_when_measured_together() -> None:
+    """Speculating steps measured 20% slower than the profile, then a minute later plain ones
+    30% slower (the host slowed meanwhile): the modes' difference is drift, so both take the
+    newer factor; measured within seconds of each other, the difference stands."""
+    profile = StepProfile.from_wire(WIRE)
+    assert profile is not None
+
+    def corrections(off_at: float) -> tuple[float, float]:
+        residuals = Residuals()
+        for at in (0.0, 1.0, 2.0):
+            residuals.add(batch=8, speculating=True, step_seconds=0.012 / 0.8, profile=profile,
+                          at=at)  # fmt: skip
+        for at in (off_at, off_at + 1, off_at + 2):
+            residuals.add(batch=8, speculating=False, step_seconds=0.006 / 0.7, profile=profile,
+                          at=at)  # fmt: skip
+        model = predict.predict(
+            profile, (2.0, "measured"), residuals, min_threshold=0, max_threshold=32
+        )
+        assert model is not None
+        return model.correction
+
+    assert corrections(60.0) == (pytest.approx(0.7), pytest.approx(0.7))
+    assert corrections(3.0) == (pytest.approx(0.8), pytest.approx(0.7))

@@ -58,6 +58,10 @@ RESIDUAL_HALF_LIFE_SECONDS = 30.0
 RESIDUAL_TOLERANCE = 0.25
 """Samples more than this (as |log(observed / predicted)|) from a corrected prediction mean
 the model does not describe the pod: the controller learns from samples instead."""
+CONTEMPORARY_RESIDUALS_SECONDS = 15.0
+"""The two modes' residuals say how they differ from the profile only when each was last
+measured within this of the other: a shared host's speed drifts, and a mode measured a
+minute before the other would read that drift as a difference between the modes."""
 CORRECTION_BOUNDS = (0.5, 2.0)
 """A steady bias corrects predictions within these factors; beyond them the model is wrong."""
 SWITCH_MARGIN = 0.03
@@ -355,6 +359,13 @@ def predict(
     # between them moves the crossover.
     on_f = on_r.factor() if on_r.weight >= 2 else off_r.factor()
     off_f = off_r.factor() if off_r.weight >= 2 else on_r.factor()
+    if (
+        on_r.weight >= 2
+        and off_r.weight >= 2
+        and abs(on_r.at - off_r.at) > CONTEMPORARY_RESIDUALS_SECONDS
+    ):
+        # Measured at different moments: the older takes the newer's factor.
+        on_f = off_f = (on_r if on_r.at > off_r.at else off_r).factor()
     correction = (on_f, off_f)
     model = Prediction(0, "", True, profile, tau, correction)
     # 0 is allowed here, unlike a threshold learnt from samples: the acceptance is estimated

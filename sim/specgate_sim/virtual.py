@@ -12,6 +12,7 @@ with the same run under a static mode (threshold None: always speculate; 0: neve
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import random
@@ -35,6 +36,9 @@ class Change:
     at: float
     concurrency: int | None = None
     acceptance: float | None = None  # per-token rate of the workload from here on
+    host_speed: float | None = None
+    """From here on every step takes 1 / host_speed of its time: a shared host that drifts
+    (1.0: as profiled)."""
 
 
 @dataclass
@@ -83,6 +87,7 @@ def run(
     step_profile = profile.step_profile(off_step_tokens, core.max_running) if model_inputs else None
     out = Run()
     now, target, in_flight, issued = 0.0, 0, 0, 0
+    speed = 1.0
     pending = sorted(changes, key=lambda c: c.at)
 
     def submit() -> None:
@@ -114,6 +119,8 @@ def run(
         if step is None and core.has_work():
             step = core.plan()
             if step is not None:
+                if speed != 1.0:
+                    step = dataclasses.replace(step, duration=step.duration / speed)
                 schedule(now + step.duration, "step")
         at, _, kind = heapq.heappop(events)
         now = at
@@ -121,6 +128,8 @@ def run(
             change = pending.pop(0)
             if change.acceptance is not None:
                 core.set_acceptance(change.acceptance)
+            if change.host_speed is not None:
+                speed = change.host_speed
             if change.concurrency is not None:
                 target = change.concurrency
                 while in_flight < target:
