@@ -379,3 +379,24 @@ def test_a_tpot_target_forms_a_latency_pool_behind_the_real_router(tmp_path: Pat
     assert 1 <= pools["latencyBatch"] < 13, pools
     latency = [p for p in pools["pods"] if p["pool"] == "latency"]
     assert latency and latency[0]["throughputRoom"] == max(0, pools["latencyBatch"] - 2), pools
+
+
+def test_a_server_that_fails_to_start_leaves_no_other_running(tmp_path: Path) -> None:
+    """The plain pair's port is taken: the run fails with the error recorded, and the pairs
+    that did start are stopped (their ports free again)."""
+    import socket
+
+    bench = load_module(ROOT / "lab" / "bench" / "traffic_classes.py", "traffic_classes_fail")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 33682))
+        taken.listen()
+        argv = ["--engine", "sim", "--out", str(tmp_path), "--port-base", "33680", "--hold", "1"]
+        assert bench.main(argv) == 1
+    results = json.loads((tmp_path / "traffic-classes.json").read_text())
+    assert "33682" in results["error"]
+    for port in (33680, 33681, 33684, 33685):
+        with socket.socket() as probe:
+            # As a server binds (health checks leave connections in TIME_WAIT): this raises
+            # only while a started pod still listens there.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(("127.0.0.1", port))

@@ -201,7 +201,9 @@ def pools_of(args: argparse.Namespace) -> dict[str, Any]:
     return pools
 
 
-def start_sglang(args: argparse.Namespace, out: Path) -> tuple[list[Any], dict[str, int]]:
+def start_sglang(args: argparse.Namespace, out: Path, procs: list[Any]) -> dict[str, int]:
+    """The servers, each appended to `procs` as it starts (the caller stops them, also when
+    one fails to start)."""
     common, eagle = synthetic_server_flags(args.c, args.mem_fraction)
     _, control_flags = operator_defaults(replicas=2)
     upstream = os.environ.get("SPECGATE_UPSTREAM_SITE")
@@ -222,28 +224,28 @@ def start_sglang(args: argparse.Namespace, out: Path) -> tuple[list[Any], dict[s
     # memory); the routed ones last, one at a time: each measures its step profile at start-up,
     # and another server capturing CUDA graphs meanwhile inflates it (a speculating step at
     # batch 1 read 5.49 ms instead of 3.20 with three servers starting beside it).
-    procs = []
     statics = [name for name in servers if not name.startswith("routed")]
     for name in statics:
         procs.append(verify.start(name, servers[name][0], ports[name], out, servers[name][1]))
         verify.wait_for_log(out / f"{name}.log", verify.MEMORY_SIZED, procs[-1])
-    for name, proc in zip(statics, procs, strict=True):
+    for name, proc in zip(statics, procs, strict=True):  # procs holds the statics alone here
         verify.wait_healthy(ports[name], proc)
     for name in ("routed-a", "routed-b"):
         procs.append(verify.start(name, servers[name][0], ports[name], out, servers[name][1]))
         verify.wait_healthy(ports[name], procs[-1])
-    return procs, ports
+    return ports
 
 
-def start_sim(args: argparse.Namespace, out: Path) -> tuple[list[Any], dict[str, int]]:
+def start_sim(args: argparse.Namespace, out: Path, procs: list[Any]) -> dict[str, int]:
     """Three `specgate sim` processes of two pods each: routed (thresholds the router's),
-    plain (never speculating) and EAGLE-3 (always)."""
+    plain (never speculating) and EAGLE-3 (always), appended to `procs` as they start."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("", "router", "sim", "operator")),
         "SGLANG_API_KEY": verify.KEY,
     }
-    procs, ports = [], {}
+    ports: dict[str, int] = {}
+    first = len(procs)
     for i, (pair, threshold) in enumerate((("routed", "8"), ("plain", "0"), ("eagle", "none"))):
         port = args.port_base + 2 * i
         ports[f"{pair}-a"], ports[f"{pair}-b"] = port, port + 1
@@ -252,9 +254,9 @@ def start_sim(args: argparse.Namespace, out: Path) -> tuple[list[Any], dict[str,
         log = open(out / f"sim-{pair}.log", "wb")  # noqa: SIM115 (the process writes it)
         procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
     for name, port in ports.items():
-        proc = procs[list(ports).index(name) // 2]
+        proc = procs[first + list(ports).index(name) // 2]
         verify.wait_healthy(port, proc, timeout=60)
-    return procs, ports
+    return ports
 
 
 def pools_view(router_port: int) -> dict[str, Any]:
@@ -356,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = results["configurations"]
     try:
         start = start_sim if args.engine == "sim" else start_sglang
-        procs, ports = start(args, out)
+        ports = start(args, out, procs)
         config, _ = operator_defaults(replicas=2, pools=pools_of(args))
         config["backends"] = [f"http://127.0.0.1:{ports[p]}" for p in ("routed-a", "routed-b")]
         config["engineApiKey"] = verify.KEY
