@@ -126,7 +126,7 @@ class Measurement:
         """Whether it still speaks for this workload at this batch."""
         return (
             now < self.until
-            and abs(tau - self.tau) <= COMPARABLE_ACCEPT * self.tau
+            and same_workload(tau, self.tau)
             and abs(batch - self.batch) <= band(self.batch)
         )
 
@@ -424,6 +424,14 @@ COMPARABLE_ACCEPT = 0.1
 """Samples taken at an accept length within this fraction of the current one describe the
 same workload; others are not compared with it: in the seconds after an acceptance step the
 requests of the old workload still run (BENCHMARKS.md, section 0c)."""
+
+
+def same_workload(accept_length: float | None, current: float) -> bool:
+    """Whether a sample or verdict taken at `accept_length` describes the workload whose
+    accept length is `current` (within COMPARABLE_ACCEPT; None: unknown, so no)."""
+    return accept_length is not None and abs(accept_length - current) <= COMPARABLE_ACCEPT * current
+
+
 MEASURED_OVER_MODEL_MARGIN = 0.1
 """Measured rates overrule the model at a batch only when one mode delivered this much more:
 a shared host's windows scatter by several percent."""
@@ -552,8 +560,7 @@ def bracketed_gain(
         if s.at < since:
             break
         if (
-            s.accept_length is None
-            or abs(s.accept_length - accept_length) > COMPARABLE_ACCEPT * accept_length
+            not same_workload(s.accept_length, accept_length)
             or abs(s.batch - batch) > width
             or STEADY_MODE_FRACTION > s.speculating_fraction > 1 - STEADY_MODE_FRACTION
             or s.batch <= 0
@@ -799,10 +806,7 @@ def rates_per_request(
     for s in reversed(samples):
         if s.at < since:
             break
-        if accept_length is not None and (
-            s.accept_length is None
-            or abs(s.accept_length - accept_length) > COMPARABLE_ACCEPT * accept_length
-        ):
+        if accept_length is not None and not same_workload(s.accept_length, accept_length):
             continue
         if s.at <= until and abs(s.batch - batch) <= width:
             total = totals[s.speculating_fraction >= STEADY_MODE_FRACTION]
