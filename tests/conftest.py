@@ -35,10 +35,12 @@ def load_module(path: Path, name: str) -> ModuleType:
 def free_port_base(count: int, offsets: Sequence[int] = ()) -> int:
     """A base on loopback from which `count` consecutive ports, and the base plus each of
     `offsets`, are free now: for tools that number their servers from a base (gpu_envelope.py
-    --port-base), so that two test runs on one machine do not take each other's ports."""
+    --port-base), so that two test runs on one machine do not take each other's ports. Drawn
+    below Linux's ephemeral range (32768 up), where an outgoing connection could take a port
+    between this check and the server binding it."""
     rng = random.Random()
     for _ in range(200):
-        base = rng.randrange(20_000, 40_000)
+        base = rng.randrange(20_000, 32_000)
         ports = [*range(base, base + count), *(base + offset for offset in offsets)]
         if all(_bindable(port) for port in ports):
             return base

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, load_module
+from .conftest import ROOT, free_port_base, load_module
 
 
 def test_the_client_comparison_runs_both_clients_through_every_phase(tmp_path: Path) -> None:
@@ -344,7 +344,8 @@ def test_the_traffic_class_benchmark_runs_every_configuration_on_simulated_pods(
     the report states both targets (the figures are the GPU run's to judge, not a test's)."""
     bench = load_module(ROOT / "lab" / "bench" / "traffic_classes.py", "traffic_classes")
     argv = ["--engine", "sim", "--out", str(tmp_path), "--hold", "6", "--measure", "3"]
-    argv += ["--static-measure", "2", "--warmup", "1", "--throughput", "4", "--port-base", "33600"]
+    argv += ["--static-measure", "2", "--warmup", "1", "--throughput", "4"]
+    argv += ["--port-base", str(free_port_base(6, offsets=[bench.ROUTER_PORT_OFFSET]))]
     assert bench.main(argv) == 0
     results = json.loads((tmp_path / "traffic-classes.json").read_text())
     rows = results["configurations"]
@@ -369,7 +370,7 @@ def test_a_tpot_target_forms_a_latency_pool_behind_the_real_router(tmp_path: Pat
     argv = ["--engine", "sim", "--out", str(tmp_path), "--hold", "25", "--measure", "3"]
     argv += ["--throughput", "24", "--tpot-target-ms", "2.0", "--throughput-batch-per-pod", "64"]
     argv += ["--static", "EAGLE-3 alone", "--static-measure", "1", "--warmup", "0.5"]
-    argv += ["--port-base", "33640"]
+    argv += ["--port-base", str(free_port_base(6, offsets=[bench.ROUTER_PORT_OFFSET]))]
     assert bench.main(argv) == 0
     results = json.loads((tmp_path / "traffic-classes.json").read_text())
     assert results["router"]["pools"]["latencyTpotTargetMs"] == 2.0
@@ -387,14 +388,17 @@ def test_a_server_that_fails_to_start_leaves_no_other_running(tmp_path: Path) ->
     import socket
 
     bench = load_module(ROOT / "lab" / "bench" / "traffic_classes.py", "traffic_classes_fail")
+    # Fixed numbers would sit in the kernel's ephemeral range, where any outgoing connection
+    # may hold one: the base is chosen free now.
+    base = free_port_base(6, offsets=[bench.ROUTER_PORT_OFFSET])
     with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 33682))
+        taken.bind(("127.0.0.1", base + 2))
         taken.listen()
-        argv = ["--engine", "sim", "--out", str(tmp_path), "--port-base", "33680", "--hold", "1"]
+        argv = ["--engine", "sim", "--out", str(tmp_path), "--port-base", str(base), "--hold", "1"]
         assert bench.main(argv) == 1
     results = json.loads((tmp_path / "traffic-classes.json").read_text())
-    assert "33682" in results["error"]
-    for port in (33680, 33681, 33684, 33685):
+    assert str(base + 2) in results["error"]
+    for port in (base, base + 1, base + 4, base + 5):
         # Refused, not bound: another test's outgoing connection may hold the port as its
         # ephemeral local one, but only a leaked pod would accept a connection there.
         with pytest.raises(ConnectionRefusedError):
