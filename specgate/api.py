@@ -513,16 +513,106 @@ class HTTPRouteSpec(_Model):
     """Host names the route matches; every host the Gateway accepts when empty."""
 
 
-class ClientAuthSpec(_Model):
-    """Client API keys the router requires on its API paths (`/v1/...`, `/generate`)."""
+JwtAlgorithm = Literal[
+    "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"
+]
+"""Asymmetric JWS algorithms only: the router holds no secret that could mint a token."""
 
-    secret_name: str = Field(min_length=1, max_length=253)
+CLAIM_NAME = r"^[A-Za-z0-9_.:/-]+$"
+
+
+def _rsa_and_ec() -> list[JwtAlgorithm]:
+    return ["RS256", "ES256"]
+
+
+def _both_classes() -> list[Literal["latency", "throughput"]]:
+    return ["latency", "throughput"]
+
+
+class ConfigMapKeyRef(_Model):
+    """A key in a ConfigMap in the resource's namespace."""
+
+    name: str = Field(min_length=1, max_length=253)
+    """ConfigMap name."""
+    key: str = Field(default="ca.crt", min_length=1, max_length=253)
+    """Key in the ConfigMap."""
+
+
+class OidcSpec(_Model):
+    """OpenID Connect: clients send a bearer token (a JWT) from an identity provider, and the
+    router checks its signature against the keys the provider publishes, its issuer, audience
+    and lifetime, and takes the client's classes and admin rights from its claims."""
+
+    issuer: str = Field(max_length=512, pattern=r"^https://[^\s?#]+$")
+    """The provider's issuer URL; a token's `iss` must equal it. The signing keys come from
+    the `jwks_uri` of `{issuer}/.well-known/openid-configuration` unless `jwksUri` is set."""
+    jwks_uri: str | None = Field(default=None, max_length=1024, pattern=r"^https://[^\s#]+$")
+    """The provider's signing keys (a JWK Set), for a provider without a discovery document."""
+    audience: str = Field(min_length=1, max_length=512)
+    """A token's `aud` must include it: the client id or API audience the provider issues
+    the tokens for."""
+    algorithms: list[JwtAlgorithm] = Field(default_factory=_rsa_and_ec, min_length=1, max_length=10)
+    """Signature algorithms accepted (asymmetric only)."""
+    classes_claim: str = Field(
+        default="specgate_classes", min_length=1, max_length=253, pattern=CLAIM_NAME
+    )
+    """Claim listing the traffic classes a token may send (a list, or one space-separated
+    string; a dotted name reaches a nested claim). The class header is honoured within them."""
+    default_classes: list[Literal["latency", "throughput"]] = Field(
+        default_factory=_both_classes, max_length=2
+    )
+    """Classes of a token without that claim; empty refuses such tokens (403)."""
+    groups_claim: str = Field(default="groups", min_length=1, max_length=253, pattern=CLAIM_NAME)
+    """Claim listing the token's groups (a dotted name reaches a nested claim, such as
+    Keycloak's `realm_access.roles`)."""
+    admin_groups: list[Annotated[str, Field(min_length=1, max_length=253)]] = Field(
+        default_factory=list, max_length=16
+    )
+    """Groups whose tokens may also read the router's own endpoints (`/specgate/*`) and its
+    API docs; none when empty."""
+    max_concurrent: int | None = Field(default=None, ge=1, le=100_000)
+    """Requests in flight at once per token subject (`sub`); past it, 429."""
+    requests_per_minute: int | None = Field(default=None, ge=1, le=10_000_000)
+    """Sustained request rate per token subject (bursts of ten seconds' worth); past it, 429."""
+    leeway_seconds: int = Field(default=30, ge=0, le=300)
+    """Clock skew allowed between the provider and the router when checking `exp` and
+    `nbf`."""
+    ca: ConfigMapKeyRef | None = None
+    """CA bundle that signs the provider's TLS certificate, for a provider behind a private
+    CA (an in-cluster Dex or Keycloak); the image's public CAs when unset."""
+
+
+class ClientAuthSpec(_Model):
+    """Client authentication on the router's API paths (`/v1/...`, `/generate`): hashed API
+    keys from a Secret, OpenID Connect tokens, or both."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "has(self.secretName) || has(self.oidc)",
+                    "clientAuth needs secretName (API keys), oidc (tokens) or both",
+                ),
+            ]
+        }
+    )
+
+    secret_name: str | None = Field(default=None, min_length=1, max_length=253)
     """Secret in the resource's namespace holding the keys file: a YAML list of entries with
     `name`, `sha256` (of the key), `classes` and optional `maxConcurrent` and
     `requestsPerMinute`; `specgate client-key NAME` makes a key and its entry. Changes reach
     the routers without a restart."""
     key: str = Field(default="keys.yaml", min_length=1, max_length=253)
     """Key in the Secret that holds the file."""
+    oidc: OidcSpec | None = None
+    """Also accept OpenID Connect tokens (JWTs); API keys and tokens work side by side."""
+
+    @model_validator(mode="after")
+    def _some_credentials(self) -> ClientAuthSpec:
+        # The same rule as the CEL one above, for `specgate render` and the operator.
+        if self.secret_name is None and self.oidc is None:
+            raise ValueError("clientAuth needs secretName (API keys), oidc (tokens) or both")
+        return self
 
 
 class RouterSpec(_Model):

@@ -42,18 +42,18 @@ def test_a_key_is_found_by_its_hash_and_strangers_are_refused() -> None:
 
 
 def test_the_class_header_is_honoured_only_within_the_keys_classes() -> None:
-    bob = _key("bob", BOB, classes=["throughput"])
+    bob = client_auth.from_key(_key("bob", BOB, classes=["throughput"]))
     assert client_auth.allowed_class(bob, "throughput", "latency") == "throughput"
     assert client_auth.allowed_class(bob, None, "latency") == "throughput"
     with pytest.raises(Forbidden, match="latency"):
         client_auth.allowed_class(bob, "latency", "latency")
-    alice = _key("alice", ALICE)
+    alice = client_auth.from_key(_key("alice", ALICE))
     assert client_auth.allowed_class(alice, None, "latency") == "latency"
 
 
 def test_concurrency_and_rate_limits_answer_429_with_when_to_retry() -> None:
     limits = Limits()
-    one = _key("one", "k1", maxConcurrent=1)
+    one = client_auth.from_key(_key("one", "k1", maxConcurrent=1))
     limits.admit(one, 0.0)
     with pytest.raises(TooManyRequests) as caught:
         limits.admit(one, 0.0)
@@ -61,13 +61,34 @@ def test_concurrency_and_rate_limits_answer_429_with_when_to_retry() -> None:
     limits.release(one)
     limits.admit(one, 0.0)
     limits.release(one)
-    paced = _key("paced", "k2", requestsPerMinute=6)  # one every 10 s, bursts of one
+    # One every 10 s, bursts of one.
+    paced = client_auth.from_key(_key("paced", "k2", requestsPerMinute=6))
     limits.admit(paced, 100.0)
     limits.release(paced)
     with pytest.raises(TooManyRequests) as caught:
         limits.admit(paced, 101.0)
     assert caught.value.retry_after == 9
     limits.admit(paced, 110.5)
+
+
+def test_usage_is_bounded_by_forgetting_idle_clients_only() -> None:
+    """Token subjects are not a closed list: past MAX_TRACKED_CLIENTS entries, clients idle
+    for a full burst (buckets refilled, nothing in flight) are dropped; busy ones are kept."""
+    limits = Limits()
+    paced = {"requests_per_minute": 60, "max_concurrent": 5}
+    busy = client_auth.Client("oidc:busy", "token subject 'busy'", ("latency",), False, **paced)
+    limits.admit(busy, 0.0)
+    for i in range(client_auth.MAX_TRACKED_CLIENTS - 1):
+        limits.release(client_auth.Client(f"oidc:{i}", "", ("latency",), False))
+        limits.admit(client_auth.Client(f"oidc:{i}", "", ("latency",), False), 0.0)
+        limits.release(client_auth.Client(f"oidc:{i}", "", ("latency",), False))
+    assert len(limits.usage) == client_auth.MAX_TRACKED_CLIENTS
+    newcomer = client_auth.Client("oidc:new", "", ("latency",), False)
+    limits.admit(newcomer, 5.0)  # the others idle only 5 s: kept
+    assert len(limits.usage) == client_auth.MAX_TRACKED_CLIENTS + 1
+    limits.admit(client_auth.Client("oidc:later", "", ("latency",), False), 20.0)
+    assert set(limits.usage) == {"oidc:busy", "oidc:new", "oidc:later"}
+    assert limits.usage["oidc:busy"].in_flight == 1
 
 
 def test_a_keys_file_is_read_again_when_it_changes_and_a_broken_one_keeps_the_last(

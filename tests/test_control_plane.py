@@ -140,6 +140,9 @@ MALFORMED = [
     ("spec.router.plugins", lambda d: d["spec"]["router"].update(
         plugins={"filters": ["not-draining"]})),
     ("spec.unknownField", lambda d: d["spec"].update(unknownField=1)),
+    ("spec.router.clientAuth", lambda d: d["spec"]["router"].update(clientAuth={"key": "k"})),
+    ("spec.router.clientAuth.oidc.algorithms[0]", lambda d: d["spec"]["router"].update(
+        clientAuth={"oidc": {"issuer": "https://i", "audience": "a", "algorithms": ["HS256"]}})),
 ]  # fmt: skip
 
 
@@ -161,9 +164,15 @@ def test_malformed_resources_get_the_same_verdict_from_the_api_server_and_render
         input=text, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert local.returncode == 2 and field in local.stderr, local.stderr
-    # And the valid resource passes both.
+    # And the valid resource passes both, as does one with OIDC client authentication.
     good = yaml.safe_dump(_example())
     assert cluster.kubectl("apply", "--dry-run=server", "-f", "-", stdin=good).returncode == 0
+    doc = _example()
+    doc["spec"].setdefault("router", {})["clientAuth"] = {
+        "oidc": {"issuer": "https://idp.example", "audience": "specgate", "ca": {"name": "ca"}}
+    }
+    oidc = yaml.safe_dump(doc)
+    assert cluster.kubectl("apply", "--dry-run=server", "-f", "-", stdin=oidc).returncode == 0
 
 
 class LocalOperator:

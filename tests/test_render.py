@@ -554,3 +554,47 @@ def test_client_auth_mounts_the_keys_secret_and_points_the_router_at_it(
     assert "clientAuth" not in yaml.safe_load(
         plain[("ConfigMap", "demo-router")]["data"][render.ROUTER_CONFIG_FILE]
     )
+
+
+def test_oidc_client_auth_renders_the_router_settings_and_mounts_the_ca(
+    schema: dict[str, Any], tmp_path: Path
+) -> None:
+    """spec.router.clientAuth.oidc alone: no keys Secret is mounted, the router's config
+    carries the provider settings with the CA ConfigMap as a mounted file, and the router
+    accepts that config as rendered."""
+    import yaml
+
+    from specgate_router import settings
+
+    oidc = {
+        "issuer": "https://dex.auth.svc:5556/dex",
+        "audience": "specgate",
+        "adminGroups": ["platform"],
+        "ca": {"name": "dex-ca"},
+        "requestsPerMinute": 600,
+    }
+    resource = minimal_resource(router={"clientAuth": {"oidc": oidc}})
+    manifests = _by_kind(render.render(_sdd(resource, schema)))
+    pod = manifests[("Deployment", "demo-router")]["spec"]["template"]["spec"]
+    assert not [v for v in pod["volumes"] if v["name"] == "client-keys"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "oidc-ca"]
+    assert volume["configMap"] == {
+        "name": "dex-ca",
+        "items": [{"key": "ca.crt", "path": render.OIDC_CA_FILE}],
+    }
+    mounts = pod["containers"][0]["volumeMounts"]
+    assert {"name": "oidc-ca", "mountPath": render.OIDC_CA_DIR, "readOnly": True} in mounts
+    config = yaml.safe_load(
+        manifests[("ConfigMap", "demo-router")]["data"][render.ROUTER_CONFIG_FILE]
+    )
+    assert "keysFile" not in config["clientAuth"]
+    rendered = config["clientAuth"]["oidc"]
+    assert (
+        rendered["caFile"] == f"{render.OIDC_CA_DIR}/{render.OIDC_CA_FILE}" and "ca" not in rendered
+    )
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump(config))
+    loaded = settings.load(path).client_auth
+    assert loaded is not None and loaded.oidc is not None
+    assert loaded.oidc.admin_groups == ["platform"] and loaded.oidc.requests_per_minute == 600
+    assert loaded.oidc.algorithms == ["RS256", "ES256"]

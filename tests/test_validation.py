@@ -221,6 +221,30 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "minLatencyFraction must not exceed maxLatencyFraction",
     ),
     (
+        "cel-client-auth-without-credentials",
+        {"router": {"clientAuth": {"key": "keys.yaml"}}},
+        "spec.router.clientAuth",
+        "needs secretName (API keys), oidc (tokens) or both",
+    ),
+    (
+        "oidc-issuer-not-https",
+        {"router": {"clientAuth": {"oidc": {"issuer": "http://idp.example", "audience": "a"}}}},
+        "spec.router.clientAuth.oidc.issuer",
+        "match",
+    ),
+    (
+        "oidc-symmetric-algorithm",
+        {
+            "router": {
+                "clientAuth": {
+                    "oidc": {"issuer": "https://i", "audience": "a", "algorithms": ["HS256"]}
+                }
+            }
+        },
+        "spec.router.clientAuth.oidc.algorithms[0]",
+        "is not one of",
+    ),
+    (
         "service-type-unknown",
         {"router": {"serviceType": "Ingress"}},
         "spec.router.serviceType",

@@ -26,6 +26,8 @@ ROUTER_CONFIG_FILE = "router.yaml"
 ROUTER_CONFIG_DIR = "/etc/specgate"
 CLIENT_KEYS_DIR = "/etc/specgate-client-keys"
 CLIENT_KEYS_FILE = "keys.yaml"
+OIDC_CA_DIR = "/etc/specgate-oidc-ca"
+OIDC_CA_FILE = "ca.crt"
 ROUTER_PRESTOP_SECONDS = 5
 MANAGED_BY = "specgate-operator"
 LABEL_DEPLOYMENT = "specgate.io/deployment"
@@ -398,6 +400,19 @@ def engine_service(sdd: api.SpecDecodeDeployment) -> Manifest:
     }
 
 
+def router_client_auth(auth: api.ClientAuthSpec) -> dict[str, Any]:
+    """The router's clientAuth: the keys file and the OIDC settings as the router pod sees
+    them (the CA ConfigMap mounted as a file)."""
+    out: dict[str, Any] = {}
+    if auth.secret_name is not None:
+        out["keysFile"] = f"{CLIENT_KEYS_DIR}/{CLIENT_KEYS_FILE}"
+    if auth.oidc is not None:
+        out["oidc"] = auth.oidc.model_dump(by_alias=True, mode="json", exclude={"ca"})
+        if auth.oidc.ca is not None:
+            out["oidc"]["caFile"] = f"{OIDC_CA_DIR}/{OIDC_CA_FILE}"
+    return out
+
+
 def router_config(sdd: api.SpecDecodeDeployment) -> dict[str, Any]:
     """The router's policy file (the router's own settings model reads it)."""
     control = sdd.spec.speculative.control
@@ -425,7 +440,7 @@ def router_config(sdd: api.SpecDecodeDeployment) -> dict[str, Any]:
             "latencyTpotTargetMs": sdd.spec.router.pools.latency_tpot_target_ms,
         },
         **(
-            {"clientAuth": {"keysFile": f"{CLIENT_KEYS_DIR}/{CLIENT_KEYS_FILE}"}}
+            {"clientAuth": router_client_auth(sdd.spec.router.client_auth)}
             if sdd.spec.router.client_auth is not None
             else {}
         ),
@@ -549,19 +564,33 @@ def router_deployment(sdd: api.SpecDecodeDeployment, opts: RenderOptions) -> Man
         "lifecycle": {"preStop": pause(ROUTER_PRESTOP_SECONDS)},
     }
     volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": n["router"]}}]
-    if router.client_auth is not None:
+    auth = router.client_auth
+    if auth is not None and auth.secret_name is not None:
         # The keys file (hashes only); the router reads it again when the Secret changes.
         volumes.append(
             {
                 "name": "client-keys",
                 "secret": {
-                    "secretName": router.client_auth.secret_name,
-                    "items": [{"key": router.client_auth.key, "path": CLIENT_KEYS_FILE}],
+                    "secretName": auth.secret_name,
+                    "items": [{"key": auth.key, "path": CLIENT_KEYS_FILE}],
                 },
             }
         )
         container["volumeMounts"].append(  # type: ignore[attr-defined]
             {"name": "client-keys", "mountPath": CLIENT_KEYS_DIR, "readOnly": True}
+        )
+    if auth is not None and auth.oidc is not None and auth.oidc.ca is not None:
+        volumes.append(
+            {
+                "name": "oidc-ca",
+                "configMap": {
+                    "name": auth.oidc.ca.name,
+                    "items": [{"key": auth.oidc.ca.key, "path": OIDC_CA_FILE}],
+                },
+            }
+        )
+        container["volumeMounts"].append(  # type: ignore[attr-defined]
+            {"name": "oidc-ca", "mountPath": OIDC_CA_DIR, "readOnly": True}
         )
     return {
         "apiVersion": "apps/v1",

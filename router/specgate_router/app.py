@@ -18,9 +18,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from specgate.engine_http import EngineHttp
 from specgate_router import proxy, requests
-from specgate_router.client_auth import ClientAuth, bearer, is_admin_path, require_admin
+from specgate_router.client_auth import ClientAuth, is_admin_path, require_admin
 from specgate_router.errors import BadRequest, PayloadTooLarge, RouterError
-from specgate_router.settings import ClientKey, RouterSettings
+from specgate_router.identity import Client
+from specgate_router.settings import RouterSettings
 from specgate_router.state import RouterState
 
 log = logging.getLogger("specgate.router")
@@ -77,6 +78,8 @@ def create_app(
         state_box["state"] = state
         app.state.router = state
         await state.start()
+        if auth is not None:
+            await auth.start(state.clock())  # the provider's keys, before the first token
         try:
             yield
         finally:
@@ -103,8 +106,7 @@ def create_app(
             raise RouterError("router is shutting down") from None
         client = None
         if auth is not None:  # before the body is read: a stranger costs no more than this
-            auth.refresh(state.clock())
-            client = auth.ring.identify(bearer(request.headers.get("authorization")))
+            client = await auth.identify(request.headers.get("authorization"), state.clock())
         raw = await read_body(request, state.settings.resilience.max_body_bytes)
         routed = requests.parse(request.url.path, raw, request.headers, state.settings, client)
         rid = request.headers.get("x-request-id") or uuid.uuid4().hex
@@ -125,7 +127,7 @@ def create_app(
         return response
 
     async def _limited(
-        auth: ClientAuth, client: ClientKey, state: RouterState, routed: Any, rid: str
+        auth: ClientAuth, client: Client, state: RouterState, routed: Any, rid: str
     ) -> Response:
         """proxy.forward within the key's limits: its slot is held until the answer (a
         stream's last chunk) has gone."""
@@ -243,9 +245,8 @@ class AdminGuard:
             await self.app(scope, receive, send)
             return
         try:
-            self.auth.refresh(self.clock())
-            presented = bearer(Headers(scope=scope).get("authorization"))
-            require_admin(self.auth.ring.identify(presented))
+            authorization = Headers(scope=scope).get("authorization")
+            require_admin(await self.auth.identify(authorization, self.clock()))
         except RouterError as exc:
             response = JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
             await response(scope, receive, send)

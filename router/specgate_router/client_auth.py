@@ -8,8 +8,11 @@ header is honoured only within them), and optionally a concurrency limit and a r
 (a token bucket refilled at the rate, holding ten seconds' worth); past either, 429 with
 Retry-After.
 
+With OpenID Connect configured, a bearer token shaped as a JWT is checked by `oidc.py`
+instead; either way the request goes on as a `Client` with classes, admin right and limits.
+
 `KeyRing` and `Limits` are pure (time is an argument); `ClientAuth` adds reading the keys
-file again when it changes.
+file again when it changes and fetching the provider's keys.
 """
 
 from __future__ import annotations
@@ -26,12 +29,16 @@ from pathlib import Path
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
+from specgate_router import oidc
 from specgate_router.errors import Forbidden, TooManyRequests, Unauthorized
+from specgate_router.identity import Client
 from specgate_router.settings import ClientAuthSettings, ClientKey, TrafficClass
 
 KEY_PREFIX = "sg-"
 RELOAD_CHECK_SECONDS = 5.0
 BURST_SECONDS = 10.0
+MAX_TRACKED_CLIENTS = 10_000
+"""Usage entries kept before idle ones are dropped (token subjects are not a closed list)."""
 _KEYS = TypeAdapter(list[ClientKey])
 
 
@@ -51,6 +58,17 @@ def bearer(authorization: str | None) -> str | None:
     return token.strip() or None if scheme.lower() == "bearer" else None
 
 
+def from_key(key: ClientKey) -> Client:
+    return Client(  # the entry's name is checked as unique and safe to print
+        name=key.name,
+        label=f"API key {key.name!r}",
+        classes=tuple(key.classes),
+        admin=key.admin,
+        max_concurrent=key.max_concurrent,
+        requests_per_minute=key.requests_per_minute,
+    )
+
+
 class KeyRing:
     """The stored keys; `identify` finds a presented key's entry in constant time."""
 
@@ -60,7 +78,7 @@ class KeyRing:
         if len(set(names)) != len(names):
             raise ValueError(f"client key names must be unique, got {sorted(names)}")
 
-    def identify(self, presented: str | None) -> ClientKey:
+    def identify(self, presented: str | None) -> Client:
         if presented is None:
             raise Unauthorized("an API key is required: send Authorization: Bearer <key>")
         digest = hash_key(presented).encode()
@@ -70,7 +88,7 @@ class KeyRing:
                 found = key
         if found is None:
             raise Unauthorized("the API key is not valid: check the Authorization header")
-        return found
+        return from_key(found)
 
 
 ADMIN_PATHS = ("/specgate/", "/docs", "/redoc", "/openapi.json")
@@ -83,28 +101,28 @@ def is_admin_path(path: str) -> bool:
                for p in ADMIN_PATHS) or path.rstrip("/") == "/specgate"  # fmt: skip
 
 
-def require_admin(key: ClientKey) -> None:
-    if not key.admin:
+def require_admin(client: Client) -> None:
+    if not client.admin:
         raise Forbidden(
-            f"API key {key.name!r} may not read the router's admin endpoints; "
-            "use a key made with `specgate client-key NAME --admin`"
+            f"{client.label} may not read the router's admin endpoints; use a key made with "
+            "`specgate client-key NAME --admin`, or a token in one of clientAuth.oidc.adminGroups"
         )
 
 
 def allowed_class(
-    key: ClientKey, wanted: TrafficClass | None, by_rules: TrafficClass
+    client: Client, wanted: TrafficClass | None, by_rules: TrafficClass
 ) -> TrafficClass:
-    """The request's class for this key: the header's, if the key may send it (else 403);
-    without a header, the rules' class if the key may send it, else the key's first class."""
+    """The request's class for this client: the header's, if it may send it (else 403);
+    without a header, the rules' class if it may send it, else its first class."""
     if wanted is not None:
-        if wanted not in key.classes:
+        if wanted not in client.classes:
             raise Forbidden(
-                f"API key {key.name!r} may not send {wanted} traffic; "
-                f"its classes: {', '.join(key.classes)}",
+                f"{client.label} may not send {wanted} traffic; "
+                f"its classes: {', '.join(client.classes)}",
                 param="x-specgate-class",
             )
         return wanted
-    return by_rules if by_rules in key.classes else key.classes[0]
+    return by_rules if by_rules in client.classes else client.classes[0]
 
 
 @dataclass
@@ -120,11 +138,13 @@ class Limits:
 
     usage: dict[str, _Usage] = field(default_factory=dict)
 
-    def admit(self, key: ClientKey, now: float) -> None:
+    def admit(self, key: Client, now: float) -> None:
+        if key.name not in self.usage and len(self.usage) >= MAX_TRACKED_CLIENTS:
+            self._forget_idle(now)
         use = self.usage.setdefault(key.name, _Usage(at=now))
         if key.max_concurrent is not None and use.in_flight >= key.max_concurrent:
             raise TooManyRequests(
-                f"API key {key.name!r} has {use.in_flight} requests in flight, its limit; "
+                f"{key.label} has {use.in_flight} requests in flight, its limit; "
                 "retry when one finishes",
                 retry_after=1,
             )
@@ -136,17 +156,24 @@ class Limits:
             if use.tokens < 1.0:
                 wait = math.ceil((1.0 - use.tokens) / rate)
                 raise TooManyRequests(
-                    f"API key {key.name!r} is over {key.requests_per_minute} requests a minute; "
+                    f"{key.label} is over {key.requests_per_minute} requests a minute; "
                     f"retry in {wait} s",
                     retry_after=wait,
                 )
             use.tokens -= 1.0
         use.in_flight += 1
 
-    def release(self, key: ClientKey) -> None:
+    def release(self, key: Client) -> None:
         use = self.usage.get(key.name)
         if use is not None and use.in_flight > 0:
             use.in_flight -= 1
+
+    def _forget_idle(self, now: float) -> None:
+        """Drop clients with nothing in flight and no request for BURST_SECONDS: their
+        buckets have refilled, so a fresh entry is the same state."""
+        for name in [n for n, u in self.usage.items()
+                     if u.in_flight == 0 and now - u.at >= BURST_SECONDS]:  # fmt: skip
+            del self.usage[name]
 
 
 def read_keys_file(path: str) -> list[ClientKey]:
@@ -165,7 +192,7 @@ def read_keys_file(path: str) -> list[ClientKey]:
 class ClientAuth:
     """The key ring from the settings and the keys file, read again when the file changes (a
     Secret update reaches a mounted file within a minute or so); a file that turns malformed
-    keeps the last good keys."""
+    keeps the last good keys. With OpenID Connect, also the provider's token verifier."""
 
     def __init__(self, settings: ClientAuthSettings) -> None:
         self.settings = settings
@@ -174,6 +201,27 @@ class ClientAuth:
         self._mtime: float | None = None
         self._checked = -math.inf
         self.ring = KeyRing([*settings.keys, *self._file_keys()])
+        self.tokens = oidc.TokenVerifier(settings.oidc) if settings.oidc is not None else None
+
+    async def start(self, now: float) -> None:
+        """Fetch the provider's keys now, so the first token does not wait for them (a
+        provider that cannot be reached is tried again as tokens arrive)."""
+        if self.tokens is not None:
+            await self.tokens.refresh(now)
+
+    async def identify(self, authorization: str | None, now: float) -> Client:
+        """The client behind an Authorization header: a JWT goes to the provider's verifier
+        (when configured), anything else to the key ring."""
+        self.refresh(now)
+        presented = bearer(authorization)
+        if self.tokens is not None:
+            if presented is None:
+                raise Unauthorized(
+                    "an API key or a token is required: send Authorization: Bearer <key or token>"
+                )
+            if oidc.looks_like_jwt(presented):
+                return await self.tokens.identify(presented, now)
+        return self.ring.identify(presented)
 
     def _file_keys(self) -> list[ClientKey]:
         path = self.settings.keys_file

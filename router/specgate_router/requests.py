@@ -18,7 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from specgate import contract
 from specgate_router import client_auth
 from specgate_router.errors import BadRequest, ModelNotFound
-from specgate_router.settings import CLASSES, ClientKey, RouterSettings, TrafficClass
+from specgate_router.identity import Client
+from specgate_router.settings import CLASSES, RouterSettings, TrafficClass
 
 CLASS_HEADER = "x-specgate-class"
 Kind = Literal["chat", "completion", "generate"]
@@ -52,7 +53,7 @@ def classify(
     headers: Mapping[str, str],
     max_tokens: int | None,
     settings: RouterSettings,
-    client: ClientKey | None = None,
+    client: Client | None = None,
 ) -> TrafficClass:
     """Header first, then the configured rules (client API key, output length), then default;
     with an authenticated `client`, only within the classes its key may send."""
@@ -123,7 +124,7 @@ def parse(
     raw: bytes,
     headers: Mapping[str, str],
     settings: RouterSettings,
-    client: ClientKey | None = None,
+    client: Client | None = None,
 ) -> RoutedRequest:
     kind = PATHS[path]
     # Counting brackets is C-fast; only a body with many walks them.

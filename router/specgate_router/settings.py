@@ -63,10 +63,10 @@ class PoolSettings(_Model):
     min_latency_fraction: float = Field(default=0.0, ge=0, le=1)
     max_latency_fraction: float = Field(default=1.0, ge=0, le=1)
     throughput_batch_per_pod: int = Field(default=24, ge=1)
-    latency_tpot_target_ms: float | None = Field(default=None, gt=0)
-    """Size the latency pool for this TPOT (see spec.router.pools.latencyTpotTargetMs)."""
     """The latency pool only takes pods the throughput class does not need at this batch (see
     spec.router.pools.throughputBatchPerPod)."""
+    latency_tpot_target_ms: float | None = Field(default=None, gt=0)
+    """Size the latency pool for this TPOT (see spec.router.pools.latencyTpotTargetMs)."""
     class_mix_window_seconds: float = Field(default=10.0, gt=0)
     """Time constant of the smoothed in-flight requests per class that size the pools."""
 
@@ -104,18 +104,40 @@ class ClientKey(_Model):
     (/docs, /redoc, /openapi.json), which client authentication closes to other keys."""
 
 
+class OidcSettings(api.OidcSpec):
+    """OpenID Connect tokens: the resource's spec.router.clientAuth.oidc, with the CA bundle
+    as a file (the operator mounts the ConfigMap the resource names)."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+    ca_file: str | None = None
+    """PEM bundle of the CAs that sign the provider's TLS certificate; the system's when
+    unset."""
+
+    @model_validator(mode="after")
+    def _ca_as_file(self) -> OidcSettings:
+        if self.ca is not None:
+            raise ValueError("clientAuth.oidc: give the router caFile, a path; ca is a ConfigMap")
+        return self
+
+
 class ClientAuthSettings(_Model):
-    """Client authentication: every API request must carry one of these keys."""
+    """Client authentication: every API request must carry one of these keys or a token
+    from the OpenID Connect provider."""
 
     keys_file: str | None = None
     """A YAML list of keys (a mounted Secret), read again when it changes."""
     keys: list[ClientKey] = Field(default_factory=list)
     """Keys given inline (besides the file's)."""
+    oidc: OidcSettings | None = None
+    """Bearer tokens (JWTs) from an OpenID Connect provider, besides the keys."""
 
     @model_validator(mode="after")
-    def _some_keys(self) -> ClientAuthSettings:
-        if self.keys_file is None and not self.keys:
-            raise ValueError("clientAuth needs keysFile or keys")
+    def _some_credentials(self) -> ClientAuthSettings:
+        if self.keys_file is None and not self.keys and self.oidc is None:
+            raise ValueError("clientAuth needs keysFile, keys or oidc")
         return self
 
 
