@@ -7,20 +7,27 @@ request objects whose fields take arbitrary JSON values; headers mix the ones th
 (the class header, Authorization) with arbitrary text. `SPECGATE_FUZZ_EXAMPLES` sets the
 examples a generator and path (default 300); a long run:
 `SPECGATE_FUZZ_EXAMPLES=20000 .venv/bin/pytest tests/test_request_fuzz.py`.
+
+Bearer tokens get the same treatment: `oidc.verify` over tokens near a valid one and far from
+it (four times `SPECGATE_FUZZ_EXAMPLES`) accepts or answers 401/403, nothing else.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 
 import hypothesis
+import jwt
 import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
 from hypothesis import strategies as st
 
-from specgate_router import client_auth, requests
+from specgate_router import client_auth, oidc, requests
 from specgate_router.errors import RouterError
-from specgate_router.settings import ClientKey, RouterSettings
+from specgate_router.identity import Client
+from specgate_router.settings import ClientKey, OidcSettings, RouterSettings
 
 EXAMPLES = int(os.environ.get("SPECGATE_FUZZ_EXAMPLES", "300"))
 SETTINGS = RouterSettings.model_validate(
@@ -31,8 +38,10 @@ SETTINGS = RouterSettings.model_validate(
         "classRules": {"apiKeys": {"sg-batch": "throughput"}, "throughputAboveMaxTokens": 512},
     }
 )
-KEY = ClientKey.model_validate(
-    {"name": "tenant", "sha256": client_auth.hash_key("sg-x"), "classes": ["throughput"]}
+KEY = client_auth.from_key(
+    ClientKey.model_validate(
+        {"name": "tenant", "sha256": client_auth.hash_key("sg-x"), "classes": ["throughput"]}
+    )
 )
 
 JSON = st.recursive(
@@ -65,7 +74,7 @@ HEADERS = st.dictionaries(
 @pytest.mark.parametrize("kind", sorted(BODIES))
 @pytest.mark.parametrize("client", [None, KEY], ids=["open", "client-key"])
 def test_the_parser_routes_or_refuses_whatever_a_client_sends(
-    path: str, kind: str, client: ClientKey | None
+    path: str, kind: str, client: Client | None
 ) -> None:
     outcomes: dict[str, int] = {}
 
@@ -94,3 +103,63 @@ def test_the_parser_routes_or_refuses_whatever_a_client_sends(
     assert outcomes.get("refused", 0) > 0
     if kind == "near-valid":
         assert outcomes.get("routed", 0) > 0, outcomes
+
+
+# ---- bearer tokens (clientAuth.oidc) ----
+
+OIDC = OidcSettings.model_validate({"issuer": "https://idp.example", "audience": "specgate"})
+SIGNER = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+RS256 = jwt.algorithms.RSAAlgorithm(jwt.algorithms.RSAAlgorithm.SHA256)
+OIDC_KEYS = oidc.parse_jwks(
+    {"keys": [{**json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(SIGNER.public_key())),
+               "kid": "k1"}]}
+)  # fmt: skip
+VALID_CLAIMS = {"iss": "https://idp.example", "aud": "specgate", "sub": "u", "exp": 1e10}
+CLAIM_NAMES = st.sampled_from(
+    ["iss", "aud", "sub", "exp", "nbf", "specgate_classes", "groups", "other"]
+)
+CLAIMS = st.dictionaries(CLAIM_NAMES, JSON, max_size=3).map(
+    lambda changed: {**VALID_CLAIMS, **changed}
+) | st.dictionaries(CLAIM_NAMES, JSON, max_size=6)
+HEADER = st.dictionaries(st.sampled_from(["alg", "kid", "typ"]), JSON, max_size=2).map(
+    lambda changed: {"alg": "RS256", "kid": "k1", **changed}
+) | st.fixed_dictionaries(
+    {"alg": st.sampled_from(["RS256", "none", "HS256", "ES256", "RS512"])},
+    optional={"kid": st.sampled_from(["k1", "k2"])},
+)
+
+
+def _segment(value: object) -> str:
+    return base64.urlsafe_b64encode(json.dumps(value).encode()).decode().rstrip("=")
+
+
+def test_token_verification_accepts_or_refuses_whatever_a_client_sends() -> None:
+    """Tokens near a valid one and far from it (arbitrary header fields and claims), signed
+    with the provider's key or not at all: `oidc.verify` returns a client or raises a 401/403
+    RouterError, never another exception; a returned client passed every check."""
+    outcomes: dict[str, int] = {}
+
+    @hypothesis.given(header=HEADER, claims=CLAIMS, signed=st.booleans())
+    @hypothesis.settings(
+        max_examples=EXAMPLES * 4,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(hypothesis.HealthCheck),
+    )
+    def check(header: dict[str, object], claims: dict[str, object], signed: bool) -> None:
+        body = f"{_segment(header)}.{_segment(claims)}"
+        signature = RS256.sign(body.encode(), SIGNER) if signed else b"signature"
+        token = body + "." + base64.urlsafe_b64encode(signature).decode().rstrip("=")
+        try:
+            client = oidc.verify(token, OIDC_KEYS, OIDC, 1_800_000_000.0)
+        except RouterError as exc:
+            assert exc.status in (401, 403), exc
+            outcomes["refused"] = outcomes.get("refused", 0) + 1
+            return
+        assert signed and header["alg"] == "RS256" and claims["iss"] == "https://idp.example"
+        assert isinstance(claims["sub"], str) and claims["sub"]
+        assert client.classes and set(client.classes) <= {"latency", "throughput"}
+        outcomes["accepted"] = outcomes.get("accepted", 0) + 1
+
+    check()
+    assert outcomes.get("refused", 0) > 0 and outcomes.get("accepted", 0) > 0, outcomes
