@@ -403,3 +403,16 @@ def test_a_server_that_fails_to_start_leaves_no_other_running(tmp_path: Path) ->
         # ephemeral local one, but only a leaked pod would accept a connection there.
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def test_the_auth_cost_benchmark_identifies_every_kind_of_client(tmp_path: Path) -> None:
+    """lab/bench/auth_cost.py: each kind of credential is accepted by the router's
+    ClientAuth before it is timed, and the report gives one row per kind (the figures are
+    BENCHMARKS.md's, not a test's)."""
+    bench = load_module(ROOT / "lab" / "bench" / "auth_cost.py", "auth_cost")
+    assert bench.main(["--calls", "3", "--rounds", "1", "--keys", "5", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "auth_cost.json").read_text())
+    assert set(results["median_us"]) == {
+        "API key", "RS256 token, first use", "ES256 token, first use", "RS256 token, again"
+    }  # fmt: skip
+    assert (tmp_path / "auth_cost.md").read_text().count("\n| ") == 5

@@ -218,6 +218,59 @@ def test_a_jwk_set_keeps_only_usable_signature_keys_and_is_bounded() -> None:
             oidc.parse_jwks(document)
 
 
+async def test_a_verified_token_is_remembered_until_it_expires_or_the_keys_change(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = [NOW]
+    verifier = oidc.TokenVerifier(settings(), wall_clock=lambda: clock[0])
+    verifier.keys = list(KEYS)
+    verifier._fetched_at = 0.0
+    checks: list[str] = []
+    real_verify = oidc.verify
+
+    def counted(token: str, *args: Any) -> Any:
+        checks.append(token)
+        return real_verify(token, *args)
+
+    monkeypatch.setattr(oidc, "verify", counted)
+    token = mint(SIGNER, ISSUER, exp=NOW + 60)
+    for _ in range(5):
+        assert (await verifier.identify(token, 1.0)).name == "oidc:user-1"
+    assert len(checks) == 1
+    # Past exp and the leeway the token is checked again, and refused.
+    clock[0] = NOW + 60 + 31
+    with pytest.raises(Unauthorized, match="expired"):
+        await verifier.identify(token, 2.0)
+    assert len(checks) == 2
+    # A refused token is not remembered; a forged one is checked every time.
+    clock[0] = NOW
+    forged = mint(rsa_key(), ISSUER)
+    for _ in range(2):
+        with pytest.raises(Unauthorized):
+            await verifier.identify(forged, 3.0)
+    assert len(checks) == 4
+    # The cache is bounded.
+    monkeypatch.setattr(oidc, "VERIFIED_CACHE", 3)
+    for i in range(5):
+        await verifier.identify(mint(SIGNER, ISSUER, sub=f"u{i}"), 4.0)
+    assert len(verifier._verified) == 3
+
+
+async def test_tokens_of_a_withdrawn_key_are_forgotten(tmp_path: Path) -> None:
+    async with provider(tmp_path, {"keys": [public_jwk(SIGNER, "k1")]}) as idp:
+        verifier = oidc.TokenVerifier(
+            settings(idp.issuer, caFile=idp.ca_file, jwksUri=idp.issuer + "/keys")
+        )
+        assert await verifier.refresh(0.0)
+        token = live(SIGNER, idp.issuer)
+        assert await verifier.identify(token, 1.0)
+        # The provider withdraws k1 (compromised) for k2: the next fetch drops the token.
+        idp.jwks = {"keys": [public_jwk(rsa_key(), "k2")]}
+        assert await verifier.refresh(oidc.REFRESH_SECONDS)
+        with pytest.raises(oidc.UnknownSigningKey):
+            await verifier.identify(token, oidc.REFRESH_SECONDS + 1)
+
+
 # ---- against a real HTTPS provider ----
 
 

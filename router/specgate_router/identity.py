@@ -20,3 +20,6 @@ class Client:
     """May read the router's own endpoints and its API docs."""
     max_concurrent: int | None = None
     requests_per_minute: int | None = None
+    expires_at: float | None = None
+    """Wall-clock time after which the identity no longer holds (a token's `exp` plus the
+    allowed skew); None for API keys."""

@@ -6,7 +6,10 @@ the configured asymmetric list, the issuer and audience match, and the token is 
 lifetime (`exp` required, `nbf` honoured, `leewaySeconds` of clock skew). Its classes and
 admin right come from its claims; its limits apply per subject.
 
-`verify` is pure (keys and time are arguments). `TokenVerifier` holds the provider's keys:
+`verify` is pure (keys and time are arguments). A signature check costs several API-key
+lookups (`lab/bench/auth_cost.py`), and clients send one token with many requests, so
+`TokenVerifier` remembers the tokens it verified (by their SHA-256, up to VERIFIED_CACHE
+entries, each until its `exp`; all forgotten when the keys change). It holds the provider's keys:
 fetched at start and every REFRESH_SECONDS, and again when a token names a key id it does not
 hold (the provider rotated its keys), at most once every REFETCH_SECONDS, so made-up key ids
 cannot make the router hammer the provider. Every fetch is bounded in time and size; a failed
@@ -16,12 +19,14 @@ one keeps the keys held.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import math
 import re
 import ssl
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeGuard
@@ -43,6 +48,7 @@ MAX_SUBJECT_CHARS = 255
 FETCH_TIMEOUT_SECONDS = 5.0
 REFRESH_SECONDS = 600.0
 REFETCH_SECONDS = 30.0
+VERIFIED_CACHE = 4096
 DISCOVERY_PATH = "/.well-known/openid-configuration"
 
 _JWT_SHAPE = re.compile(r"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
@@ -178,6 +184,7 @@ def verify(
         ),
         max_concurrent=settings.max_concurrent,
         requests_per_minute=settings.requests_per_minute,
+        expires_at=exp + settings.leeway_seconds,
     )
 
 
@@ -275,6 +282,7 @@ class TokenVerifier:
         self._attempted_at = -math.inf
         self._generation = 0
         self._lock = asyncio.Lock()
+        self._verified: OrderedDict[bytes, Client] = OrderedDict()
 
     async def identify(self, token: str, now: float) -> Client:
         """`now` is the router's monotonic clock (when to fetch); token lifetimes are
@@ -289,12 +297,22 @@ class TokenVerifier:
                 "provider's signing keys; retry later",
                 retry_after=int(REFETCH_SECONDS),
             )
+        digest = hashlib.sha256(token.encode()).digest()
+        epoch = self.wall_clock()
+        known = self._verified.get(digest)
+        if known is not None and known.expires_at is not None and epoch <= known.expires_at:
+            self._verified.move_to_end(digest)
+            return known
         try:
-            return verify(token, self.keys, self.settings, self.wall_clock())
+            client = verify(token, self.keys, self.settings, epoch)
         except UnknownSigningKey:
             if not await self.refresh(now):
                 raise
-            return verify(token, self.keys, self.settings, self.wall_clock())
+            client = verify(token, self.keys, self.settings, epoch)
+        self._verified[digest] = client
+        if len(self._verified) > VERIFIED_CACHE:
+            self._verified.popitem(last=False)
+        return client
 
     async def refresh(self, now: float) -> bool:
         """Fetch the keys unless the last attempt was under REFETCH_SECONDS ago; True when
@@ -314,6 +332,8 @@ class TokenVerifier:
                 self.error = f"{type(exc).__name__}: {exc}"[:300]
                 log.warning("could not fetch the OIDC signing keys: %s", self.error)
                 return False
+            if keys != self.keys:
+                self._verified.clear()  # a key withdrawn takes its tokens with it
             self.keys, self.error = keys, None
             self._fetched_at = now
             self._generation += 1
