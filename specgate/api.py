@@ -615,6 +615,17 @@ class ClientAuthSpec(_Model):
         return self
 
 
+class RouterTracing(_Model):
+    """OpenTelemetry spans of the router's requests, exported over OTLP/HTTP."""
+
+    otlp_endpoint: str = Field(max_length=1024, pattern=r"^https?://[^\s]+$")
+    """The collector's traces endpoint, for example
+    `http://otel-collector.observability:4318/v1/traces`."""
+    sample_ratio: float = Field(default=1.0, ge=0, le=1)
+    """Share of traces recorded when the client sends no sampled trace context; a client's
+    sampling decision is followed."""
+
+
 class RouterSpec(_Model):
     """The speculation-aware router in front of the engine pods."""
 
@@ -653,6 +664,11 @@ class RouterSpec(_Model):
     http_route: HTTPRouteSpec | None = None
     """Expose the router through a Gateway API Gateway with an HTTPRoute (the Gateway API CRDs
     must be installed); none when unset."""
+    tracing: RouterTracing | None = None
+    """Export a span per request (class, pod, status, time to the last byte) to an
+    OpenTelemetry collector; the span continues the client's `traceparent`, and the engine's
+    trace continues the router's span. None when unset (a client's `traceparent` still
+    reaches the engine)."""
 
 
 class SecretKeyRef(_Model):

@@ -445,6 +445,11 @@ def router_config(sdd: api.SpecDecodeDeployment) -> dict[str, Any]:
             else {}
         ),
         **(
+            {"tracing": sdd.spec.router.tracing.model_dump(by_alias=True, mode="json")}
+            if sdd.spec.router.tracing is not None
+            else {}
+        ),
+        **(
             {"allowedEngineFields": sorted(sdd.spec.router.allowed_engine_fields)}
             if sdd.spec.router.allowed_engine_fields
             else {}

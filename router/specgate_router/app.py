@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import uuid
@@ -23,6 +24,7 @@ from specgate_router.errors import BadRequest, PayloadTooLarge, RouterError
 from specgate_router.identity import Client
 from specgate_router.settings import RouterSettings
 from specgate_router.state import RouterState
+from specgate_router.tracing import Tracing
 
 log = logging.getLogger("specgate.router")
 access_log = logging.getLogger("specgate.router.access")
@@ -66,6 +68,11 @@ def create_app(
     state_box: dict[str, RouterState] = {}
     # Built here, not in the lifespan: a malformed keys file stops the router at start.
     auth = ClientAuth(settings.client_auth) if settings.client_auth is not None else None
+    tracing = (
+        Tracing(settings.tracing, identity or socket.gethostname())
+        if settings.tracing is not None
+        else None
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -85,6 +92,8 @@ def create_app(
         finally:
             await state.drain(state.settings.resilience.drain_seconds)
             await state.stop()
+            if tracing is not None:
+                await asyncio.to_thread(tracing.shutdown)  # flushes: bounded by its timeout
 
     app = FastAPI(
         title="specgate router",
@@ -110,10 +119,24 @@ def create_app(
         raw = await read_body(request, state.settings.resilience.max_body_bytes)
         routed = requests.parse(request.url.path, raw, request.headers, state.settings, client)
         rid = request.headers.get("x-request-id") or uuid.uuid4().hex
-        if auth is None or client is None:
-            response = await proxy.forward(state, routed, rid)
-        else:
-            response = await _limited(auth, client, state, routed, rid)
+        span = None
+        if tracing is not None:
+            span, routed = tracing.start(routed, rid)
+        try:
+            if auth is None or client is None:
+                response = await proxy.forward(state, routed, rid)
+            else:
+                response = await _limited(auth, client, state, routed, rid)
+        except BaseException as exc:
+            if span is not None:
+                Tracing.failed(span, exc)
+            raise
+        if span is not None:
+            Tracing.answered(span, response.status_code, response.headers.get("x-specgate-pod"))
+            if isinstance(response, StreamingResponse):
+                response.body_iterator = Tracing.ending_with(span, response.body_iterator)
+            else:
+                span.end()
         access_log.info(
             "request done",
             extra={

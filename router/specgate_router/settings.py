@@ -191,6 +191,8 @@ class RouterSettings(_Model):
     plugins: api.RouterPlugins = Field(default_factory=api.RouterPlugins)
     class_rules: ClassRules = Field(default_factory=ClassRules)
     client_auth: ClientAuthSettings | None = None
+    tracing: api.RouterTracing | None = None
+    """Spans of the router's requests to an OTLP/HTTP collector (tracing.py)."""
     """Require client API keys on the API paths; none required when unset."""
     allowed_engine_fields: frozenset[contract.EngineOnlyField] = frozenset()
     """Engine-only request fields (contract.ENGINE_ONLY_FIELDS) clients may send anyway."""
