@@ -145,6 +145,8 @@ def create_app(
                 "traffic_class": routed.traffic_class,
                 "pod": response.headers.get("x-specgate-pod"),
                 "status": response.status_code,
+                # With tracing, the trace this line belongs to (logs and traces joined).
+                **({"trace_id": f"{span.get_span_context().trace_id:032x}"} if span else {}),
             },
         )
         return response
