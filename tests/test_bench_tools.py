@@ -416,3 +416,31 @@ def test_the_auth_cost_benchmark_identifies_every_kind_of_client(tmp_path: Path)
         "API key", "RS256 token, first use", "ES256 token, first use", "RS256 token, again"
     }  # fmt: skip
     assert (tmp_path / "auth_cost.md").read_text().count("\n| ") == 5
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_traffic_classes_puts_a_pairs_pods_on_gpus_of_their_own_with_gpus_2(
+    gpus: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--gpus 2: every pair's "-a" server on GPU 0 and "-b" on GPU 1 (pods of a deployment
+    do not share a GPU in a cluster); --gpus 1 leaves them all on the one GPU."""
+    bench = load_module(ROOT / "lab" / "bench" / "traffic_classes.py", f"traffic_classes_{gpus}")
+    started: dict[str, dict[str, str]] = {}
+
+    def start(name: str, flags: list[str], port: int, out: Path, env: dict[str, str]) -> object:
+        started[name] = env
+        return object()
+
+    monkeypatch.setattr(bench.verify, "start", start)
+    monkeypatch.setattr(bench.verify, "wait_for_log", lambda *a, **k: None)
+    monkeypatch.setattr(bench.verify, "wait_healthy", lambda *a, **k: None)
+    # The synthetic pair is written with torch on the GPU machine; only the flags matter here.
+    monkeypatch.setattr(bench, "synthetic_server_flags", lambda c, f: (["--x"], ["--eagle"]))
+    args = bench.main.__globals__["argparse"].Namespace(
+        c=12.0, mem_fraction=0.12, gpus=gpus, port_base=1000, static=["split"]
+    )
+    bench.start_sglang(args, tmp_path, [])
+    assert set(started) == {"routed-a", "routed-b", "plain-a", "plain-b", "eagle-a", "eagle-b"}
+    for name, env in started.items():
+        expected = ("0" if name.endswith("-a") else "1") if gpus == 2 else None
+        assert env.get("CUDA_VISIBLE_DEVICES") == expected, (name, env)

@@ -581,3 +581,46 @@ async def test_loads_carry_the_step_profile_in_wall_clock_seconds(
     assert spec["num_steps"] == PROFILE.num_steps and spec["off_step_tokens"] == 1
     assert set(contract.ACCEPTANCE_COUNTERS) <= set(spec)
     assert spec["accept_length"] is None  # an idle pod has not speculated lately
+
+
+class _WitnessLock:
+    """A lock that records who held it and whether two ever held it at once."""
+
+    def __init__(self) -> None:
+        self.inner = asyncio.Lock()
+        self.holding = 0
+        self.most_at_once = 0
+        self.steps = 0
+
+    async def __aenter__(self) -> None:
+        await self.inner.acquire()
+        self.holding += 1
+        self.most_at_once = max(self.most_at_once, self.holding)
+        self.steps += 1
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.holding -= 1
+        self.inner.release()
+
+
+async def _decode_on_both(cluster: SimCluster, tokens: int) -> None:
+    async def one(pod_index: int) -> None:
+        async for _ in cluster.pods[pod_index].generate(8, tokens):
+            pass
+
+    await asyncio.gather(*(one(i) for i in (0, 1) for _ in range(3)))
+
+
+async def test_pods_on_a_shared_gpu_take_turns_step_by_step() -> None:
+    """`--shared-gpu`: the pods of one process hold one GPU, so their steps never overlap;
+    by default each has its own and they run side by side."""
+    settings = PodSettings(threshold=None, time_scale=50.0, seed=3)
+    async with SimCluster(PROFILE, 2, settings=settings, shared_gpu=True) as cluster:
+        gpu = cluster.pods[0].gpu
+        assert gpu is not None and cluster.pods[1].gpu is gpu
+        witness = _WitnessLock()
+        gpu.lock = witness  # type: ignore[assignment]
+        await _decode_on_both(cluster, 40)
+        assert witness.most_at_once == 1 and witness.steps >= 2 * 40 // 8
+    async with SimCluster(PROFILE, 2, settings=settings) as cluster:
+        assert cluster.pods[0].gpu is None and cluster.pods[1].gpu is None

@@ -24,10 +24,13 @@ configuration's; routed latency-class TPOT p50 <= 1.05 x EAGLE-3 alone's.
 
 --engine sglang (the default) runs on one GPU with SGLang 0.5.17 (lab/gpu/run-on-gpu.sh puts
 the patched and upstream trees on the path): six servers on the synthetic 3B-class pair, at
---mem-fraction of the GPU each, started one after another. --engine sim runs the same flow on
-CPU against simulated pods (`specgate sim`: the routed pair with dynamic thresholds, the plain
-pair never speculating, the EAGLE-3 pair always), which checks the script and the router's
-pools, not the GPU.
+--mem-fraction of the GPU each, started one after another. Two pods on one GPU take turns at
+it, so a latency pod's steps wait for its sibling's throughput steps however the router
+splits the classes; --gpus 2 puts each pair's pods on GPUs of their own (the "-a" servers on
+GPU 0, the "-b" on GPU 1), as a deployment's pods are in a cluster. --engine sim runs the same
+flow on CPU against simulated pods (`specgate sim`: the routed pair with dynamic thresholds,
+the plain pair never speculating, the EAGLE-3 pair always; a pair on one simulated GPU with
+--gpus 1), which checks the script and the router's pools, not the GPU.
 
     bash lab/gpu/run-on-gpu.sh SITE OUT lab/bench/traffic_classes.py --temperature 0.9
     .venv/bin/python lab/bench/traffic_classes.py --engine sim --out /tmp/tc --hold 20 \
@@ -216,6 +219,11 @@ def start_sglang(args: argparse.Namespace, out: Path, procs: list[Any]) -> dict[
         "eagle-a": ([*common, *eagle], env),
         "eagle-b": ([*common, *eagle], env),
     }
+    if args.gpus == 2:  # each pair's pods on GPUs of their own, as in a cluster
+        every = {
+            name: (flags, {**extra, "CUDA_VISIBLE_DEVICES": "0" if name.endswith("-a") else "1"})
+            for name, (flags, extra) in every.items()
+        }
     ports = {name: args.port_base + i for i, name in enumerate(every)}
     pairs = {"routed", *(pair for name in args.static for pair in NEEDS[name])}
     servers = {name: v for name, v in every.items() if name.rsplit("-", 1)[0] in pairs}
@@ -251,6 +259,8 @@ def start_sim(args: argparse.Namespace, out: Path, procs: list[Any]) -> dict[str
         ports[f"{pair}-a"], ports[f"{pair}-b"] = port, port + 1
         cmd = [sys.executable, "-m", "specgate.cli", "sim", "--pods", "2", "--port", str(port)]
         cmd += ["--profile", args.sim_profile, "--threshold", threshold, "--seed", str(i)]
+        if args.gpus == 1:  # the pair shares one GPU, as the servers of --gpus 1 do
+            cmd += ["--shared-gpu"]
         log = open(out / f"sim-{pair}.log", "wb")  # noqa: SIM115 (the process writes it)
         procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
     for name, port in ports.items():
@@ -281,7 +291,8 @@ def report(results: dict[str, Any]) -> str:
     rows = results["configurations"]
     lines = [
         f"{results['latency_streams']} latency + {results['throughput_streams']} throughput "
-        f"streams, T {results['temperature']} ({results['engine']})",
+        f"streams, T {results['temperature']} ({results['engine']}; "
+        + ("a pair's pods on one GPU)" if results.get("gpus", 1) == 1 else "a GPU a pod)"),
         "",
         "| configuration | total tok/s | latency TPOT p50 | throughput TPOT p50 | errors |",
         "| --- | --- | --- | --- | --- |",
@@ -322,6 +333,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--static-measure", type=float, default=15.0)
     parser.add_argument("--mem-fraction", type=float, default=0.12)
+    parser.add_argument(
+        "--gpus",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="1: both pods of a pair share one GPU (their steps take turns); 2: each pod of a "
+        "pair has a GPU of its own, as pods of a deployment have in a cluster",
+    )
     parser.add_argument("--port-base", type=int, default=32600)
     parser.add_argument(
         "--tpot-target-ms", type=float, help="spec.router.pools.latencyTpotTargetMs"
@@ -350,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         "temperature": args.temperature,
         "latency_streams": args.latency,
         "throughput_streams": args.throughput,
+        "gpus": args.gpus,
         "router": operator_defaults(replicas=2, pools=pools_of(args))[0],
         "configurations": {},
     }

@@ -89,6 +89,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "takes SLOWDOWN times as long in spells lasting SLOW seconds on average, "
         "between fast ones of FAST seconds (default 6:4); e.g. 2",
     )
+    parser.add_argument(
+        "--shared-gpu",
+        action="store_true",
+        help="the pods share one GPU, as SGLang servers with split memory fractions do: one "
+        "step at a time across them (default: a GPU each)",
+    )
     parser.add_argument("--seed", type=int)
     parser.add_argument(
         "--no-model-inputs",
@@ -130,7 +136,12 @@ async def _serve(prof: profiles.Profile, args: argparse.Namespace, settings: Pod
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     async with SimCluster(
-        prof, args.pods, base_port=args.port, host=args.host, settings=settings
+        prof,
+        args.pods,
+        base_port=args.port,
+        host=args.host,
+        settings=settings,
+        shared_gpu=args.shared_gpu,
     ) as cluster:
         for url in cluster.urls:
             print(f"simulated pod ({prof.name}) at {url}", flush=True)

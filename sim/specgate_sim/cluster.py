@@ -8,7 +8,7 @@ import socket
 
 import uvicorn
 
-from specgate_sim.pod import PodSettings, SimPod
+from specgate_sim.pod import PodSettings, SharedGpu, SimPod
 from specgate_sim.profile import Profile
 from specgate_sim.server import create_app
 
@@ -27,7 +27,8 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
 
 
 class SimCluster:
-    """`count` pods on consecutive ports from `base_port` (or free ports when it is 0).
+    """`count` pods on consecutive ports from `base_port` (or free ports when it is 0), each
+    on its own GPU or, with `shared_gpu`, all on one (`SharedGpu`).
 
     Owns one uvicorn server task per pod; `stop()` ends them all, `kill(i)` ends one abruptly
     (its engine stops and its port closes, as when a pod dies).
@@ -42,6 +43,7 @@ class SimCluster:
         host: str = "127.0.0.1",
         settings: PodSettings | None = None,
         thresholds: list[int | None] | None = None,
+        shared_gpu: bool = False,
     ) -> None:
         template = settings or PodSettings()
         ports = (
@@ -51,6 +53,7 @@ class SimCluster:
         self.pods: list[SimPod] = []
         self.servers: list[uvicorn.Server] = []
         self.ports = ports
+        gpu = SharedGpu() if shared_gpu else None  # one GPU for all, or one each
         for i, port in enumerate(ports):
             pod_settings = dataclasses.replace(
                 template,
@@ -58,7 +61,7 @@ class SimCluster:
                 seed=None if template.seed is None else template.seed + i,
                 threshold=thresholds[i] if thresholds else template.threshold,
             )
-            pod = SimPod(profile, pod_settings)
+            pod = SimPod(profile, pod_settings, gpu)
             config = uvicorn.Config(
                 create_app(pod),
                 host=host,

@@ -41,10 +41,22 @@ class PodSettings:
     the router learns from samples and probes alone."""
 
 
+class SharedGpu:
+    """One GPU that several pods of a process share, as two SGLang servers with split memory
+    fractions share one: their CUDA contexts time-slice the GPU, so one pod's step waits
+    for the step another has in flight. Modelled at step granularity, in arrival order."""
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+
+
 class SimPod:
-    def __init__(self, profile: Profile, settings: PodSettings) -> None:
+    def __init__(
+        self, profile: Profile, settings: PodSettings, gpu: SharedGpu | None = None
+    ) -> None:
         self.profile = profile
         self.settings = settings
+        self.gpu = gpu
         self.core = EngineCore(
             profile,
             threshold=settings.threshold,
@@ -95,7 +107,11 @@ class SimPod:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            await asyncio.sleep(step.duration / self.settings.time_scale)
+            if self.gpu is None:
+                await asyncio.sleep(step.duration / self.settings.time_scale)
+            else:
+                async with self.gpu.lock:
+                    await asyncio.sleep(step.duration / self.settings.time_scale)
             end = self.now()
             self.core.finish(step, end)
             produced = sum(n for _, n in step.tokens)
