@@ -612,15 +612,18 @@ async def _decode_on_both(cluster: SimCluster, tokens: int) -> None:
 
 
 async def test_pods_on_a_shared_gpu_take_turns_step_by_step() -> None:
-    """`--shared-gpu`: the pods of one process hold one GPU, so their steps never overlap;
-    by default each has its own and they run side by side."""
+    """`--gpus N`: pod i on simulated GPU i mod N, and the pods of one GPU never step at the
+    same time; by default each pod has its own."""
     settings = PodSettings(threshold=None, time_scale=50.0, seed=3)
-    async with SimCluster(PROFILE, 2, settings=settings, shared_gpu=True) as cluster:
+    async with SimCluster(PROFILE, 2, settings=settings, gpus=1) as cluster:
         gpu = cluster.pods[0].gpu
         assert gpu is not None and cluster.pods[1].gpu is gpu
         witness = _WitnessLock()
         gpu.lock = witness  # type: ignore[assignment]
         await _decode_on_both(cluster, 40)
         assert witness.most_at_once == 1 and witness.steps >= 2 * 40 // 8
+    async with SimCluster(PROFILE, 4, settings=settings, gpus=2) as cluster:
+        first, second, third, fourth = (pod.gpu for pod in cluster.pods)
+        assert first is third and second is fourth and first is not second
     async with SimCluster(PROFILE, 2, settings=settings) as cluster:
         assert cluster.pods[0].gpu is None and cluster.pods[1].gpu is None

@@ -29,8 +29,8 @@ it, so a latency pod's steps wait for its sibling's throughput steps however the
 splits the classes; --gpus 2 puts each pair's pods on GPUs of their own (the "-a" servers on
 GPU 0, the "-b" on GPU 1), as a deployment's pods are in a cluster. --engine sim runs the same
 flow on CPU against simulated pods (`specgate sim`: the routed pair with dynamic thresholds,
-the plain pair never speculating, the EAGLE-3 pair always; a pair on one simulated GPU with
---gpus 1), which checks the script and the router's pools, not the GPU.
+the plain pair never speculating, the EAGLE-3 pair always; on one simulated GPU with --gpus 1,
+on two with --gpus 2), which checks the script and the router's pools, not the GPU.
 
     bash lab/gpu/run-on-gpu.sh SITE OUT lab/bench/traffic_classes.py --temperature 0.9
     .venv/bin/python lab/bench/traffic_classes.py --engine sim --out /tmp/tc --hold 20 \
@@ -245,26 +245,32 @@ def start_sglang(args: argparse.Namespace, out: Path, procs: list[Any]) -> dict[
 
 
 def start_sim(args: argparse.Namespace, out: Path, procs: list[Any]) -> dict[str, int]:
-    """Three `specgate sim` processes of two pods each: routed (thresholds the router's),
-    plain (never speculating) and EAGLE-3 (always), appended to `procs` as they start."""
+    """`specgate sim` processes, appended to `procs`: the routed pair (thresholds the
+    router's), the plain pair (never speculating) and the EAGLE-3 pair (always). One process
+    a simulated GPU (pods share a GPU only within a process): with --gpus 1 all six pods on
+    one, as the six servers are on the GPU machine; with --gpus 2 the "-a" pods on one and
+    the "-b" pods on the other."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("", "router", "sim", "operator")),
         "SGLANG_API_KEY": verify.KEY,
     }
+    pairs = [("routed", "8"), ("plain", "0"), ("eagle", "none")]
+    sides = [("a", "b")] if args.gpus == 1 else [("a",), ("b",)]
     ports: dict[str, int] = {}
-    first = len(procs)
-    for i, (pair, threshold) in enumerate((("routed", "8"), ("plain", "0"), ("eagle", "none"))):
-        port = args.port_base + 2 * i
-        ports[f"{pair}-a"], ports[f"{pair}-b"] = port, port + 1
-        cmd = [sys.executable, "-m", "specgate.cli", "sim", "--pods", "2", "--port", str(port)]
-        cmd += ["--profile", args.sim_profile, "--threshold", threshold, "--seed", str(i)]
-        if args.gpus == 1:  # the pair shares one GPU, as the servers of --gpus 1 do
-            cmd += ["--shared-gpu"]
-        log = open(out / f"sim-{pair}.log", "wb")  # noqa: SIM115 (the process writes it)
+    waits: list[tuple[int, Any]] = []
+    for gpu, names in enumerate(sides):
+        pods = [(f"{pair}-{side}", threshold) for pair, threshold in pairs for side in names]
+        base = args.port_base + len(ports)
+        cmd = [sys.executable, "-m", "specgate.cli", "sim", "--pods", str(len(pods))]
+        cmd += ["--port", str(base), "--profile", args.sim_profile, "--seed", str(gpu)]
+        cmd += ["--thresholds", ",".join(t for _, t in pods), "--gpus", "1"]
+        log = open(out / f"sim-gpu{gpu}.log", "wb")  # noqa: SIM115 (the process writes it)
         procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
-    for name, port in ports.items():
-        proc = procs[first + list(ports).index(name) // 2]
+        for i, (name, _) in enumerate(pods):
+            ports[name] = base + i
+            waits.append((base + i, procs[-1]))
+    for port, proc in waits:
         verify.wait_healthy(port, proc, timeout=60)
     return ports
 

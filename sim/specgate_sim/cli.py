@@ -69,6 +69,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="initial speculation-disable batch threshold ('none': always)",
     )
     parser.add_argument(
+        "--thresholds",
+        type=lambda text: [threshold_arg(t.strip()) for t in text.split(",")],
+        help="one initial threshold per pod, comma-separated (e.g. 8,8,0,0,none,none); "
+        "overrides --threshold",
+    )
+    parser.add_argument(
         "--time-scale",
         type=float,
         default=1.0,
@@ -90,10 +96,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "between fast ones of FAST seconds (default 6:4); e.g. 2",
     )
     parser.add_argument(
-        "--shared-gpu",
-        action="store_true",
-        help="the pods share one GPU, as SGLang servers with split memory fractions do: one "
-        "step at a time across them (default: a GPU each)",
+        "--gpus",
+        type=int,
+        help="the pods share this many GPUs, pod i on GPU i mod N, as SGLang servers with split "
+        "memory fractions do: one step at a time on each (default: a GPU each)",
     )
     parser.add_argument("--seed", type=int)
     parser.add_argument(
@@ -109,6 +115,12 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("--pods must be >= 1")
     if args.time_scale <= 0:
         raise SystemExit("--time-scale must be > 0")
+    if args.gpus is not None and args.gpus < 1:
+        raise SystemExit("--gpus must be >= 1 (leave it out for a GPU a pod)")
+    if args.thresholds is not None and len(args.thresholds) != args.pods:
+        raise SystemExit(
+            f"--thresholds gives {len(args.thresholds)} values for {args.pods} pods: give one a pod"
+        )
     try:
         prof = profiles.load(args.profile)
     except (ValueError, OSError) as exc:
@@ -141,7 +153,8 @@ async def _serve(prof: profiles.Profile, args: argparse.Namespace, settings: Pod
         base_port=args.port,
         host=args.host,
         settings=settings,
-        shared_gpu=args.shared_gpu,
+        thresholds=args.thresholds,
+        gpus=args.gpus,
     ) as cluster:
         for url in cluster.urls:
             print(f"simulated pod ({prof.name}) at {url}", flush=True)

@@ -28,7 +28,8 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
 
 class SimCluster:
     """`count` pods on consecutive ports from `base_port` (or free ports when it is 0), each
-    on its own GPU or, with `shared_gpu`, all on one (`SharedGpu`).
+    on a GPU of its own or, with `gpus`, sharing that many (`SharedGpu`; pod i on GPU i mod
+    `gpus`).
 
     Owns one uvicorn server task per pod; `stop()` ends them all, `kill(i)` ends one abruptly
     (its engine stops and its port closes, as when a pod dies).
@@ -43,7 +44,7 @@ class SimCluster:
         host: str = "127.0.0.1",
         settings: PodSettings | None = None,
         thresholds: list[int | None] | None = None,
-        shared_gpu: bool = False,
+        gpus: int | None = None,
     ) -> None:
         template = settings or PodSettings()
         ports = (
@@ -53,7 +54,7 @@ class SimCluster:
         self.pods: list[SimPod] = []
         self.servers: list[uvicorn.Server] = []
         self.ports = ports
-        gpu = SharedGpu() if shared_gpu else None  # one GPU for all, or one each
+        shared = [SharedGpu() for _ in range(gpus or 0)]
         for i, port in enumerate(ports):
             pod_settings = dataclasses.replace(
                 template,
@@ -61,7 +62,7 @@ class SimCluster:
                 seed=None if template.seed is None else template.seed + i,
                 threshold=thresholds[i] if thresholds else template.threshold,
             )
-            pod = SimPod(profile, pod_settings, gpu)
+            pod = SimPod(profile, pod_settings, shared[i % len(shared)] if shared else None)
             config = uvicorn.Config(
                 create_app(pod),
                 host=host,
