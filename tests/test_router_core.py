@@ -946,6 +946,38 @@ def test_a_tpot_target_forms_a_pool_where_spreading_would_miss_it() -> None:
     assert control.throughput_room(8, latency_load=5.0, pool_size=0) == 0
 
 
+def test_router_replicas_size_pools_from_the_whole_fleets_load() -> None:
+    """Two router replicas each carry half of 2 latency and 32 throughput streams. Alone,
+    each sees 17 requests on two pods and forms no pool where one router would; scaled to
+    the 34 the pods report, both see the fleet's mix and plan the same pool."""
+    half = {"latency": 1.0, "throughput": 16.0}
+    fleet = control.fleet_class_load(half, 34.0)
+    assert fleet == {"latency": 2.0, "throughput": 32.0}
+    kw: dict[str, Any] = {
+        "previous": set(),
+        "default_threshold": 8,
+        "min_fraction": 0.0,
+        "max_fraction": 1.0,
+        "throughput_batch_per_pod": 64,
+        "latency_batch": 10,  # a TPOT target met up to 10 a pod
+    }
+    alone = control.plan_latency_pool(
+        ["a", "b"], [64, 64], latency_load=1.0, throughput_load=16.0, **kw
+    )
+    assert alone is None
+    scaled = control.plan_latency_pool(
+        ["a", "b"], [64, 64], latency_load=fleet["latency"],
+        throughput_load=fleet["throughput"], **kw,
+    )  # fmt: skip
+    assert scaled == {"a"}
+    # The pods' report behind this replica's own count, or none: its own counts stand.
+    assert control.fleet_class_load(half, 10.0) == half
+    assert control.fleet_class_load(half, None) == half
+    assert control.fleet_class_load({"latency": 0.0, "throughput": 0.0}, 5.0) == {
+        "latency": 0.0, "throughput": 0.0
+    }  # fmt: skip
+
+
 # ---- probes: a load that holds away from the threshold ----
 
 PROBING = dict(cooldown_seconds=5, hysteresis=1, probe_interval_seconds=30, probe_seconds=3)

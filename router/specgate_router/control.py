@@ -40,9 +40,9 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from specgate import contract
 from specgate_router import predict
@@ -1010,6 +1010,25 @@ def initial_decision(params: ControlSettings, now: float = -math.inf) -> Decisio
 
 
 # ---- pools ----
+
+
+ClassName = TypeVar("ClassName")
+
+
+def fleet_class_load(
+    own: Mapping[ClassName, float], fleet_in_flight: float | None
+) -> dict[ClassName, float]:
+    """The in-flight requests per class across every router replica, from this replica's
+    (`own`) and the requests the pods report running and queued (`fleet_in_flight`): each
+    replica sees only its share of the traffic, so its class mix is scaled up to the pods'
+    total. The replicas then size the pools from the same load, and as one router would.
+    Where the pods report fewer than this replica has in flight (a scrape behind, or no
+    report), its own counts stand."""
+    total = sum(own.values())
+    if fleet_in_flight is None or total <= 0 or fleet_in_flight <= total:
+        return dict(own)
+    scale = fleet_in_flight / total
+    return {cls: load * scale for cls, load in own.items()}
 
 
 def latency_pool_size(

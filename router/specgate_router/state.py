@@ -213,11 +213,20 @@ class RouterState:
     # ---- control ----
 
     def update_class_load(self, now: float) -> None:
-        """Smoothed in-flight requests per class (the class mix the pools are sized from)."""
+        """Smoothed in-flight requests per class across the router replicas (the class mix
+        the pools are sized from; control.fleet_class_load)."""
         tau = self.settings.pools.class_mix_window_seconds
         alpha = min(1.0, max(0.0, now - self._class_load_at) / tau)
         self._class_load_at = now
-        for cls, current in self.in_flight_by_class.items():
+        reports = [
+            p.last.load.running + p.last.load.waiting
+            for p in self.live_pods()
+            if p.last is not None and p.fresh(now, self.settings.control)
+        ]
+        fleet = control.fleet_class_load(
+            self.in_flight_by_class, float(sum(reports)) if reports else None
+        )
+        for cls, current in fleet.items():
             self.class_load[cls] += alpha * (current - self.class_load[cls])
 
     def update_pools(self, now: float, samples: Sequence[control.Sample]) -> None:
