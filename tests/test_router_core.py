@@ -628,10 +628,15 @@ def test_throughput_traffic_prefers_the_throughput_pool_even_when_fuller() -> No
 def test_throughput_traffic_fills_a_latency_pods_room_and_no_more() -> None:
     calm = pod("calm", running=2, pool="latency")
     bulk = pod("bulk", running=30, pool="throughput")
-    calm.throughput_room = 2
+    calm.throughput_room, calm.pool_batch = 2, 4
     assert placement.choose([calm, bulk], ctx("throughput"), rng=random.Random(0)) is calm
     calm.throughput_in_flight = 2  # its room is taken: the throughput pool again
     assert placement.choose([calm, bulk], ctx("throughput"), rng=random.Random(0)) is bulk
+    # Another router replica filled it: this one sent nothing there, but the pod reports the
+    # batch it is sized for, so the room is gone for every replica.
+    shared = pod("shared", running=4, pool="latency")
+    shared.throughput_room, shared.pool_batch = 2, 4
+    assert placement.choose([shared, bulk], ctx("throughput"), rng=random.Random(0)) is bulk
 
 
 def test_load_breaks_class_ties_and_equal_scores_are_random() -> None:

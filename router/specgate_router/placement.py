@@ -99,7 +99,8 @@ class ClassFitScorer:
     onto its pool's busy pods would only make it slower). Throughput traffic goes to
     throughput-pool pods, which batch past their thresholds without speculation, and to a
     latency pod only while it has room besides its share of the latency traffic
-    (`throughput_room`), or when that is all there is."""
+    (`throughput_room`, this router's) and its batch, every replica's requests counted, is
+    under the one it is sized for (`pool_batch`), or when that is all there is."""
 
     name: ClassVar[str] = "class-fit"
 
@@ -109,7 +110,11 @@ class ClassFitScorer:
             if not contract.speculates(pod.expected_batch() + 1, pod.threshold):
                 return 0.0
             return 1.0 if home else 0.6
-        if not home and pod.throughput_in_flight < pod.throughput_room:
+        if (
+            not home
+            and pod.throughput_in_flight < pod.throughput_room
+            and pod.expected_batch() < pod.pool_batch
+        ):
             return 1.0
         return 1.0 if home else 0.2
 

@@ -108,6 +108,9 @@ class PodState:
     throughput_room: int = 0
     """In the latency pool: how many throughput requests it takes besides its share of the
     latency traffic (the batch it is sized for, less that share)."""
+    pool_batch: int = 0
+    """In the latency pool: the batch it is sized for. Throughput requests stop there
+    whoever sent them (the pod's reported batch counts every router replica's requests)."""
     in_flight: int = 0
     throughput_in_flight: int = 0
     dispatched_since_scrape: int = 0

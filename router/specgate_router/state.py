@@ -263,24 +263,24 @@ class RouterState:
         )
         if pool is None:
             for pod in self.live_pods():
-                pod.pool, pod.throughput_room = "mixed", 0
+                pod.pool, pod.throughput_room, pod.pool_batch = "mixed", 0, 0
             self.latency_pool = set()
             self.metrics.latency_pool_size.set(len(live) if len(live) <= 1 else 0)
             return
         self.latency_pool = pool
+        pool_batch = control.latency_pool_batch(
+            thresholds,
+            default_threshold=self.settings.control.threshold,
+            latency_batch=latency_batch,
+        )
         room = control.throughput_room(
-            control.latency_pool_batch(
-                thresholds,
-                default_threshold=self.settings.control.threshold,
-                latency_batch=latency_batch,
-            ),
-            latency_load=self.class_load["latency"],
-            pool_size=len(pool),
+            pool_batch, latency_load=self.class_load["latency"], pool_size=len(pool)
         )
         for pod in self.live_pods():
             latency = pod.name in pool
             pod.pool = "latency" if latency else "throughput"
             pod.throughput_room = room if latency else 0
+            pod.pool_batch = pool_batch if latency else 0
         self.metrics.latency_pool_size.set(len(pool))
 
     async def control_step(self) -> None:
