@@ -8,6 +8,7 @@ checked with the very code that will talk to real pods. All I/O goes through an 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterable
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -177,17 +178,23 @@ class ReplyTooLarge(Exception):
     pass
 
 
+async def read_capped(chunks: AsyncIterable[bytes], limit: int) -> bytes:
+    """A body read chunk by chunk, ReplyTooLarge as soon as it passes `limit` bytes (never
+    held whole past it)."""
+    parts, size = [], 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > limit:
+            raise ReplyTooLarge(f"answer over {limit} bytes")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
 async def _read_capped(resp: Any, limit: int) -> bytes:
     length = resp.headers.get("Content-Length")
     if length is not None and length.isdigit() and int(length) > limit:
         raise ReplyTooLarge(f"answer of {int(length)} bytes, over {limit}")
-    chunks, size = [], 0
-    async for chunk in resp.content.iter_chunked(64 * 1024):
-        size += len(chunk)
-        if size > limit:
-            raise ReplyTooLarge(f"answer over {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    return await read_capped(resp.content.iter_chunked(64 * 1024), limit)
 
 
 class EngineReply:

@@ -34,6 +34,7 @@ from typing import Any, TypeGuard
 import httpx
 import jwt
 
+from specgate.engine_client import ReplyTooLarge, read_capped
 from specgate_router.errors import Forbidden, NoCapacity, Unauthorized
 from specgate_router.identity import Client
 from specgate_router.settings import CLASSES, OidcSettings
@@ -258,11 +259,10 @@ async def fetch_json(http: httpx.AsyncClient, url: str) -> Any:
     async with http.stream("GET", url, headers={"accept": "application/json"}) as answer:
         if answer.status_code != 200:
             raise ValueError(f"{url} answered {answer.status_code}")
-        body = bytearray()
-        async for chunk in answer.aiter_bytes():
-            body += chunk
-            if len(body) > MAX_DOCUMENT_BYTES:
-                raise ValueError(f"{url} sent more than {MAX_DOCUMENT_BYTES} bytes")
+        try:
+            body = await read_capped(answer.aiter_bytes(), MAX_DOCUMENT_BYTES)
+        except ReplyTooLarge:
+            raise ValueError(f"{url} sent more than {MAX_DOCUMENT_BYTES} bytes") from None
     try:
         return json.loads(body)
     except (ValueError, RecursionError):
