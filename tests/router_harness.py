@@ -34,6 +34,23 @@ class RouterServer:
 
 
 @asynccontextmanager
+async def serving(config: uvicorn.Config) -> AsyncIterator[uvicorn.Server]:
+    """A uvicorn server in the test's event loop: started (or its start-up error raised),
+    and stopped after the block."""
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.01)
+    try:
+        yield server
+    finally:
+        server.should_exit = True
+        await task
+
+
+@asynccontextmanager
 async def run_router(
     settings: dict[str, Any] | RouterSettings,
     *,
@@ -57,24 +74,15 @@ async def run_router(
         # As `specgate router` serves (main.run).
         http=BoundedHttpToolsProtocol.with_limits(limits.max_header_bytes, limits.max_headers),
     )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.01)
-    handle = RouterServer(server, port, app, host)
-    if ready:
-        async with httpx.AsyncClient() as client:
-            for _ in range(200):
-                if (await client.get(handle.url + "/readyz")).status_code == 200:
-                    break
-                await asyncio.sleep(0.05)
-    try:
+    async with serving(config) as server:
+        handle = RouterServer(server, port, app, host)
+        if ready:
+            async with httpx.AsyncClient() as client:
+                for _ in range(200):
+                    if (await client.get(handle.url + "/readyz")).status_code == 200:
+                        break
+                    await asyncio.sleep(0.05)
         yield handle
-    finally:
-        server.should_exit = True
-        await task
 
 
 class FaultyEngineHttp(EngineHttp):

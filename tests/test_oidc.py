@@ -36,7 +36,7 @@ from specgate_router.errors import Forbidden, Unauthorized
 from specgate_router.settings import OidcSettings
 
 from .conftest import free_port_base
-from .router_harness import run_router
+from .router_harness import run_router, serving
 from .test_router_http import CHAT, chat, router_settings, sims
 
 AUDIENCE = "specgate-api"
@@ -353,26 +353,16 @@ async def provider(tmp: Path, jwks: dict[str, Any]) -> AsyncIterator[Provider]:
     ca, cert, key = tls_files(tmp)
     port = free_port_base(1)
     face = Provider(issuer=f"https://127.0.0.1:{port}", ca_file=ca, jwks=jwks)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            face.app(),
-            host="127.0.0.1",
-            port=port,
-            log_level="warning",
-            ssl_certfile=cert,
-            ssl_keyfile=key,
-        )
+    config = uvicorn.Config(
+        face.app(),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        ssl_certfile=cert,
+        ssl_keyfile=key,
     )
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.01)
-    try:
+    async with serving(config):
         yield face
-    finally:
-        server.should_exit = True
-        await task
 
 
 def bearer(token: str) -> dict[str, str]:

@@ -23,7 +23,7 @@ from specgate.engine_http import EngineHttp
 from specgate_operator import render
 
 from .conftest import free_port_base, minimal_resource
-from .router_harness import run_router
+from .router_harness import run_router, serving
 from .test_router_http import CHAT, chat, router_settings, sims
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -55,24 +55,14 @@ async def collector() -> AsyncIterator[tuple[str, list[Any]]]:
         return Response(b"", media_type="application/x-protobuf")
 
     port = free_port_base(1)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            Starlette(routes=[Route("/v1/traces", traces, methods=["POST"])]),
-            host="127.0.0.1",
-            port=port,
-            log_level="warning",
-        )
+    config = uvicorn.Config(
+        Starlette(routes=[Route("/v1/traces", traces, methods=["POST"])]),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
     )
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.01)
-    try:
+    async with serving(config):
         yield f"http://127.0.0.1:{port}/v1/traces", spans
-    finally:
-        server.should_exit = True
-        await task
 
 
 def _attributes(span: Any) -> dict[str, Any]:
