@@ -24,6 +24,18 @@ def _by_kind(manifests: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str,
     return {(m["kind"], m["metadata"]["name"]): m for m in manifests}
 
 
+def _router_pod_and_config(
+    resource: dict[str, Any], schema: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The rendered router pod spec and the router config its ConfigMap holds."""
+    import yaml
+
+    manifests = _by_kind(render.render(_sdd(resource, schema)))
+    pod = manifests[("Deployment", "demo-router")]["spec"]["template"]["spec"]
+    text = manifests[("ConfigMap", "demo-router")]["data"][render.ROUTER_CONFIG_FILE]
+    return pod, yaml.safe_load(text)
+
+
 def _engine_container(manifests: list[dict[str, Any]], name: str) -> dict[str, Any]:
     dep = _by_kind(manifests)[("Deployment", f"{name}-engine")]
     container: dict[str, Any] = dep["spec"]["template"]["spec"]["containers"][0]
@@ -524,8 +536,7 @@ def test_client_auth_mounts_the_keys_secret_and_points_the_router_at_it(
     from specgate_router import client_auth, settings
 
     resource = minimal_resource(router={"clientAuth": {"secretName": "demo-client-keys"}})
-    manifests = _by_kind(render.render(_sdd(resource, schema)))
-    pod = manifests[("Deployment", "demo-router")]["spec"]["template"]["spec"]
+    pod, config = _router_pod_and_config(resource, schema)
     (volume,) = [v for v in pod["volumes"] if v["name"] == "client-keys"]
     assert volume["secret"] == {
         "secretName": "demo-client-keys",
@@ -533,9 +544,6 @@ def test_client_auth_mounts_the_keys_secret_and_points_the_router_at_it(
     }
     mounts = pod["containers"][0]["volumeMounts"]
     assert {"name": "client-keys", "mountPath": render.CLIENT_KEYS_DIR, "readOnly": True} in mounts
-    config = yaml.safe_load(
-        manifests[("ConfigMap", "demo-router")]["data"][render.ROUTER_CONFIG_FILE]
-    )
     keys_file = config["clientAuth"]["keysFile"]
     assert keys_file == f"{render.CLIENT_KEYS_DIR}/{render.CLIENT_KEYS_FILE}"
     # The router takes that config, with the file where the pod would have it.
@@ -550,10 +558,9 @@ def test_client_auth_mounts_the_keys_secret_and_points_the_router_at_it(
     auth = client_auth.ClientAuth(settings.load(path).client_auth)  # type: ignore[arg-type]
     assert auth.ring.identify("sg-k").name == "team-a"
     # Without clientAuth: no volume, no keys file in the config.
-    plain = _by_kind(render.render(_sdd(minimal_resource(), schema)))
-    assert "clientAuth" not in yaml.safe_load(
-        plain[("ConfigMap", "demo-router")]["data"][render.ROUTER_CONFIG_FILE]
-    )
+    plain_pod, plain_config = _router_pod_and_config(minimal_resource(), schema)
+    assert "clientAuth" not in plain_config
+    assert not [v for v in plain_pod["volumes"] if v["name"] == "client-keys"]
 
 
 def test_oidc_client_auth_renders_the_router_settings_and_mounts_the_ca(
@@ -574,8 +581,7 @@ def test_oidc_client_auth_renders_the_router_settings_and_mounts_the_ca(
         "requestsPerMinute": 600,
     }
     resource = minimal_resource(router={"clientAuth": {"oidc": oidc}})
-    manifests = _by_kind(render.render(_sdd(resource, schema)))
-    pod = manifests[("Deployment", "demo-router")]["spec"]["template"]["spec"]
+    pod, config = _router_pod_and_config(resource, schema)
     assert not [v for v in pod["volumes"] if v["name"] == "client-keys"]
     (volume,) = [v for v in pod["volumes"] if v["name"] == "oidc-ca"]
     assert volume["configMap"] == {
@@ -584,9 +590,6 @@ def test_oidc_client_auth_renders_the_router_settings_and_mounts_the_ca(
     }
     mounts = pod["containers"][0]["volumeMounts"]
     assert {"name": "oidc-ca", "mountPath": render.OIDC_CA_DIR, "readOnly": True} in mounts
-    config = yaml.safe_load(
-        manifests[("ConfigMap", "demo-router")]["data"][render.ROUTER_CONFIG_FILE]
-    )
     assert "keysFile" not in config["clientAuth"]
     rendered = config["clientAuth"]["oidc"]
     assert (
