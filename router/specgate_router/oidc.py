@@ -277,7 +277,6 @@ class TokenVerifier:
         self.wall_clock = wall_clock
         self.keys: list[SigningKey] = []
         self.error: str | None = None
-        self.fetches = 0
         self._fetched_at = -math.inf
         self._attempted_at = -math.inf
         self._generation = 0
@@ -324,7 +323,6 @@ class TokenVerifier:
             if now - self._attempted_at < REFETCH_SECONDS:
                 return False
             self._attempted_at = now
-            self.fetches += 1
             try:
                 document = await asyncio.wait_for(self._fetch(), 2 * FETCH_TIMEOUT_SECONDS)
                 keys = parse_jwks(document)

@@ -21,7 +21,7 @@ from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -34,9 +34,7 @@ MAX_QUEUED_SPANS = 4096
 
 
 class Tracing:
-    def __init__(
-        self, settings: api.RouterTracing, identity: str, exporter: SpanExporter | None = None
-    ) -> None:
+    def __init__(self, settings: api.RouterTracing, identity: str) -> None:
         self.provider = TracerProvider(
             resource=Resource.create(
                 {"service.name": "specgate-router", "service.instance.id": identity}
@@ -45,10 +43,7 @@ class Tracing:
         )
         self.provider.add_span_processor(
             BatchSpanProcessor(
-                exporter
-                or OTLPSpanExporter(
-                    endpoint=settings.otlp_endpoint, timeout=EXPORT_TIMEOUT_SECONDS
-                ),
+                OTLPSpanExporter(endpoint=settings.otlp_endpoint, timeout=EXPORT_TIMEOUT_SECONDS),
                 max_queue_size=MAX_QUEUED_SPANS,
             )
         )
