@@ -954,9 +954,10 @@ def test_a_tpot_target_forms_a_pool_where_spreading_would_miss_it() -> None:
 def test_router_replicas_size_pools_from_the_whole_fleets_load() -> None:
     """Two router replicas each carry half of 2 latency and 32 throughput streams. Alone,
     each sees 17 requests on two pods and forms no pool where one router would; scaled to
-    the 34 the pods report, both see the fleet's mix and plan the same pool."""
+    the 34 the pods report (17 of them from the other replica), both see the fleet's mix and
+    plan the same pool."""
     half = {"latency": 1.0, "throughput": 16.0}
-    fleet = control.fleet_class_load(half, 34.0)
+    fleet = control.fleet_class_load(half, 17.0)
     assert fleet == {"latency": 2.0, "throughput": 32.0}
     kw: dict[str, Any] = {
         "previous": set(),
@@ -975,9 +976,8 @@ def test_router_replicas_size_pools_from_the_whole_fleets_load() -> None:
         throughput_load=fleet["throughput"], **kw,
     )  # fmt: skip
     assert scaled == {"a"}
-    # The pods' report behind this replica's own count, or none: its own counts stand.
-    assert control.fleet_class_load(half, 10.0) == half
-    assert control.fleet_class_load(half, None) == half
+    # No requests beyond this replica's own: its own counts stand.
+    assert control.fleet_class_load(half, 0.0) == half
     assert control.fleet_class_load({"latency": 0.0, "throughput": 0.0}, 5.0) == {
         "latency": 0.0, "throughput": 0.0
     }  # fmt: skip
@@ -1246,3 +1246,33 @@ async def test_pods_learn_only_from_siblings_on_the_same_accelerators() -> None:
             {"num_running_reqs": 1, "num_waiting_reqs": 0, "max_running_requests": 8}]}
     )  # fmt: skip
     assert (odd.accelerator, odd.num_accelerators) == (None, None)
+
+
+def test_a_single_router_does_not_read_finished_requests_as_another_replicas() -> None:
+    """A wave of requests finishes between a scrape and the next pool update: the pods last
+    reported 16 running while this router now has 4 in flight. Those 16 were all its own, so
+    the class load stays its own 4 (scaled to 16 it made the latency class need more pods
+    than two hold and broke up the pools). Requests the pods report beyond the router's own
+    at the moment of the report do count, as another replica's."""
+    from specgate_router.state import RouterState
+
+    now = [100.0]
+    state = RouterState(
+        RouterSettings.model_validate(
+            {"backends": ["http://a", "http://b"], "pools": {"classMixWindowSeconds": 0.001}}
+        ),
+        clock=lambda: now[0],
+    )
+    pods = list(state.live_pods())
+    load = EngineLoad(running=8, waiting=0, max_running=64, threshold=8, threshold_known=True)
+    for pod in pods:
+        pod.record(Scrape(now[0], load, own_in_flight=8))  # all 16 sent by this router
+    state.in_flight_by_class.update(latency=2, throughput=2)  # the rest have finished
+    now[0] += 0.5
+    state.update_class_load(now[0])
+    assert state.class_load == {"latency": 2.0, "throughput": 2.0}
+    for pod in pods:
+        pod.record(Scrape(now[0], load, own_in_flight=2))  # 8 running, 6 of them another's
+    now[0] += 0.5
+    state.update_class_load(now[0])
+    assert state.class_load == {"latency": 8.0, "throughput": 8.0}  # 4 own + 12 others'

@@ -1016,18 +1016,19 @@ ClassName = TypeVar("ClassName")
 
 
 def fleet_class_load(
-    own: Mapping[ClassName, float], fleet_in_flight: float | None
+    own: Mapping[ClassName, float], others_in_flight: float
 ) -> dict[ClassName, float]:
-    """The in-flight requests per class across every router replica, from this replica's
-    (`own`) and the requests the pods report running and queued (`fleet_in_flight`): each
-    replica sees only its share of the traffic, so its class mix is scaled up to the pods'
-    total. The replicas then size the pools from the same load, and as one router would.
-    Where the pods report fewer than this replica has in flight (a scrape behind, or no
-    report), its own counts stand."""
+    """The in-flight requests per class across every router replica: this replica's (`own`)
+    scaled up by the requests the pods report beyond this replica's own at the moment of each
+    report (`others_in_flight`, what other replicas sent), taking their class mix to be this
+    replica's. The replicas then size the pools from the same load, and as one router would.
+    Comparing each report with this replica's count at that report, not with its count now,
+    keeps a single router from inflating its load: when a wave of requests has just finished,
+    a report a scrape interval old would otherwise read as other replicas' traffic."""
     total = sum(own.values())
-    if fleet_in_flight is None or total <= 0 or fleet_in_flight <= total:
+    if total <= 0 or others_in_flight <= 0:
         return dict(own)
-    scale = fleet_in_flight / total
+    scale = (total + others_in_flight) / total
     return {cls: load * scale for cls, load in own.items()}
 
 

@@ -61,6 +61,9 @@ class CircuitBreaker:
 class Scrape:
     at: float
     load: EngineLoad
+    # This router's requests in flight to the pod when the report arrived: what the pod
+    # reports beyond them came from other router replicas.
+    own_in_flight: int = 0
 
 
 def speculating_fraction(prev: Scrape | None, scrape: Scrape) -> float | None:

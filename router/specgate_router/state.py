@@ -194,7 +194,7 @@ class RouterState:
                     log.warning("metrics of %s rejected: %s", pod.name, error.message[:300])
             return
         first = pod.last is None
-        pod.record(Scrape(self.clock(), load))
+        pod.record(Scrape(self.clock(), load, own_in_flight=pod.in_flight))
         params = self.settings.control
         if first and load.threshold_known and params.mode == "dynamic":
             # A new leader or a restarted router continues from what the pod runs with, when
@@ -218,14 +218,12 @@ class RouterState:
         tau = self.settings.pools.class_mix_window_seconds
         alpha = min(1.0, max(0.0, now - self._class_load_at) / tau)
         self._class_load_at = now
-        reports = [
-            p.last.load.running + p.last.load.waiting
+        others = [
+            max(0, p.last.load.running + p.last.load.waiting - p.last.own_in_flight)
             for p in self.live_pods()
             if p.last is not None and p.fresh(now, self.settings.control)
         ]
-        fleet = control.fleet_class_load(
-            self.in_flight_by_class, float(sum(reports)) if reports else None
-        )
+        fleet = control.fleet_class_load(self.in_flight_by_class, float(sum(others)))
         for cls, current in fleet.items():
             self.class_load[cls] += alpha * (current - self.class_load[cls])
 
