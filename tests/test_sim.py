@@ -85,6 +85,30 @@ def test_engine_speculates_only_at_or_below_the_threshold() -> None:
     assert core.stats.decode_steps_off == before and core.stats.decode_steps_on > 10
 
 
+def test_a_draft_that_accepts_less_further_along_the_chain() -> None:
+    """With positionDecay, position j accepts at rate * decay^(j-1): the measured accept length
+    follows the chain formula with the decay, while the agreement counted on off steps (the
+    first position only) keeps the undecayed rate, times the off-agreement factor. The
+    controller's estimate while off must then be calibrated to be right, as on a GPU."""
+    decaying = PROFILE.model_copy(
+        update={"acceptance": PROFILE.acceptance.model_copy(update={"position_decay": 0.7})}
+    )
+    rate = decaying.acceptance.per_token_rate
+    expected = 1 + rate + rate**2 * 0.7 + rate**3 * 0.7**3
+    assert decaying.mean_accept_length() == pytest.approx(expected)
+    core = EngineCore(decaying, threshold=None, seed=3)
+    for i in range(8):
+        core.add(SimRequest(f"r{i}", 16, 100_000, 0.0))
+    _run(core, until=10.0)
+    assert core.stats.accept_length() == pytest.approx(expected, abs=0.1)
+    assert core.stats.accept_length() < PROFILE.mean_accept_length() - 0.3
+    core.set_threshold(0)
+    core.off_agreement_factor = 0.9
+    _run(core, until=10.0)
+    agreed = core.stats.draft_first_agreed / core.stats.draft_first_proposed
+    assert agreed == pytest.approx(rate * 0.9, abs=0.03)
+
+
 def test_accept_length_is_not_diluted_by_steps_without_speculation() -> None:
     core = EngineCore(PROFILE, threshold=None, seed=2)
     for i in range(4):

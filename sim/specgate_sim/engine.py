@@ -189,6 +189,12 @@ class EngineCore:
         self._draft_rng = random.Random(None if seed is None else seed + 0xD4AF7)
         self.acceptance_rate = profile.acceptance.per_token_rate
         """Per-token acceptance of the current workload (`set_acceptance` changes it)."""
+        self.position_decay = profile.acceptance.position_decay
+        self.off_agreement_factor = 1.0
+        """The draft's first-position agreement while off, relative to a speculating step's
+        first position: the contexts differ (after a rejection a speculating draft continues
+        from a token sampled from the target's residual distribution), so on a GPU the two
+        rates differ by workload."""
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.stats = EngineStats()
@@ -253,6 +259,7 @@ class EngineCore:
         rate, accepted = self.acceptance_rate, 0
         while accepted < self.profile.num_steps and self.rng.random() < rate:
             accepted += 1
+            rate *= self.position_decay
         return accepted
 
     def plan(self) -> Step | None:
@@ -306,7 +313,8 @@ class EngineCore:
             # position is compared with the token the target sampled there.
             live_n = sum(1 for r, _ in step.tokens if r in running)
             stats.draft_first_proposed += live_n
-            rate, draw = self.acceptance_rate, self._draft_rng.random
+            rate = min(1.0, self.acceptance_rate * self.off_agreement_factor)
+            draw = self._draft_rng.random
             stats.draft_first_agreed += sum(1 for _ in range(live_n) if draw() < rate)
         stats.last_step_end = end
         if step.kind == "decode":

@@ -18,7 +18,8 @@ where that is large the model reads a K-token step's saving high (BENCHMARKS.md,
 calibration", compares it with the GPU).
 
 A speculating step gives each request 1 + accepted tokens, accepted drawn from a chain of
-`numSteps` Bernoulli trials at `perTokenRate` (the first rejection ends the chain).
+`numSteps` Bernoulli trials at `perTokenRate`, times `positionDecay` for each position after
+the first (the first rejection ends the chain).
 """
 
 from __future__ import annotations
@@ -66,6 +67,9 @@ class PrefillCosts(_Model):
 
 class Acceptance(_Model):
     per_token_rate: float = Field(ge=0, le=1)
+    position_decay: float = Field(default=1.0, ge=0, le=1)
+    """The draft's acceptance at chain position j is per_token_rate * position_decay^(j-1): real
+    drafts accept less the further they guess (1: every position alike)."""
 
 
 class Target(_Model):
@@ -127,8 +131,9 @@ class Profile(_Model):
 
     def mean_accept_length(self) -> float:
         """Expected tokens per request per speculating step (accepted drafts + the bonus token)."""
-        a = self.acceptance.per_token_rate
-        return 1.0 + sum(a**j for j in range(1, self.num_steps + 1))
+        return chain_accept_length(
+            self.acceptance.per_token_rate, self.acceptance.position_decay, self.num_steps
+        )
 
     def steady_throughput(self, batch: int, speculating: bool, off_step_tokens: int = 1) -> float:
         """Analytic output tok/s with `batch` requests always running (no prefill)."""
@@ -155,6 +160,16 @@ class Profile(_Model):
             if self.steady_throughput(b, True) > self.steady_throughput(b, False):
                 best = b
         return best
+
+
+def chain_accept_length(rate: float, decay: float, steps: int) -> float:
+    """1 + the expected accepted drafts of a chain of `steps` whose position j accepts at
+    rate * decay^(j-1)."""
+    total, reach = 1.0, 1.0
+    for j in range(steps):
+        reach *= rate * decay**j
+        total += reach
+    return total
 
 
 def available() -> list[str]:

@@ -71,11 +71,20 @@ def run(
     off_step_tokens: int = 1,
     seed: int = 0,
     output_tokens: tuple[int, int] = (128, 384),
+    prompt_tokens: tuple[int, int] = (128, 128),
     model_inputs: bool = True,
+    profile_error: tuple[float, float] = (1.0, 1.0),
+    off_agreement_factor: float = 1.0,
 ) -> Run:
-    """`seconds` of virtual time; `changes` (sorted) set the load and the workload."""
+    """`seconds` of virtual time; `changes` (sorted) set the load and the workload.
+
+    What makes the pod's reports imperfect, as a GPU's are: `profile_error` scales the step
+    profile the pod reports (speculating, off) against the steps it runs (a start-up profile
+    taken on a busier or quieter GPU), and `off_agreement_factor` the draft's first-position
+    agreement while off against a speculating step's first position."""
     params = params or ControlSettings(threshold=8 if threshold is None else threshold)
     core = EngineCore(profile, threshold=threshold, seed=seed, off_step_tokens=off_step_tokens)
+    core.off_agreement_factor = off_agreement_factor
     rng = random.Random(seed + 1)
     view = PodState(
         name="pod-0",
@@ -84,7 +93,11 @@ def run(
         decision=control.initial_decision(params, now=0.0),
         healthy=True,
     )
-    step_profile = profile.step_profile(off_step_tokens, core.max_running) if model_inputs else None
+    step_profile = None
+    if model_inputs:
+        step_profile = profile.step_profile(off_step_tokens, core.max_running)
+        for mode, factor in zip(("on", "off"), profile_error, strict=True):
+            step_profile[mode] = [[b, t * factor] for b, t in step_profile[mode]]
     out = Run()
     now, target, in_flight, issued = 0.0, 0, 0, 0
     speed = 1.0
@@ -94,7 +107,12 @@ def run(
         nonlocal in_flight, issued
         issued += 1
         in_flight += 1
-        request = SimRequest(f"r{issued}", 128, rng.randint(*output_tokens), now)
+        prompt = (
+            prompt_tokens[0]
+            if prompt_tokens[0] == prompt_tokens[1]
+            else rng.randint(*prompt_tokens)
+        )
+        request = SimRequest(f"r{issued}", prompt, rng.randint(*output_tokens), now)
         request.sink = on_tokens
         core.add(request)
 
