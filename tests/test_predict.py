@@ -90,25 +90,54 @@ def test_acceptance_is_measured_while_speculating_and_estimated_while_off() -> N
     # Speculating alone calibrates nothing: its first-draft rate is not an off step's.
     assert not tracker.calibrated and tracker.calibration == 1.0
     # Off for a while: no measured figure after MEASURED_FRESH_SECONDS, and none estimated
-    # before enough proposals.
+    # before enough proposals (the first of them 19 s after the last speculating step: too late
+    # to calibrate against it).
     assert tracker.current(7.0) is None
     base = dict(spec_request_steps=100, spec_accepted_tokens=150, spec_first_agreed=70)
-    tracker.update(_counters(**base, draft_first_proposed=40, draft_first_agreed=20), 8.0, 3)
-    assert tracker.current(8.0) is None
-    tracker.update(_counters(**base, draft_first_proposed=200, draft_first_agreed=100), 9.0, 3)
-    tau, source = tracker.current(9.0)  # type: ignore[misc]
+    tracker.update(_counters(**base, draft_first_proposed=40, draft_first_agreed=20), 20.0, 3)
+    assert tracker.current(20.0) is None
+    tracker.update(_counters(**base, draft_first_proposed=200, draft_first_agreed=100), 21.0, 3)
+    tau, source = tracker.current(21.0)  # type: ignore[misc]
     assert source == "estimated while off (uncalibrated)"
     assert tau == pytest.approx(predict.chain_accept_length(0.5, 3))
     # Switched on right after: the measured accept length calibrates the estimate it followed.
     on = dict(spec_request_steps=200, spec_accepted_tokens=250, spec_first_agreed=140)
-    tracker.update(_counters(**on, draft_first_proposed=200, draft_first_agreed=100), 11.0, 3)
+    tracker.update(_counters(**on, draft_first_proposed=200, draft_first_agreed=100), 23.0, 3)
     assert tracker.calibrated
     assert tracker.calibration == pytest.approx(2.0 / predict.chain_accept_length(0.5, 3))
     # Much later, a speculating period no longer calibrates against that old estimate.
     before = tracker.calibration
     later = dict(spec_request_steps=400, spec_accepted_tokens=850, spec_first_agreed=300)
-    tracker.update(_counters(**later, draft_first_proposed=200, draft_first_agreed=100), 60.0, 3)
+    tracker.update(_counters(**later, draft_first_proposed=200, draft_first_agreed=100), 80.0, 3)
     assert tracker.calibration == before
+
+
+def test_the_estimate_is_calibrated_across_a_switch_from_speculating_to_off() -> None:
+    """A real chain accepts less at later positions than the first-position agreement implies:
+    speculating at accept length 2.0, then taken off, the agreement while off (0.6) would read
+    2.18 uncalibrated. Compared with the accept length measured just before the switch, the
+    estimate says 2.0 from the first reading off, not only after the next switch on."""
+    tracker = AcceptanceTracker()
+    tracker.update(_counters(), 0.0, 3, 1.0)
+    tracker.update(_counters(spec_request_steps=100, spec_accepted_tokens=100), 1.0, 3, 1.0)
+    assert tracker.current(1.0) == (pytest.approx(2.0), "measured")
+    # 100 request-steps are too few to calibrate with: a pod taken off right after its start.
+    early = AcceptanceTracker()
+    early.update(_counters(), 0.0, 3, 1.0)
+    early.update(_counters(spec_request_steps=100, spec_accepted_tokens=100), 1.0, 3, 1.0)
+    agreed = _counters(spec_request_steps=100, spec_accepted_tokens=100,
+                       draft_first_proposed=100, draft_first_agreed=60)  # fmt: skip
+    early.update(agreed, 3.0, 3, 0.0)
+    assert not early.calibrated
+    tracker.update(_counters(spec_request_steps=300, spec_accepted_tokens=300), 2.0, 3, 1.0)
+    off = dict(spec_request_steps=300, spec_accepted_tokens=300)
+    tracker.update(_counters(**off, draft_first_proposed=100, draft_first_agreed=60), 3.0, 3, 0.0)
+    assert tracker.calibrated
+    tracker.update(_counters(**off, draft_first_proposed=200, draft_first_agreed=120), 9.0, 3, 0.0)
+    tau, source = tracker.current(9.0)  # type: ignore[misc]
+    assert source == "estimated while off (calibrated)"
+    assert tau == pytest.approx(2.0, rel=0.01)
+    assert predict.chain_accept_length(0.6, 3) == pytest.approx(2.176)
 
 
 def test_an_interval_that_mixed_the_modes_measures_no_accept_length() -> None:
@@ -116,11 +145,11 @@ def test_an_interval_that_mixed_the_modes_measures_no_accept_length() -> None:
     those steps accept more than steady speculation would, and must not read as 'measured'."""
     tracker = AcceptanceTracker()
     tracker.update(_counters(), 0.0, 3, 1.0)
-    steady = dict(spec_request_steps=100, spec_accepted_tokens=55)  # tau 1.55
+    steady = dict(spec_request_steps=300, spec_accepted_tokens=165)  # tau 1.55
     tracker.update(_counters(**steady), 1.0, 3, 1.0)
     assert tracker.current(1.0) == (pytest.approx(1.55), "measured")
     # Then mostly off: a few speculating steps accepting 0.75 a step, agreement 40%.
-    mixed = dict(spec_request_steps=110, spec_accepted_tokens=62.5)
+    mixed = dict(spec_request_steps=310, spec_accepted_tokens=172.5)
     for i, at in enumerate((2.0, 3.0, 4.0, 7.0)):
         agreed = dict(draft_first_proposed=100.0 * (i + 1), draft_first_agreed=40.0 * (i + 1))
         tracker.update(_counters(**{**mixed, **agreed}), at, 3, 0.2)
@@ -128,8 +157,9 @@ def test_an_interval_that_mixed_the_modes_measures_no_accept_length() -> None:
         mixed["spec_accepted_tokens"] += 7.5
     assert tracker.tau == pytest.approx(1.55)  # the mixed intervals did not move it
     tau, source = tracker.current(7.0)  # type: ignore[misc]
-    assert source.startswith("estimated while off")
-    assert tau == pytest.approx(predict.chain_accept_length(0.4, 3))
+    # The agreement while off, calibrated against the steady 1.55 measured just before.
+    assert source == "estimated while off (calibrated)"
+    assert tau == pytest.approx(1.55)
     # Unknown fractions (an engine that does not count steps per mode) read as steady.
     tracker.update(
         _counters(**mixed, draft_first_proposed=400, draft_first_agreed=160), 8.0, 3, None
@@ -363,6 +393,49 @@ def test_a_pod_near_the_predicted_crossover_measures_the_other_mode_and_keeps_th
     assert moved.threshold == faster.threshold, moved.reason
 
 
+def test_a_probe_that_measures_the_accept_length_still_compares_with_the_samples_before() -> None:
+    """A pod runs plain at batch 6 on an estimate while off of accept length 1.8 that is too
+    low (the draft accepts less further along the chain than the first position implies, or
+    more): WIRE predicts plain 1.17x faster there, so it measures speculation. The probe
+    measures 2.6, and the estimate is calibrated to it; the plain samples before the probe
+    carry 1.8 but are the same workload's, and the verdict compares with them (it once read
+    "inconclusive, 0 before" and went back to plain for a cooldown)."""
+    params = ControlSettings()
+    profile = StepProfile.from_wire(WIRE)
+
+    def model(tau: float, source: str) -> predict.Prediction:
+        out = predict.predict(profile, (tau, source), None, min_threshold=0, max_threshold=64)
+        assert out is not None
+        return out
+
+    guessed = model(1.8, "estimated while off (uncalibrated)")
+    assert guessed.ratio(6) == pytest.approx(0.855, abs=0.01) and guessed.threshold < 6
+    own = [control.Sample(0.5 * i, 6, 6 * 166.0, 0.0, accept_length=1.8) for i in range(1, 81)]
+    previous = control.Decision(guessed.threshold, "predicted", 0.0)
+
+    def decide(now: float, prediction: predict.Prediction) -> control.Decision:
+        return control.decide(
+            samples=own, previous=previous, now=now, fresh=True, params=params, own=own,
+            prediction=prediction,
+        )  # fmt: skip
+
+    previous = decide(40.0, guessed)
+    assert previous.probe is not None and previous.probe.measuring, previous.reason
+    assert "measuring speculation at batch 6" in previous.reason
+    own += [
+        control.Sample(40.0 + 0.5 * i, 6, 6 * 250.0, 1.0, accept_length=2.6) for i in range(1, 7)
+    ]
+    measured = model(2.6, "measured")
+    previous = decide(43.0, measured)
+    assert "measuring plain decoding again" in previous.reason, previous.reason
+    own += [
+        control.Sample(43.0 + 0.5 * i, 6, 6 * 166.0, 0.0, accept_length=2.6) for i in range(1, 8)
+    ]
+    previous = decide(46.5, model(2.6, "estimated while off (calibrated)"))
+    assert "measured speculation at batch 6: 1.51x; keeping it" in previous.reason, previous.reason
+    assert previous.threshold is not None and previous.threshold >= 6
+
+
 def test_a_host_that_slows_down_is_not_read_as_a_mode_gain() -> None:
     """A pod ran speculation, then plain, while its host slowed to half its speed: the earlier
     samples read faster though plain is 1.25x faster at any one moment. Only a comparison with the
@@ -413,3 +486,117 @@ def test_residuals_of_the_two_modes_compare_only_when_measured_together() -> Non
 
     assert corrections(60.0) == (pytest.approx(0.7), pytest.approx(0.7))
     assert corrections(3.0) == (pytest.approx(0.8), pytest.approx(0.7))
+
+
+def test_a_difference_measured_together_outlasts_the_next_drift() -> None:
+    """The profile errs between the modes (speculating steps 20% slower than it says, plain
+    ones 30%, measured within seconds of each other). A minute later only plain steps are
+    measured, on a host that has slowed further: the newer factor stands for both modes'
+    speed, and the difference learnt together still stands between them. Taking the newer
+    factor for both instead read the modes 14% closer than they are and moved the crossover
+    (control_random.py found engines where that decided the mode)."""
+    profile = StepProfile.from_wire(WIRE)
+    assert profile is not None
+    residuals = Residuals()
+    for at in (0.0, 1.0, 2.0):
+        residuals.add(batch=8, speculating=True, step_seconds=0.012 / 0.8, profile=profile, at=at)
+    for at in (3.0, 4.0, 5.0):
+        residuals.add(batch=8, speculating=False, step_seconds=0.006 / 0.7, profile=profile, at=at)
+    assert residuals.corrections() == (pytest.approx(0.8), pytest.approx(0.7))
+    for at in (60.0, 61.0, 62.0, 63.0):
+        residuals.add(batch=8, speculating=False, step_seconds=0.006 / 0.6, profile=profile, at=at)
+    on_f, off_f = residuals.corrections()
+    assert 0.6 <= off_f < 0.65  # mostly the new measurements
+    assert on_f / off_f == pytest.approx(0.8 / 0.7)
+    # Never measured together: no difference is known, both take the newer factor.
+    apart = Residuals()
+    for at in (0.0, 1.0, 2.0):
+        apart.add(batch=8, speculating=True, step_seconds=0.012 / 0.8, profile=profile, at=at)
+    for at in (60.0, 61.0, 62.0):
+        apart.add(batch=8, speculating=False, step_seconds=0.006 / 0.6, profile=profile, at=at)
+    assert apart.corrections() == (pytest.approx(0.6), pytest.approx(0.6))
+
+
+def test_where_speculation_pays_in_one_band_the_threshold_follows_the_load() -> None:
+    """Four-token off steps on an engine whose fixed step costs dominate: plain decoding
+    delivers more at small batches, speculation at large ones. A threshold keeps only the
+    batches at or under it speculating, so the right one depends on the load: 0 at batch 1
+    (it once read "pays up to batch 64" there and ran the slower mode), the top at batch 48."""
+    wire = {"on": [[1, 0.0064], [8, 0.0071], [64, 0.0106]],
+            "off": [[1, 0.0056], [8, 0.0084], [64, 0.0239]]}  # fmt: skip
+    profile = StepProfile.from_wire(wire, off_step_tokens=4, num_steps=4)
+    assert profile is not None
+
+    def threshold(batch: float | None) -> predict.Prediction:
+        out = predict.predict(
+            profile, (3.46, "measured"), None, min_threshold=0, max_threshold=256, batch=batch
+        )
+        assert out is not None
+        return out
+
+    small = threshold(1)
+    assert small.ratio(1) is not None and small.ratio(1) < 1  # type: ignore[operator]
+    assert small.threshold == 0 and "it pays from batch" in small.why, small.why
+    assert threshold(3).threshold == 0
+    large = threshold(48)
+    assert large.threshold == 64 and "from batch" in large.why, large.why
+    assert threshold(None).threshold == 64  # idle: the largest batch where it pays
+    # WIRE at accept length 2.2 pays from batch 5 to 32: at any batch from 5 up, the
+    # threshold is 32.
+    plain = StepProfile.from_wire(WIRE)
+    assert plain is not None
+    crossover = {
+        predict.predict(plain, (2.2, "measured"), None, min_threshold=0, max_threshold=64,
+                        batch=b).threshold  # type: ignore[union-attr]
+        for b in (None, 5, 16, 31, 32, 33, 64)
+    }  # fmt: skip
+    assert crossover == {32}
+
+
+def test_calibration_reads_the_agreement_of_the_workload_running_now() -> None:
+    """The workload changed a couple of seconds before the pod switched on: the smoothed
+    agreement still lags (0.5 where the last readings say 0.7). Calibrating against it read
+    the draft 1.35x better than its chain and kept that for minutes; the latest reading, on
+    enough proposals, gives the true map (1.0 for a draft that accepts alike at every
+    position)."""
+    tracker = AcceptanceTracker()
+    tracker.update(_counters(), 0.0, 3, 0.0)
+    proposed, agreed = 0.0, 0.0
+    for t, rate in [(float(t), 0.4) for t in range(1, 11)] + [(11.0, 0.7), (12.0, 0.7)]:
+        proposed, agreed = proposed + 300, agreed + 300 * rate
+        tracker.update(
+            _counters(draft_first_proposed=proposed, draft_first_agreed=agreed), t, 3, 0.0
+        )
+    assert tracker.p1_off is not None and tracker.p1_off < 0.65  # lagging
+    tau = predict.chain_accept_length(0.7, 3)
+    on = dict(draft_first_proposed=proposed, draft_first_agreed=agreed)
+    tracker.update(_counters(**on, spec_request_steps=100, spec_accepted_tokens=100 * (tau - 1)),
+                   13.0, 3, 1.0)  # fmt: skip
+    assert tracker.calibrated and tracker.calibration == pytest.approx(1.0, abs=0.01)
+
+
+def test_a_measuring_probe_ends_when_the_load_moves_away() -> None:
+    """A pod measures plain decoding at batch 16 and its load moves to batch 48: nothing at 16
+    is left to measure, so the probe ends at once (it once ran the slower mode 20 s waiting
+    for samples that could not come)."""
+    params = ControlSettings()
+    profile = StepProfile.from_wire(WIRE)
+    prediction = predict.predict(
+        profile, (2.2, "measured"), None, min_threshold=0, max_threshold=64
+    )
+    assert prediction is not None
+    own = [control.Sample(0.5 * i, 16, 1600.0, 1.0, accept_length=2.2) for i in range(1, 81)]
+    previous = control.decide(
+        samples=own, previous=control.Decision(32, "predicted", 0.0), now=40.0, fresh=True,
+        params=params, own=own, prediction=prediction,
+    )  # fmt: skip
+    assert previous.probe is not None and previous.probe.measuring, previous.reason
+    own += [
+        control.Sample(40.0 + 0.5 * i, 48, 48 * 60.0, 0.0, accept_length=2.2) for i in range(1, 5)
+    ]
+    ended = control.decide(
+        samples=own, previous=previous, now=42.0, fresh=True, params=params, own=own,
+        prediction=prediction,
+    )  # fmt: skip
+    assert ended.probe is None and ended.threshold == 32, ended.reason
+    assert "ended: the load moved to batch 48" in ended.reason

@@ -108,6 +108,10 @@ class Probe:
     returned: float | None = None
     """A measuring probe's trial over: when it went back to the mode it left, to measure that
     again (the trial is judged against that mode before and after it)."""
+    tau: float | None = None
+    """The accept length the pod had when a measuring probe started, which its samples before
+    the probe carry. A probe of speculation from plain decoding measures the accept length
+    that the estimate while off only guessed: the samples before it are still this workload's."""
 
 
 @dataclass(frozen=True)
@@ -494,6 +498,7 @@ def _follow_prediction(
         now,  # judged once it has min_samples samples: a few scrapes of the other mode
         now + 4 * params.probe_seconds,
         measuring=True,
+        tau=prediction.tau,
     )
     why = (
         f"measuring {_mode(not speculating)} at batch {batch:.0f}: the model predicts"
@@ -599,6 +604,16 @@ def _end_of_measuring(
     else back. The model and both modes' rates then decide together (`_measured_at_batch`)."""
     mode = _mode(probe.speculating)
     need = params.min_samples
+    back = probe.previous
+    since = probe.started if probe.returned is None else probe.returned
+    moved = load_moved_from(own, batch=probe.batch, since=since, need=need)
+    if moved is not None:
+        # Nothing left to measure at that batch: the model decides at the new one.
+        why = (
+            f"measuring {mode} at batch {probe.batch:.0f} ended: the load moved to batch"
+            f" {moved:.0f}; back to {back}"
+        )
+        return Decision(back, why, now, probe_wait=previous.probe_wait)
     tried, n = rate_per_request(
         own,
         batch=probe.batch,
@@ -607,7 +622,6 @@ def _end_of_measuring(
         until=probe.returned if probe.returned is not None else math.inf,
         accept_length=prediction.tau,
     )
-    back = probe.previous
     if probe.returned is None:
         if now < probe.until or (n < need and now < probe.give_up):
             why = f"measuring {mode} at batch {probe.batch:.0f}: {n} samples"
@@ -630,7 +644,9 @@ def _end_of_measuring(
         if n_after < need and now < probe.give_up:
             why = f"measuring {_mode(not probe.speculating)} again at batch {probe.batch:.0f}:"
             return replace(previous, reason=f"{why} {n_after} samples")
-    before, n_base = _probe_baseline(own, probe, params, accept_length=prediction.tau)
+    before, n_base = _probe_baseline(
+        own, probe, params, accept_length=prediction.tau if probe.tau is None else probe.tau
+    )
     base = (before + after) / 2
     better: bool | None = None
     gain = 1.0

@@ -54,6 +54,12 @@ STEADY_MODE_FRACTION = 0.9
 (for the accept length here, for learning samples in `control`)."""
 MIN_PROPOSALS = 64
 """Draft proposals (while off) before their agreement rate says anything."""
+CALIBRATING_PROPOSALS = 256
+"""Proposals behind one reading of the agreement for it to calibrate alone (within about 0.03)."""
+MIN_CALIBRATING_REQUEST_STEPS = 256
+"""Speculating request-steps behind a measured accept length before it calibrates the estimate
+at a switch off (a chain's accepted drafts vary by about 1 a step: 256 put it within 3%). A pod
+taken off within a scrape of starting has measured a few dozen."""
 RESIDUAL_HALF_LIFE_SECONDS = 30.0
 RESIDUAL_TOLERANCE = 0.25
 """Samples more than this (as |log(observed / predicted)|) from a corrected prediction mean
@@ -150,8 +156,15 @@ class AcceptanceTracker:
     num_steps: int = 3
     tau: float | None = None  # measured accept length (smoothed)
     tau_at: float = -math.inf
+    tau_request_steps: float = 0.0
+    """Request-steps behind `tau` since speculation last resumed: how much it can be trusted."""
     p1_off: float | None = None  # first-position agreement while off (smoothed)
     p1_off_at: float = -math.inf
+    p1_off_last: float | None = None
+    """The latest reading of the agreement, unsmoothed, and the proposals behind it: after a
+    change of workload the smoothed figure lags for a few half-lives, and a calibration
+    against it would carry that lag for minutes."""
+    p1_off_last_proposals: float = 0.0
     calibration: float = 1.0  # measured tau / chain_accept_length(p1 while off, just before)
     calibrated: bool = False
     calibration_at: float = -math.inf
@@ -182,21 +195,15 @@ class AcceptanceTracker:
         steady = speculating_fraction is None or speculating_fraction >= STEADY_MODE_FRACTION
         if steps > 0 and steady:
             measured = 1.0 + d["spec_accepted_tokens"] / steps
+            if at - self.tau_at > CROSS_CALIBRATION_SECONDS:
+                self.tau_request_steps = 0.0
             self.tau = _smooth(self.tau, measured, at - self.tau_at, TAU_HALF_LIFE_SECONDS)
             self.tau_at = at
-            fresh_estimate = (
-                self.p1_off is not None and at - self.p1_off_at <= CROSS_CALIBRATION_SECONDS
-            )
-            chain = chain_accept_length(self.p1_off or 0.0, num_steps)
-            if fresh_estimate and chain > 0 and steps >= 8:
-                ratio = min(1.5, max(0.3, measured / chain))
-                self.calibration = _smooth(
-                    self.calibration if self.calibrated else None,
-                    ratio,
-                    at - self.calibration_at,
-                    CALIBRATION_HALF_LIFE_SECONDS,
-                )
-                self.calibrated, self.calibration_at = True, at
+            self.tau_request_steps += steps
+            fresh_estimate = at - self.p1_off_at <= CROSS_CALIBRATION_SECONDS
+            p1 = self._p1_before_switch()
+            if p1 is not None and fresh_estimate and steps >= 8:
+                self._calibrate(measured, p1, at)
         # Agreement accumulates until it has MIN_PROPOSALS: one scrape at a small batch
         # proposes a handful of tokens.
         pending = self._pending
@@ -204,9 +211,43 @@ class AcceptanceTracker:
         pending[1] += d["draft_first_agreed"]
         if pending[0] >= MIN_PROPOSALS:
             p1 = min(1.0, pending[1] / pending[0])
+            first_since_switch = at - self.p1_off_at > CROSS_CALIBRATION_SECONDS
             self.p1_off = _smooth(self.p1_off, p1, at - self.p1_off_at, TAU_HALF_LIFE_SECONDS)
             self.p1_off_at = at
+            self.p1_off_last, self.p1_off_last_proposals = p1, pending[0]
             pending[0] = pending[1] = 0.0
+            if (
+                first_since_switch
+                and self.tau is not None
+                and at - self.tau_at <= CROSS_CALIBRATION_SECONDS
+                and self.tau_request_steps >= MIN_CALIBRATING_REQUEST_STEPS
+            ):
+                # Off now, speculating just before: the same comparison across the switch the
+                # other way, so that a pod the model took off speculation on a too-high
+                # estimate corrects it at once.
+                self._calibrate(self.tau, p1, at)
+
+    def _p1_before_switch(self) -> float | None:
+        """The agreement to calibrate with: the latest reading where it rests on enough
+        proposals to be read alone, else the smoothed figure."""
+        if self.p1_off_last is not None and self.p1_off_last_proposals >= CALIBRATING_PROPOSALS:
+            return self.p1_off_last
+        return self.p1_off
+
+    def _calibrate(self, measured: float, p1_off: float, at: float) -> None:
+        """Measured accept length against the chain estimate from agreement while off, the two
+        taken across one switch, on the same workload."""
+        chain = chain_accept_length(p1_off, self.num_steps)
+        if chain <= 0:
+            return
+        ratio = min(1.5, max(0.3, measured / chain))
+        self.calibration = _smooth(
+            self.calibration if self.calibrated else None,
+            ratio,
+            at - self.calibration_at,
+            CALIBRATION_HALF_LIFE_SECONDS,
+        )
+        self.calibrated, self.calibration_at = True, at
 
     def current(self, now: float) -> tuple[float, str] | None:
         """(expected accept length, where it comes from), or None when nothing recent says."""
@@ -254,6 +295,11 @@ class Residuals:
     between: dict[bool, Residual] = field(
         default_factory=lambda: {True: Residual(), False: Residual()}
     )
+    relative: Residual = field(default_factory=Residual)
+    """log(on factor / off factor), from the moments both modes were measured within
+    CONTEMPORARY_RESIDUALS_SECONDS of each other: how the profile errs between the modes (a
+    start-up profile taken on a busier GPU, say), which outlasts a drift of the host's speed
+    that moves both alike."""
     last_outlier: float = -math.inf
 
     def add_between(self, *, speculating: bool, seconds_per_token: float, at: float) -> None:
@@ -284,6 +330,36 @@ class Residuals:
         if mode.weight >= 4 and abs(log_ratio - mode.mean) > RESIDUAL_TOLERANCE:
             self.last_outlier = at
         mode.add(log_ratio, at)
+        on, off = self.modes[True], self.modes[False]
+        if (
+            on.weight >= 2
+            and off.weight >= 2
+            and abs(on.at - off.at) <= CONTEMPORARY_RESIDUALS_SECONDS
+        ):
+            self.relative.add(on.mean - off.mean, at)
+
+    def corrections(self) -> tuple[float, float]:
+        """The (on, off) factors for the model's step rates. A mode without samples takes the
+        other's factor: what slows a pod's delivery besides its decode steps (a busy host)
+        slows both modes alike, and only a difference between them moves the crossover. Modes
+        measured at different moments keep the difference learnt when they were measured
+        together, applied to the newer's factor: a shared host's speed drifts, and a mode
+        measured a minute before the other would read that drift as a difference."""
+        on_r, off_r = self.modes[True], self.modes[False]
+        if on_r.weight < 2 and off_r.weight < 2:
+            return 1.0, 1.0
+        if on_r.weight < 2 or off_r.weight < 2:
+            f = (on_r if on_r.weight >= 2 else off_r).factor()
+            return f, f
+        if abs(on_r.at - off_r.at) <= CONTEMPORARY_RESIDUALS_SECONDS:
+            return on_r.factor(), off_r.factor()
+        rel = math.exp(self.relative.mean) if self.relative.weight > 0 else 1.0
+        low, high = CORRECTION_BOUNDS
+        if on_r.at > off_r.at:
+            on_f = on_r.factor()
+            return on_f, min(high, max(low, on_f / rel))
+        off_f = off_r.factor()
+        return min(high, max(low, off_f * rel)), off_f
 
     def between_seconds_per_token(self, *, speculating: bool) -> float | None:
         """One mode's time between decode steps per generated token (None: unmeasured)."""
@@ -347,36 +423,44 @@ def predict(
     *,
     min_threshold: int,
     max_threshold: int,
+    batch: float | None = None,
 ) -> Prediction | None:
-    """The predicted threshold, or None without a profile or a current acceptance."""
+    """The predicted threshold, or None without a profile or a current acceptance. `batch`,
+    the decode batch the pod runs now (None: unknown, an idle pod), picks the crossover
+    nearest it where speculation pays in more than one band of batches (an engine whose
+    multi-token off steps beat speculation at small batches, say): a threshold can keep only
+    one band speculating, and the one that serves the load is the one around its batch."""
     if profile is None or acceptance is None:
         return None
     tau, source = acceptance
     modes = residuals.modes if residuals is not None else {}
     on_r, off_r = modes.get(True, Residual()), modes.get(False, Residual())
-    # A mode without samples takes the other's factor: what slows a pod's delivery besides its
-    # decode steps (prefills, a busy host) slows both modes alike, and only a difference
-    # between them moves the crossover.
-    on_f = on_r.factor() if on_r.weight >= 2 else off_r.factor()
-    off_f = off_r.factor() if off_r.weight >= 2 else on_r.factor()
-    if (
-        on_r.weight >= 2
-        and off_r.weight >= 2
-        and abs(on_r.at - off_r.at) > CONTEMPORARY_RESIDUALS_SECONDS
-    ):
-        # Measured at different moments: the older takes the newer's factor.
-        on_f = off_f = (on_r if on_r.at > off_r.at else off_r).factor()
-    correction = (on_f, off_f)
+    correction = residuals.corrections() if residuals is not None else (1.0, 1.0)
     model = Prediction(0, "", True, profile, tau, correction)
     # 0 is allowed here, unlike a threshold learnt from samples: the acceptance is estimated
     # while off too, so a pod that never speculates still knows what speculation would give.
     low = max(0, min_threshold)
     high = max(low, min(max_threshold, int(profile.top())))
-    best = 0
-    for batch in range(1, high + 1):
-        ratio = model.ratio(batch)
-        if ratio is not None and ratio >= 1.0:
-            best = batch
+    pays = [False] + [
+        (ratio := model.ratio(b)) is not None and ratio >= 1.0 for b in range(1, high + 1)
+    ]
+    best = max((b for b in range(1, high + 1) if pays[b]), default=0)
+    first = min((b for b in range(1, high + 1) if pays[b]), default=0)
+    if batch is not None and batch >= 1 and best > 0:
+        at = min(high, max(1, round(batch)))
+        if pays[at]:
+            # Up from the batch while it pays: the crossover above the load.
+            best = at
+            while best < high and pays[best + 1]:
+                best += 1
+        else:
+            # Down from the batch to where it pays again (or none): plain decoding above.
+            best = at - 1
+            while best > 0 and not pays[best]:
+                best -= 1
+        first = best
+        while first > 1 and pays[first - 1]:
+            first -= 1
     threshold = min(max(best, low), max_threshold)
     confident = on_r.agrees() and off_r.agrees()
     if best >= high and high < max_threshold:
@@ -384,8 +468,12 @@ def predict(
         why = f"predicted: speculation pays up to the profile's largest batch, {high}"
     elif best == 0:
         why = "predicted: speculation pays at no batch"
+        if any(pays):
+            why += f" up to {round(batch or 0)} (it pays from batch {pays.index(True)})"
     else:
         why = f"predicted: speculation pays up to batch {best}"
+    if best > 0 and first > 1:
+        why += f" from batch {first}"
     why += f" (accept length {tau:.2f}, {source}"
     if correction != (1.0, 1.0):
         why += f"; corrected x{correction[0]:.2f} on, x{correction[1]:.2f} off"

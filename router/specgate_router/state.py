@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import math
 import random
@@ -437,9 +438,24 @@ def predictions(
                 pod.residuals,
                 min_threshold=params.min_threshold,
                 max_threshold=params.max_threshold,
+                batch=recent_batch(pod.samples, now),
             )
         )
     return out
+
+
+RECENT_BATCH_SECONDS = 3.0
+
+
+def recent_batch(samples: Sequence[control.Sample], now: float) -> float | None:
+    """The median decode batch of a pod's samples of the last few seconds (None: idle).
+    Samples are in time order: read back from the newest only."""
+    newest = itertools.takewhile(lambda s: now - s.at <= RECENT_BATCH_SECONDS, reversed(samples))
+    recent = [s.batch for s in newest]
+    if not recent:
+        return None
+    recent.sort()
+    return recent[len(recent) // 2]
 
 
 def _static_endpoints(backends: list[str]) -> dict[str, str]:
