@@ -553,25 +553,33 @@ def test_where_speculation_pays_in_one_band_the_threshold_follows_the_load() -> 
     assert crossover == {32}
 
 
-def test_calibration_reads_the_agreement_of_the_workload_running_now() -> None:
-    """The workload changed a couple of seconds before the pod switched on: the smoothed
-    agreement still lags (0.5 where the last readings say 0.7). Calibrating against it read
-    the draft 1.35x better than its chain and kept that for minutes; the latest reading, on
-    enough proposals, gives the true map (1.0 for a draft that accepts alike at every
-    position)."""
+def test_calibration_waits_for_an_agreement_that_has_settled() -> None:
+    """The workload changed a couple of seconds before the pod switched on: the agreement
+    readings moved from 0.4 to 0.7 and the smoothed figure still lags. Calibrating the accept
+    length measured after the switch against either read the draft 1.35x better (or worse)
+    than its chain and kept that for minutes. The switch on does not calibrate; the switch
+    back off does, against the first reading after it: the true map (1.0 for a draft that
+    accepts alike at every position)."""
     tracker = AcceptanceTracker()
     tracker.update(_counters(), 0.0, 3, 0.0)
     proposed, agreed = 0.0, 0.0
     for t, rate in [(float(t), 0.4) for t in range(1, 11)] + [(11.0, 0.7), (12.0, 0.7)]:
         proposed, agreed = proposed + 300, agreed + 300 * rate
-        tracker.update(
-            _counters(draft_first_proposed=proposed, draft_first_agreed=agreed), t, 3, 0.0
-        )
+        counters = _counters(draft_first_proposed=proposed, draft_first_agreed=agreed)
+        tracker.update(counters, t, 3, 0.0)
     assert tracker.p1_off is not None and tracker.p1_off < 0.65  # lagging
     tau = predict.chain_accept_length(0.7, 3)
-    on = dict(draft_first_proposed=proposed, draft_first_agreed=agreed)
-    tracker.update(_counters(**on, spec_request_steps=100, spec_accepted_tokens=100 * (tau - 1)),
-                   13.0, 3, 1.0)  # fmt: skip
+    steps, accepted = 0.0, 0.0
+    for t in (13.0, 14.0):  # a short measuring probe: 300 request-steps
+        steps, accepted = steps + 150, accepted + 150 * (tau - 1)
+        counters = _counters(draft_first_proposed=proposed, draft_first_agreed=agreed,
+                             spec_request_steps=steps, spec_accepted_tokens=accepted)  # fmt: skip
+        tracker.update(counters, t, 3, 1.0)
+    assert not tracker.calibrated
+    proposed, agreed = proposed + 300, agreed + 300 * 0.7
+    counters = _counters(draft_first_proposed=proposed, draft_first_agreed=agreed,
+                         spec_request_steps=steps, spec_accepted_tokens=accepted)  # fmt: skip
+    tracker.update(counters, 15.0, 3, 0.0)
     assert tracker.calibrated and tracker.calibration == pytest.approx(1.0, abs=0.01)
 
 
@@ -600,3 +608,44 @@ def test_a_measuring_probe_ends_when_the_load_moves_away() -> None:
     )  # fmt: skip
     assert ended.probe is None and ended.threshold == 32, ended.reason
     assert "ended: the load moved to batch 48" in ended.reason
+
+
+def test_a_move_on_an_estimate_that_speculation_measures_wrong_is_undone_at_once() -> None:
+    """A pod runs plain at batch 16; the estimate while off says accept length 3.0 (a draft
+    whose agreement on the first position flatters its chain), so the model turns speculation
+    on. Speculating, the pod measures 1.8, at which plain delivers 1.1x: the move is undone
+    once the measurement settles (5 s), not after a 30 s cooldown in the slower mode. A move
+    that rested on a measured accept length keeps its cooldown."""
+    params = ControlSettings()
+    profile = StepProfile.from_wire(WIRE)
+
+    def model(tau: float, source: str) -> predict.Prediction:
+        out = predict.predict(profile, (tau, source), None, min_threshold=0, max_threshold=64)
+        assert out is not None
+        return out
+
+    guessed = model(3.0, "estimated while off (uncalibrated)")
+    assert not guessed.measured and guessed.threshold == 32
+    own = [control.Sample(0.5 * i, 16, 16 * 150.0, 0.0, accept_length=3.0) for i in range(1, 81)]
+
+    def decide(
+        previous: control.Decision, now: float, prediction: predict.Prediction
+    ) -> control.Decision:
+        return control.decide(
+            samples=own, previous=previous, now=now, fresh=True, params=params, own=own,
+            prediction=prediction,
+        )  # fmt: skip
+
+    on = decide(control.Decision(8, "start", 0.0), 40.0, guessed)
+    assert on.threshold == 32 and on.moved_on_estimate == 3.0, on.reason
+    own += [
+        control.Sample(40.0 + 0.5 * i, 16, 16 * 135.0, 1.0, accept_length=1.8) for i in range(1, 13)
+    ]
+    measured = model(1.8, "measured")
+    assert measured.measured and measured.threshold == 0
+    assert "cooling down" in decide(on, 43.0, measured).reason  # the measurement settles
+    off = decide(on, 46.0, measured)
+    assert off.threshold == 0 and "the last move assumed accept length 3.00" in off.reason
+    # The same move made on a measured accept length waits out its cooldown.
+    on_measured = dataclasses.replace(on, moved_on_estimate=None)
+    assert decide(on_measured, 46.0, measured).threshold == 32

@@ -145,6 +145,9 @@ class Decision:
     probe_after: float = -math.inf  # no probe before this (a pod's first: one interval in)
     moved: int = 0  # the direction of the last change the fit made: +1 up, -1 down, 0 none
     measured: Measurement | None = None  # the last measuring probe's verdict
+    moved_on_estimate: float | None = None
+    """The accept length estimated while off that the model's last move rested on; None when
+    it rested on a measured one."""
 
 
 def sample_between(
@@ -700,6 +703,17 @@ def _model_move(
     wait_for = params.cooldown_seconds
     if direction == previous.moved:
         wait_for = min(wait_for, MODEL_SETTLE_SECONDS)
+    guessed = previous.moved_on_estimate
+    if (
+        direction == -previous.moved
+        and guessed is not None
+        and prediction.measured
+        and not same_workload(prediction.tau, guessed)
+    ):
+        # The last move rested on an estimate that speculating has now measured wrong: undo
+        # it once the measurement settles, not after a whole cooldown in the slower mode.
+        wait_for = min(wait_for, MODEL_SETTLE_SECONDS)
+        why = f"{why}; the last move assumed accept length {guessed:.2f}"
     if now - previous.changed_at < wait_for:
         wait = wait_for - (now - previous.changed_at)
         return replace(previous, reason=f"{why}; cooling down {wait:.0f}s")
@@ -724,7 +738,13 @@ def _model_move(
                 f" at batch {batch:.0f}",
             )
     return replace(
-        previous, threshold=target, reason=why, changed_at=now, probe_wait=1.0, moved=direction
+        previous,
+        threshold=target,
+        reason=why,
+        changed_at=now,
+        probe_wait=1.0,
+        moved=direction,
+        moved_on_estimate=None if prediction.measured else prediction.tau,
     )
 
 

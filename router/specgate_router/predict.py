@@ -56,6 +56,8 @@ MIN_PROPOSALS = 64
 """Draft proposals (while off) before their agreement rate says anything."""
 CALIBRATING_PROPOSALS = 256
 """Proposals behind one reading of the agreement for it to calibrate alone (within about 0.03)."""
+SETTLED_AGREEMENT = 0.05
+"""The latest agreement reading within this of the smoothed one: the workload is not moving."""
 MIN_CALIBRATING_REQUEST_STEPS = 256
 """Speculating request-steps behind a measured accept length before it calibrates the estimate
 at a switch off (a chain's accepted drafts vary by about 1 a step: 256 put it within 3%). A pod
@@ -170,6 +172,7 @@ class AcceptanceTracker:
     calibration_at: float = -math.inf
     _last: dict[str, float] | None = None
     _pending: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    _speculated_since_agreement: bool = False
 
     def update(
         self,
@@ -200,6 +203,7 @@ class AcceptanceTracker:
             self.tau = _smooth(self.tau, measured, at - self.tau_at, TAU_HALF_LIFE_SECONDS)
             self.tau_at = at
             self.tau_request_steps += steps
+            self._speculated_since_agreement = True
             fresh_estimate = at - self.p1_off_at <= CROSS_CALIBRATION_SECONDS
             p1 = self._p1_before_switch()
             if p1 is not None and fresh_estimate and steps >= 8:
@@ -211,7 +215,8 @@ class AcceptanceTracker:
         pending[1] += d["draft_first_agreed"]
         if pending[0] >= MIN_PROPOSALS:
             p1 = min(1.0, pending[1] / pending[0])
-            first_since_switch = at - self.p1_off_at > CROSS_CALIBRATION_SECONDS
+            first_since_switch = self._speculated_since_agreement
+            self._speculated_since_agreement = False
             self.p1_off = _smooth(self.p1_off, p1, at - self.p1_off_at, TAU_HALF_LIFE_SECONDS)
             self.p1_off_at = at
             self.p1_off_last, self.p1_off_last_proposals = p1, pending[0]
@@ -228,11 +233,17 @@ class AcceptanceTracker:
                 self._calibrate(self.tau, p1, at)
 
     def _p1_before_switch(self) -> float | None:
-        """The agreement to calibrate with: the latest reading where it rests on enough
-        proposals to be read alone, else the smoothed figure."""
-        if self.p1_off_last is not None and self.p1_off_last_proposals >= CALIBRATING_PROPOSALS:
-            return self.p1_off_last
-        return self.p1_off
+        """The agreement to calibrate with at a switch on: the latest reading, where it rests on
+        enough proposals to be read alone and the smoothed figure has caught up with it. While
+        they differ the workload is changing under the switch, and the accept length measured
+        after it belongs to another workload than the agreement before it: None (the switch
+        back off calibrates instead)."""
+        last, smoothed = self.p1_off_last, self.p1_off
+        if last is None or smoothed is None:
+            return smoothed
+        if abs(last - smoothed) > SETTLED_AGREEMENT:
+            return None
+        return last if self.p1_off_last_proposals >= CALIBRATING_PROPOSALS else smoothed
 
     def _calibrate(self, measured: float, p1_off: float, at: float) -> None:
         """Measured accept length against the chain estimate from agreement while off, the two
@@ -402,6 +413,8 @@ class Prediction:
     profile: StepProfile
     tau: float
     correction: tuple[float, float]  # (on, off) factors applied to the model's step rates
+    measured: bool = True
+    """tau was measured (speculating now), not estimated from the agreement while off."""
 
     def seconds_per_token(self, batch: float, speculating: bool) -> float | None:
         step_rate = self.correction[0 if speculating else 1]
@@ -480,7 +493,9 @@ def predict(
     why += ")"
     if not confident:
         why += "; samples disagree with the model"
-    return Prediction(threshold, why, confident, profile, tau, correction)
+    return Prediction(
+        threshold, why, confident, profile, tau, correction, measured=source == "measured"
+    )
 
 
 def _number(value: Any) -> float:
