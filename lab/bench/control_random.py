@@ -13,6 +13,7 @@ router's own control code). The router runs its defaults but maxThreshold, raise
 engine's running limit so that the bound does not decide.
 
     .venv/bin/python lab/bench/control_random.py [--scenarios N] [--seed S] [--jobs J]
+    .venv/bin/python lab/bench/control_random.py --report RESULTS.json [--compare OTHER.json]
 
 Prints each scenario as it ends, then the distribution of routed / better static and the
 worst scenarios with everything needed to rerun one (`--only SEED`); writes
@@ -198,7 +199,9 @@ def report(results: list[dict[str, Any]], seconds: float, seed: int) -> str:
     )
 
 
-def plot(results: list[dict[str, Any]], path: Path) -> None:
+def plot(
+    results: list[dict[str, Any]], path: Path, before: list[dict[str, Any]] | None = None
+) -> None:
     try:
         import matplotlib
 
@@ -207,10 +210,11 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     except ImportError:
         print("no matplotlib: no plot (pip install 'specgate[plot]')", file=sys.stderr)
         return
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    points = None
     for kind, marker in (("load", "o"), ("acceptance", "^")):
         mine = [r for r in results if r["kind"] == kind]
-        ax.scatter(
+        points = ax.scatter(
             [r["c_after"] for r in mine],
             [r["ratio"] for r in mine],
             c=[r["accept_length_after"] for r in mine],
@@ -221,12 +225,30 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
             label=f"{kind} step",
             s=24,
         )
+    if before:
+        # The same scenarios under another controller, each joined to its current result.
+        now = {r["seed"]: r["ratio"] for r in results}
+        for r in before:
+            if r["seed"] in now and abs(r["ratio"] - now[r["seed"]]) > 0.005:
+                x = r["c_after"]
+                ax.plot([x, x], [r["ratio"], now[r["seed"]]], color="0.75", lw=0.8, zorder=0)
+        ax.scatter(
+            [r["c_after"] for r in before],
+            [r["ratio"] for r in before],
+            marker="x",
+            color="0.6",
+            s=18,
+            label="before (--compare)",
+            zorder=0,
+        )
     ax.axhline(TARGET, color="red", lw=0.8, ls="--")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("concurrent requests after the change")
     ax.set_ylabel("routed / better static mode")
-    ax.set_title("random engines and workloads (colour: accept length)", fontsize=10)
+    ax.set_title("random engines and workloads, 30 s from a minute after the change", fontsize=10)
     ax.legend(fontsize=8)
+    if points is not None:
+        fig.colorbar(points, ax=ax, label="accept length after the change")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -239,9 +261,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--only", type=int, help="run the scenario of this seed and print it")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--report", type=Path, help="a results JSON to report and plot again, running nothing"
+    )
+    parser.add_argument(
+        "--compare", type=Path, help="a results JSON of the same seeds to draw beside (grey)"
+    )
     args = parser.parse_args(argv)
     if args.only is not None:
         print(json.dumps(run_scenario(draw(args.only)), indent=1))
+        return 0
+    before = json.loads(args.compare.read_text())["results"] if args.compare else None
+    if args.report is not None:
+        saved: list[dict[str, Any]] = json.loads(args.report.read_text())["results"]
+        print(report(saved, 0.0, min(r["seed"] for r in saved)))
+        if before is not None:
+            print("\nBefore:", report(before, 0.0, min(r["seed"] for r in before)).split("\n")[0])
+        plot(saved, args.report.with_suffix(".png"), before)
         return 0
     started = time.monotonic()
     scenarios = [draw(args.seed + i) for i in range(args.scenarios)]
@@ -262,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{stem}.md").write_text(md + "\n")
     (args.out / f"{stem}.json").write_text(json.dumps({"results": results}, indent=1) + "\n")
-    plot(results, args.out / f"{stem}.png")
+    plot(results, args.out / f"{stem}.png", before)
     return 0
 
 
