@@ -17,6 +17,14 @@ from specgate_sim import profile as profiles
 WIRE = {"on": [[1, 0.010], [8, 0.012], [32, 0.020]], "off": [[1, 0.004], [8, 0.006], [32, 0.010]]}
 
 
+def wire_model(tau: float, source: str = "measured") -> predict.Prediction:
+    """WIRE's prediction at accept length `tau` from `source`, bounds 0-64, no residuals."""
+    profile = StepProfile.from_wire(WIRE)
+    out = predict.predict(profile, (tau, source), None, min_threshold=0, max_threshold=64)
+    assert out is not None
+    return out
+
+
 def test_the_chain_formula() -> None:
     assert predict.chain_accept_length(0.0, 3) == 1.0
     assert predict.chain_accept_length(1.0, 3) == 4.0
@@ -401,12 +409,7 @@ def test_a_probe_that_measures_the_accept_length_still_compares_with_the_samples
     carry 1.8 but are the same workload's, and the verdict compares with them (it once read
     "inconclusive, 0 before" and went back to plain for a cooldown)."""
     params = ControlSettings()
-    profile = StepProfile.from_wire(WIRE)
-
-    def model(tau: float, source: str) -> predict.Prediction:
-        out = predict.predict(profile, (tau, source), None, min_threshold=0, max_threshold=64)
-        assert out is not None
-        return out
+    model = wire_model
 
     guessed = model(1.8, "estimated while off (uncalibrated)")
     assert guessed.ratio(6) == pytest.approx(0.855, abs=0.01) and guessed.threshold < 6
@@ -497,23 +500,27 @@ def test_a_difference_measured_together_outlasts_the_next_drift() -> None:
     (control_random.py found engines where that decided the mode)."""
     profile = StepProfile.from_wire(WIRE)
     assert profile is not None
-    residuals = Residuals()
-    for at in (0.0, 1.0, 2.0):
-        residuals.add(batch=8, speculating=True, step_seconds=0.012 / 0.8, profile=profile, at=at)
-    for at in (3.0, 4.0, 5.0):
-        residuals.add(batch=8, speculating=False, step_seconds=0.006 / 0.7, profile=profile, at=at)
+
+    def measured(
+        residuals: Residuals, speculating: bool, speed: float, times: tuple[float, ...]
+    ) -> Residuals:
+        """Decode steps at batch 8 running at `speed` of the profile's, at `times`."""
+        step = 0.012 if speculating else 0.006
+        for at in times:
+            residuals.add(batch=8, speculating=speculating, step_seconds=step / speed,
+                          profile=profile, at=at)  # fmt: skip
+        return residuals
+
+    residuals = measured(Residuals(), True, 0.8, (0.0, 1.0, 2.0))
+    measured(residuals, False, 0.7, (3.0, 4.0, 5.0))
     assert residuals.corrections() == (pytest.approx(0.8), pytest.approx(0.7))
-    for at in (60.0, 61.0, 62.0, 63.0):
-        residuals.add(batch=8, speculating=False, step_seconds=0.006 / 0.6, profile=profile, at=at)
+    measured(residuals, False, 0.6, (60.0, 61.0, 62.0, 63.0))
     on_f, off_f = residuals.corrections()
     assert 0.6 <= off_f < 0.65  # mostly the new measurements
     assert on_f / off_f == pytest.approx(0.8 / 0.7)
     # Never measured together: no difference is known, both take the newer factor.
-    apart = Residuals()
-    for at in (0.0, 1.0, 2.0):
-        apart.add(batch=8, speculating=True, step_seconds=0.012 / 0.8, profile=profile, at=at)
-    for at in (60.0, 61.0, 62.0):
-        apart.add(batch=8, speculating=False, step_seconds=0.006 / 0.6, profile=profile, at=at)
+    apart = measured(Residuals(), True, 0.8, (0.0, 1.0, 2.0))
+    measured(apart, False, 0.6, (60.0, 61.0, 62.0))
     assert apart.corrections() == (pytest.approx(0.6), pytest.approx(0.6))
 
 
@@ -617,12 +624,7 @@ def test_a_move_on_an_estimate_that_speculation_measures_wrong_is_undone_at_once
     once the measurement settles (5 s), not after a 30 s cooldown in the slower mode. A move
     that rested on a measured accept length keeps its cooldown."""
     params = ControlSettings()
-    profile = StepProfile.from_wire(WIRE)
-
-    def model(tau: float, source: str) -> predict.Prediction:
-        out = predict.predict(profile, (tau, source), None, min_threshold=0, max_threshold=64)
-        assert out is not None
-        return out
+    model = wire_model
 
     guessed = model(3.0, "estimated while off (uncalibrated)")
     assert not guessed.measured and guessed.threshold == 32
