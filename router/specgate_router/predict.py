@@ -286,8 +286,7 @@ class Residual:
         self.at = at
 
     def factor(self) -> float:
-        low, high = CORRECTION_BOUNDS
-        return min(high, max(low, math.exp(self.mean))) if self.weight >= 2 else 1.0
+        return _bounded_correction(math.exp(self.mean)) if self.weight >= 2 else 1.0
 
     def agrees(self) -> bool:
         low, high = CORRECTION_BOUNDS
@@ -357,20 +356,18 @@ class Residuals:
         together, applied to the newer's factor: a shared host's speed drifts, and a mode
         measured a minute before the other would read that drift as a difference."""
         on_r, off_r = self.modes[True], self.modes[False]
-        if on_r.weight < 2 and off_r.weight < 2:
-            return 1.0, 1.0
         if on_r.weight < 2 or off_r.weight < 2:
+            # One mode measured (or none: both 1.0).
             f = (on_r if on_r.weight >= 2 else off_r).factor()
             return f, f
         if abs(on_r.at - off_r.at) <= CONTEMPORARY_RESIDUALS_SECONDS:
             return on_r.factor(), off_r.factor()
         rel = math.exp(self.relative.mean) if self.relative.weight > 0 else 1.0
-        low, high = CORRECTION_BOUNDS
         if on_r.at > off_r.at:
             on_f = on_r.factor()
-            return on_f, min(high, max(low, on_f / rel))
+            return on_f, _bounded_correction(on_f / rel)
         off_f = off_r.factor()
-        return min(high, max(low, off_f * rel)), off_f
+        return _bounded_correction(off_f * rel), off_f
 
     def between_seconds_per_token(self, *, speculating: bool) -> float | None:
         """One mode's time between decode steps per generated token (None: unmeasured)."""
@@ -496,6 +493,11 @@ def predict(
     return Prediction(
         threshold, why, confident, profile, tau, correction, measured=source == "measured"
     )
+
+
+def _bounded_correction(factor: float) -> float:
+    low, high = CORRECTION_BOUNDS
+    return min(high, max(low, factor))
 
 
 def _number(value: Any) -> float:
