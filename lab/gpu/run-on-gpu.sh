@@ -40,9 +40,8 @@ if [ ! -f "$SITE-upstream/.specgate-unpacked" ]; then
   # Compiled kernels from an earlier run (checks-2gpu.sh packs them), if carried along.
   if [ -f .gpu/kcache.tar.xz ]; then tar -xJf .gpu/kcache.tar.xz -C /tmp; fi
 fi
-# Router dependencies the GPU image lacks (httptools, which uvicorn[standard] brings on a user's
-# machine), carried as wheels in .gpu/wheels/: pip download --only-binary=:all:
-# --python-version 3.12 --platform manylinux2014_x86_64 --no-deps -d .gpu/wheels httptools
+# Router dependencies the GPU image lacks (httptools, PyJWT, the OpenTelemetry SDK), carried as
+# wheels in .gpu/wheels/ (lab/gpu/stage.sh downloads them).
 EXTRA=$SITE-wheels
 rm -rf "$EXTRA" && mkdir -p "$EXTRA"
 for w in .gpu/wheels/*.whl; do
