@@ -4,7 +4,7 @@ For each per-token acceptance rate and client count: the load is held at another
 minute (16 clients before a small load, 4 before a large one), then at c for a minute; the
 last 30 s of the routed pod are compared with always speculating and never speculating over
 the same 30 s (specgate_sim.virtual: the simulator's engine behind the router's own control
-code). The router starts from the resource's defaults but maxThreshold 256.
+code). The router starts from the resource's defaults.
 
     .venv/bin/python lab/bench/control_grid.py [--profile NAME] [--off-step-tokens K]
 
@@ -38,7 +38,7 @@ def cell(name: str, k: int, rate: float, c: int, *, model_inputs: bool) -> dict[
         seconds=120,
         window=(90, 120),
         off_step_tokens=k,
-        params=ControlSettings(max_threshold=256),
+        params=ControlSettings(),  # the resource's defaults
         seeds=(0, 1, 2) if c <= 4 else (0,),
         model_inputs=model_inputs,
     )

@@ -142,7 +142,7 @@ def run_scenario(scenario: dict[str, Any]) -> dict[str, Any]:
         window=(90, 120),
         seeds=(0, 1, 2) if c_after <= 4 else (0,),
         off_step_tokens=scenario["off_step_tokens"],
-        params=ControlSettings(max_threshold=profile.max_running_requests),
+        params=ControlSettings(),  # the resource's defaults
         output_tokens=tuple(scenario["output_tokens"]),
         prompt_tokens=tuple(scenario["prompt_tokens"]),
         profile_error=tuple(scenario["profile_error"]),
