@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import lzma
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -464,6 +465,31 @@ def test_random_engines_that_found_controller_faults_stay_fixed(seed: int, what:
     assert scenario == sweep.draw(seed)  # everything comes from the seed
     result = sweep.run_scenario(scenario)
     assert result["ratio"] >= 0.9, (what, result)
+
+
+def test_a_measuring_verdict_holds_in_the_mode_the_pod_returns_to(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Seed 20107: seven draft steps whose estimate while off reads 15% below the accept
+    length measured while speculating. A measuring probe of speculation that went back to
+    plain kept the accept length it measured; back in plain the pod's accept length was the
+    estimate, the verdict no longer described "this workload", and the pod measured again
+    every 12 s (9 pushes in the minute after the change)."""
+    sweep = load_module(ROOT / "lab" / "bench" / "control_random.py", "control_random")
+    runs: list[Any] = []
+    real = sweep.ratio_to_better_static
+
+    def keep(*args: Any, **kwargs: Any) -> Any:
+        out = real(*args, **kwargs)
+        runs.append(out[1])
+        return out
+
+    monkeypatch.setattr(sweep, "ratio_to_better_static", keep)
+    result = sweep.run_scenario(sweep.draw(20107))
+    assert result["ratio"] >= 0.97, result
+    # One at batch 8 from each mode's first reading of the workload, one at batch 48.
+    started = [t for t, why in runs[0].reasons if ": the model predicts" in why]
+    assert len(started) <= 3, (started, runs[0].thresholds)
 
 
 def test_random_scenarios_let_the_old_load_drain_before_the_window() -> None:

@@ -18,9 +18,9 @@ from specgate_router.settings import ControlSettings
 from specgate_sim import profile as profiles
 from specgate_sim.virtual import Change, ratio_to_better_static, run
 
-# The resource's bounds: maxThreshold above the largest load, so that speculation can run at
-# 128 where it pays (with the default of 64 the bound, not the controller, would decide).
-PARAMS = ControlSettings(max_threshold=256)
+# The resource's defaults, as a user deploys it (maxThreshold bounds nothing: the prediction
+# stops at the profile's largest batch).
+PARAMS = ControlSettings()
 TARGET = 0.97
 
 
@@ -212,3 +212,30 @@ def test_a_host_that_slows_after_an_acceptance_step_is_not_read_as_a_mode_gain(
         prof, changes, seconds=120, window=(90, 120), params=PARAMS, output_tokens=(64, 192)
     )
     assert ratio >= TARGET, (ratio, routed.thresholds, routed.reasons[-1])
+
+
+@pytest.mark.parametrize(("after", "draft_overhead_s"), [(0.4, 0.027), (0.45, 0.015)])
+def test_an_acceptance_step_where_prefills_decide_is_measured_within_the_minute(
+    after: float, draft_overhead_s: float
+) -> None:
+    """16 clients at accept length 3.9; at 60 s it falls to about 1.6 (0.4 a position), and a
+    speculating request's prefill costs 27 ms more than a plain one's: what the H200 pair's
+    rates imply (BENCHMARKS.md section 0c), where the step profile puts the crossover near the
+    load and plain delivers about twice as much. The model follows the step; a measuring probe
+    must not start while the accept length still drifts, and must come once it has settled,
+    not a cooldown later (0.89 when it waited), and its verdict must keep the pod plain."""
+    prof = _with_speculating_prefills("h200-3b-synthetic-deployed", draft_overhead_s)
+    changes = [Change(0, concurrency=16, acceptance=0.99), Change(60, acceptance=after)]
+    ratio, routed = ratio_to_better_static(
+        prof,
+        changes,
+        seconds=120,
+        window=(90, 120),
+        params=PARAMS,
+        output_tokens=(64, 192),
+        prompt_tokens=(32, 32),
+    )
+    assert ratio >= TARGET, (ratio, routed.thresholds, routed.reasons[-1])
+    assert not routed.speculating[-1][1], routed.reasons[-1]
+    started = [t for t, why in routed.reasons if why.startswith("measuring ") and ": the" in why]
+    assert started and started[0] < 90, routed.thresholds

@@ -262,12 +262,12 @@ NEAR = {
 }
 
 
-def _follow(current: int, batch: float) -> control.Decision:
+def _follow(current: int, batch: float, moved: int = 0) -> control.Decision:
     profile = StepProfile.from_wire(NEAR)
     got = predict.predict(profile, (2.0, "measured"), None, min_threshold=0, max_threshold=64)
     assert got is not None and got.confident and got.threshold == 14
     params = ControlSettings(threshold=8, max_threshold=64, hysteresis=2, cooldown_seconds=30)
-    previous = control.Decision(threshold=current, reason="", changed_at=0.0)
+    previous = control.Decision(threshold=current, reason="", changed_at=0.0, moved=moved)
     own = [control.Sample(at=999.0, batch=batch, tokens_per_second=1.0, speculating_fraction=1.0)]
     return control.decide(
         samples=own, previous=previous, now=1000.0, fresh=True, params=params, own=own,
@@ -296,6 +296,17 @@ def test_a_flip_at_the_load_smaller_than_the_margin_waits() -> None:
     assert _follow(current=16, batch=15.0).threshold == 14
     held = _follow(current=16, batch=14.6)
     assert held.threshold == 16 and "differ by" in held.reason, held.reason
+
+
+def test_a_placed_threshold_far_from_the_load_holds() -> None:
+    """With the threshold placed by the model at 100 and the load at batch 6, a crossover
+    moving to 14 changes no mode the pod runs: no push (on a GPU, step corrections wiggling
+    by 3% moved a crossover near 100 five times in a minute at one request). The first
+    placement still moves, and so does the same move once the load reaches the band."""
+    held = _follow(current=100, batch=6.0, moved=1)
+    assert held.threshold == 100 and "changes no mode" in held.reason, held.reason
+    assert _follow(current=100, batch=6.0).threshold == 14
+    assert _follow(current=100, batch=50.0, moved=1).threshold == 14
 
 
 def test_time_between_steps_comes_from_the_decode_moments() -> None:
@@ -651,3 +662,22 @@ def test_a_move_on_an_estimate_that_speculation_measures_wrong_is_undone_at_once
     # The same move made on a measured accept length waits out its cooldown.
     on_measured = dataclasses.replace(on, moved_on_estimate=None)
     assert decide(on_measured, 46.0, measured).threshold == 32
+
+
+def test_the_default_bounds_leave_the_top_to_the_profile() -> None:
+    """A resource that sets no bounds speculates wherever the profile says it pays: a default
+    maxThreshold below the engine's batches ran a pod plain at 128 requests where speculation
+    delivered 2.5x (BENCHMARKS.md section 0c)."""
+    defaults = ControlSettings()
+    profile = StepProfile.from_wire(H200.step_profile(1, 256))
+    assert profile is not None and profile.top() == 256
+    got = predict.predict(
+        profile,
+        (4.0, "measured"),
+        None,
+        min_threshold=defaults.min_threshold,
+        max_threshold=defaults.max_threshold,
+        batch=200,
+    )
+    assert got is not None and got.threshold == 256, got and got.why
+    assert control.threshold_to_run(200, speculating=True, params=defaults) is not None

@@ -117,7 +117,7 @@ class Probe:
 @dataclass(frozen=True)
 class Measurement:
     """A measuring probe's verdict: at `batch`, on the workload of accept length `tau`,
-    `better` (True: speculation; None: neither by MEASURED_OVER_MODEL_MARGIN) delivered `gain`
+    `better` (True: speculation; None: neither by PROBE_MARGIN) delivered `gain`
     times the other mode. It stands, and no other probe measures there, until `until`."""
 
     until: float
@@ -125,12 +125,17 @@ class Measurement:
     batch: float
     better: bool | None
     gain: float
+    also: float | None = None
+    """The accept length the probe started with: the same workload, read in the other mode."""
 
     def holds(self, now: float, tau: float, batch: float) -> bool:
         """Whether it still speaks for this workload at this batch."""
         return (
             now < self.until
-            and same_workload(tau, self.tau)
+            and (
+                same_workload(tau, self.tau)
+                or (self.also is not None and same_workload(tau, self.also))
+            )
             and abs(batch - self.batch) <= band(self.batch)
         )
 
@@ -461,7 +466,12 @@ def _follow_prediction(
     if probe is not None and probe.measuring:
         return _end_of_measuring(prediction, own, previous, probe, now, params)
     decision = _model_move(prediction, own, previous, now, params)
-    steady = steady_batch(own, now=now, params=params)
+    # A few scrapes at one batch in one mode suffice here, not a cooldown: what is measured is
+    # bracketed, and a verdict stands for its batch and workload, so measuring soon after the
+    # model's move costs no more switches than measuring a cooldown later, and spends less
+    # time in a mode the model barely prefers.
+    settle = measure_settle_seconds(params)
+    steady = steady_batch(own, now=now, params=params, seconds=settle)
     if steady is None or decision.threshold is None:
         return decision
     batch, speculating = steady
@@ -473,22 +483,34 @@ def _follow_prediction(
         accept_length=prediction.tau,
         need=params.min_samples,
     )
-    if bracketed is not None:
-        better, gain = bracketed
-        return _measured_at_batch(prediction, previous, decision, batch, better, gain, now, params)
     verdict = previous.measured
     measured = verdict is not None and verdict.holds(now, prediction.tau, batch)
-    if verdict is not None and measured and verdict.better is not None:
-        # The verdict of the last measuring probe here outlives the samples it took.
-        better, gain = verdict.better, verdict.gain
+    if bracketed is not None and (not measured or bracketed[1] > 1 + MEASURED_OVER_MODEL_MARGIN):
+        better, gain = bracketed
         return _measured_at_batch(prediction, previous, decision, batch, better, gain, now, params)
+    if verdict is not None and measured and verdict.better is not None:
+        # The verdict of the last measuring probe here outlives the samples it took, and holds
+        # at the margin the probe kept its mode by: the model, which kept the other, would
+        # otherwise move the pod back into the mode measured slower once the cooldown ran out.
+        better, gain = verdict.better, verdict.gain
+        return _measured_at_batch(
+            prediction, previous, decision, batch, better, gain, now, params, margin=PROBE_MARGIN
+        )
     if decision.threshold != current or not may_probe or measured:
         return decision
-    if params.probe_interval_seconds <= 0 or now - previous.changed_at < params.cooldown_seconds:
-        return decision
     ratio = prediction.ratio(batch)
-    if ratio is None or ratio <= 0 or (ratio if speculating else 1 / ratio) >= MEASURE_BELOW_GAIN:
+    if ratio is None or ratio <= 0:
         return decision
+    ahead = ratio if speculating else 1 / ratio  # what the model gives the mode the pod runs
+    if ahead >= MEASURE_BELOW_GAIN:
+        return decision
+    # Where the model prefers the other mode and only the cooldown holds the pod, a probe
+    # would make that move ahead of the cooldown: it waits as the move does.
+    wait = settle if ahead >= 1 else params.cooldown_seconds
+    if params.probe_interval_seconds <= 0 or now - previous.changed_at < wait:
+        return decision
+    if not accept_settled(own, prediction.tau, now=now, seconds=settle):
+        return decision  # the workload is still changing: what a probe measured would be stale
     other = threshold_to_run(batch, speculating=not speculating, params=params)
     if other is None:
         return decision
@@ -519,16 +541,14 @@ def _measured_at_batch(
     gain: float,
     now: float,
     params: ControlSettings,
+    margin: float = MEASURED_OVER_MODEL_MARGIN,
 ) -> Decision:
     """Both modes measured at the pod's batch on this workload, `better` (True: speculation)
-    delivering `gain` times the other: where that is MEASURED_OVER_MODEL_MARGIN or more and the
-    model's decision runs the other mode there, the threshold runs the measured one at that
-    batch and keeps the model's elsewhere."""
+    delivering `gain` times the other: where that is more than `margin` and the model's
+    decision runs the other mode there, the threshold runs the measured one at that batch and
+    keeps the model's elsewhere."""
     assert decision.threshold is not None
-    if (
-        gain <= 1 + MEASURED_OVER_MODEL_MARGIN
-        or contract.speculates(round(batch), decision.threshold) == better
-    ):
+    if gain <= 1 + margin or contract.speculates(round(batch), decision.threshold) == better:
         return decision
     run_at = threshold_to_run(batch, speculating=better, params=params)
     if run_at is None:
@@ -664,10 +684,13 @@ def _end_of_measuring(
         why = f"measured {mode} at batch {probe.batch:.0f}: {ratio:.2f}x; "
         why += "keeping it" if keep else f"back to {back}"
         gain = max(ratio, 1 / ratio)
-        if gain > 1 + MEASURED_OVER_MODEL_MARGIN:
+        if gain > 1 + PROBE_MARGIN:
             better = probe.speculating if ratio > 1 else not probe.speculating
     until = now + REMEASURE_INTERVALS * params.probe_interval_seconds
-    verdict = Measurement(until, prediction.tau, probe.batch, better, gain)
+    # The verdict is read later in the mode the pod runs then, whose accept length may come
+    # from another source (measured while speculating, estimated while off) and differ by
+    # more than COMPARABLE_ACCEPT on the same workload: it keeps the probe's first reading too.
+    verdict = Measurement(until, prediction.tau, probe.batch, better, gain, also=probe.tau)
     changed_at = now if threshold != previous.threshold else previous.changed_at
     return Decision(threshold, why, changed_at, measured=verdict)
 
@@ -697,6 +720,26 @@ def _model_move(
     flips_here = batch is not None and (batch <= current) != (batch <= target)
     if abs(target - current) <= params.hysteresis and not flips_here:
         return replace(previous, reason=f"{why}; within hysteresis of {current}")
+    if previous.moved and not flips_here:
+        # Once the model has placed the threshold, a crossover far from the load moves with
+        # every wiggle of the step corrections (where the modes run close over a wide band of
+        # large batches): pushes that change no mode at any batch the pod ran within the
+        # cooldown. A load that reaches the band flips the mode there and moves it at once.
+        window = steady_window(params)
+        recent = [
+            s.batch
+            for s in itertools.takewhile(lambda s: now - s.at <= window, reversed(own))
+            if s.batch > 0
+        ]
+        if recent:
+            low, high = min(recent), max(recent)
+            low, high = low - band(low), high + band(high)
+            if max(current, target) < low or min(current, target) >= high:
+                return replace(
+                    previous,
+                    reason=f"{why}; holding {current}: that changes no mode at the batches it"
+                    f" runs ({min(recent):.0f}-{max(recent):.0f})",
+                )
     direction = (target > current) - (target < current)
     # A move on in the direction of the model's last one is the same change still arriving
     # (the acceptance settling after a change of workload): it waits only MODEL_SETTLE_SECONDS.
@@ -720,13 +763,13 @@ def _model_move(
     # Between the two thresholds the modes trade places: a move is worth a push only where it
     # buys SWITCH_MARGIN somewhere there. Where the modes run within a few percent of each
     # other over a wide band, the crossover's place is noise.
-    band = range(min(current, target) + 1, max(current, target) + 1)
-    gains = [g if direction > 0 else 1 / g for b in band if (g := prediction.ratio(b))]
+    between = range(min(current, target) + 1, max(current, target) + 1)
+    gains = [g if direction > 0 else 1 / g for b in between if (g := prediction.ratio(b))]
     if gains and max(gains) < 1 + predict.SWITCH_MARGIN:
         return replace(
             previous,
             reason=f"{why}; holding {current}: the modes differ by under"
-            f" {predict.SWITCH_MARGIN:.0%} between {band.start} and {band.stop - 1}",
+            f" {predict.SWITCH_MARGIN:.0%} between {between.start} and {between.stop - 1}",
         )
     if flips_here and batch is not None:
         ratio = prediction.ratio(batch)
@@ -802,16 +845,29 @@ def steady_window(params: ControlSettings) -> float:
     return max(2 * params.min_samples * params.scrape_interval_seconds, params.cooldown_seconds)
 
 
+def measure_settle_seconds(params: ControlSettings) -> float:
+    """How long a pod holds one batch, mode and accept length before a measuring probe."""
+    return max(MODEL_SETTLE_SECONDS, 2 * params.min_samples * params.scrape_interval_seconds)
+
+
+def accept_settled(own: Sequence[Sample], tau: float, *, now: float, seconds: float) -> bool:
+    """Whether every sample of the last `seconds` carries the accept length `tau` (within
+    COMPARABLE_ACCEPT): after a change of workload the accept length drifts for several
+    seconds while older requests finish."""
+    recent = list(itertools.takewhile(lambda s: now - s.at <= seconds, reversed(own)))
+    return bool(recent) and all(same_workload(s.accept_length, tau) for s in recent)
+
+
 def steady_batch(
-    own: Sequence[Sample], *, now: float, params: ControlSettings
+    own: Sequence[Sample], *, now: float, params: ControlSettings, seconds: float | None = None
 ) -> tuple[float, bool] | None:
-    """(batch, speculating) when the pod's samples (in time order) of the last cooldown (at
-    least the last few scrapes) all ran one mode at one batch size (within `band`), else
-    None. Idle time after them counts: a load that comes in bursts at one batch (the GPU
-    envelope's rotation runs a server 2.5 s in every 7.5) still holds it, and a probe there
-    measures the next burst. One that comes back at another batch ends the probe early
-    (`load_moved_from`)."""
-    seconds = steady_window(params)
+    """(batch, speculating) when the pod's samples (in time order) of the last `seconds` (a
+    cooldown, at least the last few scrapes, unless given) all ran one mode at one batch size
+    (within `band`), else None. Idle time after them counts: a load that comes in bursts at
+    one batch (the GPU envelope's rotation runs a server 2.5 s in every 7.5) still holds it,
+    and a probe there measures the next burst. One that comes back at another batch ends the
+    probe early (`load_moved_from`)."""
+    seconds = steady_window(params) if seconds is None else seconds
     # Samples are in time order: read back from the newest only (this runs for every pod on
     # every control step, and a pod keeps up to 1200 samples).
     recent = list(itertools.takewhile(lambda s: now - s.at <= seconds, reversed(own)))[::-1]
