@@ -40,7 +40,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple, TypeVar
 
@@ -725,12 +725,8 @@ def _model_move(
         # every wiggle of the step corrections (where the modes run close over a wide band of
         # large batches): pushes that change no mode at any batch the pod ran within the
         # cooldown. A load that reaches the band flips the mode there and moves it at once.
-        window = steady_window(params)
-        recent = [
-            s.batch
-            for s in itertools.takewhile(lambda s: now - s.at <= window, reversed(own))
-            if s.batch > 0
-        ]
+        ran = newest_within(own, now=now, seconds=steady_window(params))
+        recent = [s.batch for s in ran if s.batch > 0]
         if recent:
             low, high = min(recent), max(recent)
             low, high = low - band(low), high + band(high)
@@ -850,11 +846,18 @@ def measure_settle_seconds(params: ControlSettings) -> float:
     return max(MODEL_SETTLE_SECONDS, 2 * params.min_samples * params.scrape_interval_seconds)
 
 
+def newest_within(own: Sequence[Sample], *, now: float, seconds: float) -> Iterator[Sample]:
+    """The pod's samples (in time order) of the last `seconds`, newest first: read back from
+    the newest only, since this runs for every pod on every control step and a pod keeps up
+    to 1200 samples."""
+    return itertools.takewhile(lambda s: now - s.at <= seconds, reversed(own))
+
+
 def accept_settled(own: Sequence[Sample], tau: float, *, now: float, seconds: float) -> bool:
     """Whether every sample of the last `seconds` carries the accept length `tau` (within
     COMPARABLE_ACCEPT): after a change of workload the accept length drifts for several
     seconds while older requests finish."""
-    recent = list(itertools.takewhile(lambda s: now - s.at <= seconds, reversed(own)))
+    recent = list(newest_within(own, now=now, seconds=seconds))
     return bool(recent) and all(same_workload(s.accept_length, tau) for s in recent)
 
 
@@ -868,9 +871,7 @@ def steady_batch(
     and a probe there measures the next burst. One that comes back at another batch ends the
     probe early (`load_moved_from`)."""
     seconds = steady_window(params) if seconds is None else seconds
-    # Samples are in time order: read back from the newest only (this runs for every pod on
-    # every control step, and a pod keeps up to 1200 samples).
-    recent = list(itertools.takewhile(lambda s: now - s.at <= seconds, reversed(own)))[::-1]
+    recent = list(newest_within(own, now=now, seconds=seconds))[::-1]
     if len(recent) < params.min_samples or now - recent[0].at < 0.75 * seconds:
         return None  # too few samples, or they do not span the window: not held long enough
     modes = {s.speculating_fraction >= STEADY_MODE_FRACTION for s in recent}

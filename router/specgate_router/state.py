@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import math
 import random
@@ -450,8 +449,9 @@ RECENT_BATCH_SECONDS = 3.0
 def recent_batch(samples: Sequence[control.Sample], now: float) -> float | None:
     """The median decode batch of a pod's samples of the last few seconds (None: idle).
     Samples are in time order: read back from the newest only."""
-    newest = itertools.takewhile(lambda s: now - s.at <= RECENT_BATCH_SECONDS, reversed(samples))
-    recent = [s.batch for s in newest]
+    recent = [
+        s.batch for s in control.newest_within(samples, now=now, seconds=RECENT_BATCH_SECONDS)
+    ]
     if not recent:
         return None
     recent.sort()
