@@ -297,6 +297,35 @@ def test_the_hold_grid_runs_the_router_and_engine_as_the_operator_renders_them(
     assert "without the key 401, with it 200" in table
 
 
+def test_the_hold_grid_separates_what_a_request_costs_from_its_decode_steps() -> None:
+    """p from two lengths of the same load: a server spending 2 ms a token in decode and 48 ms
+    a request elsewhere gives back 48 ms, whatever the lengths; the table shows every mode."""
+    grid = load_module(ROOT / "lab" / "bench" / "hold_grid.py", "hold_grid")
+
+    def rate(n: int, per_token: float = 0.002, per_request: float = 0.048) -> float:
+        return n / (n * per_token + per_request)
+
+    assert grid.seconds_per_request(rate(32), rate(256), 32, 256) == pytest.approx(0.048)
+    assert grid.seconds_per_request(rate(16), rate(64), 16, 64) == pytest.approx(0.048)
+    assert grid.seconds_per_request(rate(32, per_request=0), rate(256, per_request=0), 32, 256) == (
+        pytest.approx(0.0, abs=1e-12)
+    )
+    assert grid.seconds_per_request(0.0, rate(256), 32, 256) is None
+    assert grid.seconds_per_request(rate(32), rate(256), 256, 256) is None
+    costs = {"T": 1.1, "c": 16, "short": 32, "long": 256,
+             "plain": {"short": [3000.0, 2900.0], "long": [4100.0], "ms_per_request": 21.0,
+                       "prefill_busy_ms_per_request": 9.5},
+             "routed_on": {"set": 200, "short": [1800.0], "long": [3000.0],
+                           "ms_per_request": 48.2}}  # fmt: skip
+    table = grid.report(
+        {"temperature": 0.8, "predicted_accept_length": 3.83, "cells": [], "request_cost": costs}
+    )
+    assert "c = 16, T 1.1 (32 vs 256 new tokens)" in table
+    assert "| plain | 3000, 2900 | 4100 | 21.0 | 9.5 |" in table
+    assert "| routed_on | 1800 | 3000 | 48.2 | None |" in table
+    assert "eagle3" not in table
+
+
 def test_the_hold_grid_can_pass_the_engine_key_as_the_operator_does(tmp_path: Path) -> None:
     """--engine-key-from-env takes the key off the command line and into SGLANG_API_KEY (the
     variable the patched engine reads), as the operator's engine pods carry it."""

@@ -23,6 +23,14 @@ prediction are read each window from /specgate/pods.
 --step T1,T2 adds an acceptance step at c = --step-level: T1 held --hold seconds, then T2, the
 routed pod's threshold read every second; it says when the threshold settled after the step.
 
+--request-cost T measures what a request costs outside its decode steps in each mode (its
+prefill, the draft's prefill, and what the scheduler runs around them), at --step-level closed-
+loop streams and temperature T, once the rest is done: every server runs requests of --short
+new tokens, then --long, then --short again, and with R(n) the output tok/s at n new tokens,
+1/R(n) = (decode time per token) + p/n gives p = (1/R(short) - 1/R(long)) / (1/short - 1/long).
+The router is stopped first and the patched engine's threshold pushed directly: 0 (off) and
+its largest batch (speculating).
+
     bash lab/gpu/run-on-gpu.sh SITE OUT lab/bench/hold_grid.py --temperature 0.8
 Results: OUT/hold-grid.json after every cell; lab/bench/hold_grid.py --report OUT/hold-grid.json
 [more.json ...] [--plot grid.png] prints the tables and draws them.
@@ -144,6 +152,46 @@ def static_cell(port: int, c: int, temperature: float, args: argparse.Namespace)
     rates = windows(clients, args.static_windows, args.window)
     clients.stop()
     return rates
+
+
+def seconds_per_request(rate_short: float, rate_long: float, short: int, long: int) -> float | None:
+    """What a request costs outside its decode steps, in seconds, from the output tok/s of the
+    same closed-loop load at `short` and at `long` new tokens a request: with a decode time per
+    token d (the batch the same in both), 1/R(n) = d + p/n. None when a rate is not positive."""
+    if rate_short <= 0 or rate_long <= 0 or short >= long:
+        return None
+    return (1 / rate_short - 1 / rate_long) / (1 / short - 1 / long)
+
+
+def request_cost(port: int, temperature: float, args: argparse.Namespace) -> dict[str, Any]:
+    """One server's tok/s at --short, --long and --short new tokens a request (the shorts on
+    either side of the long, so that a drifting host shows), and p from their means."""
+    rates: dict[str, list[float]] = {}
+    busy_before, answered = prefill_busy_us(port), 0
+    for label, n in (("short", args.short), ("long", args.long), ("short", args.short)):
+        clients = verify.ClosedLoopClients(port, args.step_level, temperature, (n, n))
+        time.sleep(args.warmup)
+        rates.setdefault(label, []).extend(windows(clients, args.static_windows, args.window))
+        clients.stop()
+        answered += len(clients.snapshot())
+    busy_after = prefill_busy_us(port)
+    short, long = statistics.mean(rates["short"]), statistics.mean(rates["long"])
+    p = seconds_per_request(short, long, args.short, args.long)
+    busy = None
+    if busy_before is not None and busy_after is not None and answered:
+        busy = round((busy_after - busy_before) / answered / 1000, 1)
+    return {**rates, "ms_per_request": None if p is None else round(p * 1000, 1),
+            "prefill_busy_ms_per_request": busy}  # fmt: skip
+
+
+def prefill_busy_us(port: int) -> int | None:
+    """The engine's own count of microseconds in prefill batches (/v1/loads'
+    total_prefill_busy_us: from a prefill's launch to its result processed)."""
+    try:
+        status, body = verify.call(port, "/v1/loads?include=core", timeout=10)
+        return int(body["loads"][0]["total_prefill_busy_us"]) if status == 200 else None
+    except (OSError, KeyError, IndexError, TypeError, ValueError):
+        return None
 
 
 def acceptance_step(router_port: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -306,6 +354,26 @@ def report(results: dict[str, Any]) -> str:
                 f"({min(step['routed_after']):.0f}-{max(step['routed_after']):.0f}), plain "
                 f"{plain:.0f}, EAGLE-3 {eagle3:.0f}: **{routed / max(plain, eagle3):.3f}**"
             )
+    costs = results.get("request_cost")
+    if costs:
+        lines += [
+            "",
+            f"Per request outside decode steps, c = {costs['c']}, T {costs['T']} "
+            f"({costs['short']} vs {costs['long']} new tokens):",
+            "",
+            "| server | tok/s short (before, after) | tok/s long | ms a request | "
+            "of which in prefill batches (engine's count) |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for name in ("plain", "eagle3", "routed_off", "routed_on"):
+            cost = costs.get(name) or {}
+            if "long" not in cost:
+                continue
+            lines.append(
+                f"| {name} | {', '.join(f'{r:.0f}' for r in cost['short'])} | "
+                f"{', '.join(f'{r:.0f}' for r in cost['long'])} | {cost['ms_per_request']} | "
+                f"{cost.get('prefill_busy_ms_per_request')} |"
+            )
     engine = results.get("routed_engine")
     if engine:
         lines += [
@@ -395,6 +463,9 @@ def main() -> int:
     parser.add_argument("--step", default="", help="T1,T2: an acceptance step after the grid")
     parser.add_argument("--step-level", type=int, default=16)
     parser.add_argument("--deadline", type=float, default=570.0, help="no new cell after this")
+    parser.add_argument("--request-cost", type=float, help="T: per-request cost in each mode")
+    parser.add_argument("--short", type=int, default=32, help="with --request-cost")
+    parser.add_argument("--long", type=int, default=256, help="with --request-cost")
     parser.add_argument("--mem-fraction", type=float, default=0.25)
     parser.add_argument("--port-base", type=int, default=32400)
     parser.add_argument("--engine-key-from-env", action="store_true")
@@ -483,13 +554,25 @@ def main() -> int:
             step["plain_after"] = static_cell(ports["plain"], args.step_level, t2, args)
             step["eagle3_after"] = static_cell(ports["eagle3"], args.step_level, t2, args)
             results["step"] = step
+            path.write_text(json.dumps(results, indent=1))
+        if args.request_cost is not None:
+            verify.stop_all(procs[-1:])  # the router: the engine's threshold is set directly
+            costs: dict[str, Any] = {"T": args.request_cost, "c": args.step_level,
+                                     "short": args.short, "long": args.long}  # fmt: skip
+            for name in ("plain", "eagle3"):
+                costs[name] = request_cost(ports[name], args.request_cost, args)
+            for mode, value in (("routed_off", 0), ("routed_on", 128)):
+                costs[mode] = {"set": verify.set_threshold(ports["routed"], value)[0]}
+                costs[mode].update(request_cost(ports["routed"], args.request_cost, args))
+            results["request_cost"] = costs
+            verify.log(f"per-request cost: {costs}")
     except Exception as exc:  # keep what was measured
         results["error"] = f"{type(exc).__name__}: {exc}"
         verify.log(results["error"])
     finally:
         path.write_text(json.dumps(results, indent=1))
         verify.stop_all(procs)
-    if results["cells"]:
+    if results["cells"] or "step" in results or "request_cost" in results:
         print(report(results))
     return 1 if "error" in results else 0
 
