@@ -1082,6 +1082,36 @@ def test_a_mode_measured_at_the_batch_decides_without_a_probe() -> None:
     assert sibling.probe is not None, sibling
 
 
+def test_a_mode_measured_on_another_workload_does_not_decide() -> None:
+    """The H200 acceptance step: the pod speculated at batch 16 on accept length 3.8, ran
+    plain there after the step (1.6), and went idle; without an acceptance it has no
+    prediction. Its speculating samples of the old workload, twice plain's rate, say nothing
+    of the new one: no switch on them (a probe measures it), where the same samples on the
+    current workload switch at once."""
+    params = ControlSettings(threshold=8, max_threshold=128, **PROBING)
+    start = control.Decision(8, "initial", -math.inf)
+
+    def on(samples: list[control.Sample], tau: float) -> list[control.Sample]:
+        return [dataclasses.replace(s, accept_length=tau) for s in samples]
+
+    plain = on(steady(16, False, start=60, end=70), 1.6)
+    for tau, switches in ((3.8, False), (1.65, True)):
+        earlier = on(steady(16, True, start=40, end=50, per_request=20.0), tau)
+        decision = control.decide(
+            samples=earlier + plain,
+            own=earlier + plain,
+            now=70,
+            fresh=True,
+            params=params,
+            previous=start,
+        )
+        if switches:
+            assert decision.probe is None and decision.threshold == 19, decision
+            assert "speculation delivers 2.00x" in decision.reason
+        else:
+            assert decision.probe is not None and "probing speculation" in decision.reason
+
+
 def test_pods_of_the_latency_pool_do_not_probe() -> None:
     params = ControlSettings(threshold=8, max_threshold=128, **PROBING)
     own = steady(6, True, start=0, end=10)

@@ -947,7 +947,8 @@ def _explore(
     may_probe: bool,
 ) -> Decision | None:
     """For a pod holding one batch size in one mode: switch when it measured the other mode
-    delivering more there, probe it when it has not measured it there within the wait."""
+    delivering more there on the same workload (accept length), probe it when it has not
+    measured it there within the wait."""
     if params.probe_interval_seconds <= 0 or now - previous.changed_at < params.cooldown_seconds:
         return None
     steady = steady_batch(own, now=now, params=params)
@@ -958,7 +959,12 @@ def _explore(
     if other is None:
         return None
     wait = params.probe_interval_seconds * previous.probe_wait
-    rates = rates_per_request(own, batch=batch, since=now - wait)
+    # Only what the pod ran on the workload it runs now: a pod that went idle after an
+    # acceptance step has no prediction, and its samples of the old workload's mode would
+    # otherwise decide for the new one.
+    rates = rates_per_request(
+        own, batch=batch, since=now - wait, accept_length=own[-1].accept_length
+    )
     (here, n_here), (there, n_there) = rates[speculating], rates[not speculating]
     need = params.min_samples
     if n_here >= need and n_there >= need:
