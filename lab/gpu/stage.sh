@@ -3,7 +3,10 @@
 # device's 64 MiB for the working tree and everything carried:
 #   .gpu/site312.tar.xz  SGLang 0.5.17 (../shared/gpu/build_site.sh builds it), without
 #                        sglang/multimodal_gen (the diffusion server; nothing under sglang/srt
-#                        imports it) and packed with xz -9e: about 53 MB instead of 58
+#                        imports it) nor the examples, tests and Python sources of the
+#                        CUTLASS tree flashinfer carries (its JIT includes only
+#                        cutlass/include and tools/util/include), packed with xz -9e:
+#                        about 52 MB instead of 58
 #   .gpu/wheels/         what the router imports beyond the GPU image and the archive
 #                        (httptools, PyJWT, the OpenTelemetry SDK and OTLP/HTTP exporter)
 # Usage: bash lab/gpu/stage.sh [BUILD_DIR]   (BUILD_DIR: where build_site.sh puts its tree;
@@ -12,7 +15,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${1:-${TMPDIR:-/tmp}/specgate-gpu-site}
 if [ ! -d "$BUILD/site312" ]; then bash ../shared/gpu/build_site.sh "$BUILD"; fi
-rm -rf "$BUILD/site312/sglang/multimodal_gen"
+CUTLASS=$BUILD/site312/flashinfer/data/cutlass
+rm -rf "$BUILD/site312/sglang/multimodal_gen" "$CUTLASS/examples" "$CUTLASS/test" "$CUTLASS/python"
 mkdir -p .gpu/wheels
 grep -qx '.gpu/' .git/info/exclude 2>/dev/null || echo '.gpu/' >> .git/info/exclude
 tar -cf - -C "$BUILD/site312" . | xz -T2 -9e > .gpu/site312.tar.xz
