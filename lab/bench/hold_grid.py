@@ -70,6 +70,8 @@ from specgate_operator import render  # noqa: E402
 NEW_TOKENS = (64, 192)
 """Each request's max_new_tokens (ignore_eos), uniform in this range, after a 32-token prompt."""
 ROUTER_PORT_OFFSET = 500
+MAX_RUNNING = 128
+"""Every server's largest batch (and CUDA graph): a threshold this high speculates at all."""
 
 
 def operator_defaults(
@@ -234,8 +236,8 @@ def synthetic_server_flags(c: float, mem_fraction: float) -> tuple[list[str], li
     common = verify.server_flags(
         MODELS / "target",
         mem_fraction=mem_fraction,
-        max_running=128,
-        max_graph_batch=128,
+        max_running=MAX_RUNNING,
+        max_graph_batch=MAX_RUNNING,
         dummy_weights=False,
         sleep_on_idle=True,
     )
@@ -561,7 +563,7 @@ def main() -> int:
                                      "short": args.short, "long": args.long}  # fmt: skip
             for name in ("plain", "eagle3"):
                 costs[name] = request_cost(ports[name], args.request_cost, args)
-            for mode, value in (("routed_off", 0), ("routed_on", 128)):
+            for mode, value in (("routed_off", 0), ("routed_on", MAX_RUNNING)):
                 costs[mode] = {"set": verify.set_threshold(ports["routed"], value)[0]}
                 costs[mode].update(request_cost(ports["routed"], args.request_cost, args))
             results["request_cost"] = costs
