@@ -12,9 +12,11 @@ temperature sets the accept length: 0.8 gives about 3.8, 1.0 about 2.3):
 For each level c in --levels, in order: the routed server first holds the previous level (or
 --first-from) for --pre seconds, so that c is arrived at from another load, then c for --hold
 seconds, of which the last --measure are measured in --window-second windows; then plain and
-eagle3 each run c for the same windows. A cell is routed / max(plain, eagle3), medians over
-its windows, with every window's figure kept (the spread). The router's threshold and its
-prediction are read each window from /specgate/pods.
+eagle3 each run c for the same windows, and the routed server once more as they did ("routed
+again": how far the host's speed drifted while the cell ran), then its engine directly, past
+the router (what the router's proxying costs). A cell is routed / max(plain,
+eagle3), medians over its windows, with every window's figure kept (the spread). The router's
+threshold and its prediction are read each window from /specgate/pods.
 
 --engine-key-from-env starts the routed engine with its key in SGLANG_API_KEY instead of
 --api-key (as the operator does) and checks that it refuses a request without the key;
@@ -315,9 +317,9 @@ def report(results: dict[str, Any]) -> str:
         f"T = {results['temperature']} (accept length {results['predicted_accept_length']} "
         "by construction): routed / max(plain, EAGLE-3), medians over windows",
         "",
-        "| c | from | plain | EAGLE-3 | routed | ratio | routed windows | threshold "
-        "| observed / predicted step rate | confident |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| c | from | plain | EAGLE-3 | routed | ratio | routed windows | routed again "
+        "| its engine directly | threshold | observed / predicted step rate | confident |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for cell in results["cells"]:
         views = cell["routed"]["pods"]
@@ -332,11 +334,15 @@ def report(results: dict[str, Any]) -> str:
             }
         )
         confident = sum(1 for p in predictions if p.get("confident"))
+        again = cell.get("routed_again")
+        direct = cell.get("routed_direct")
         lines.append(
             f"| {cell['c']} | {cell['routed']['from']} | {cell['plain_median']:.0f} | "
             f"{cell['eagle3_median']:.0f} | {cell['routed_median']:.0f} | "
             f"**{cell['ratio']:.3f}** | {min(cell['routed']['tok_s']):.0f}-"
-            f"{max(cell['routed']['tok_s']):.0f} | {', '.join(thresholds)} | "
+            f"{max(cell['routed']['tok_s']):.0f} | "
+            f"{f'{statistics.median(again):.0f}' if again else '-'} | "
+            f"{f'{statistics.median(direct):.0f}' if direct else '-'} | {', '.join(thresholds)} | "
             f"{', '.join(residuals) or '-'} | {confident} of {len(predictions)} |"
         )
     step = results.get("step")
@@ -410,7 +416,9 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
     except ImportError:
         print("no matplotlib: no plot (pip install 'specgate[plot]')", file=sys.stderr)
         return
-    fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 4), squeeze=False)
+    # Wide enough for every cell: a level measured in several runs shows once per run.
+    width = max(5.0, 0.8 * max(len(results["cells"]) for results in runs))
+    fig, axes = plt.subplots(1, len(runs), figsize=(width * len(runs), 4), squeeze=False)
     for ax, results in zip(axes[0], runs, strict=True):
         cells = sorted(results["cells"], key=lambda cell: cell["c"])
         for i, (name, key, color) in enumerate(
@@ -436,7 +444,11 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
                     va="bottom",
                     fontsize=8,
                 )
-        ax.set_xticks(range(len(cells)), [f"c = {cell['c']}" for cell in cells])
+        ax.set_xticks(
+            range(len(cells)),
+            [f"c = {cell['c']}\nfrom {cell['routed']['from']}" for cell in cells],
+            fontsize=8,
+        )
         ax.set_ylabel("output tok/s")
         ax.set_title(
             f"T {results['temperature']} (accept length {results['predicted_accept_length']})",
@@ -534,11 +546,20 @@ def main() -> int:
             routed = routed_cell(router_port, c, before, args.temperature, args)
             plain = static_cell(ports["plain"], c, args.temperature, args)
             eagle3 = static_cell(ports["eagle3"], c, args.temperature, args)
+            # The routed pod once more, as briefly as the static servers: the host's speed
+            # drifts by tens of percent over a minute, and a routed figure far from this one
+            # says the cell's ratio measured the host, not the control.
+            again = static_cell(router_port, c, args.temperature, args)
+            # And straight to its engine, the router still scraping and controlling it: what
+            # the router's proxying costs against what the patched engine does.
+            direct = static_cell(ports["routed"], c, args.temperature, args)
             cell = {
                 "c": c,
                 "routed": routed,
                 "plain": plain,
                 "eagle3": eagle3,
+                "routed_again": again,
+                "routed_direct": direct,
                 "routed_median": statistics.median(routed["tok_s"]),
                 "plain_median": statistics.median(plain),
                 "eagle3_median": statistics.median(eagle3),
