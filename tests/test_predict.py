@@ -309,6 +309,23 @@ def test_a_placed_threshold_far_from_the_load_holds() -> None:
     assert _follow(current=100, batch=50.0, moved=1).threshold == 14
 
 
+def test_the_share_of_time_outside_decode_steps_comes_from_the_decode_moments() -> None:
+    from specgate.engine_client import EngineLoad
+    from specgate_router.pods import Scrape, outside_steps
+
+    def scrape(at: float, steps: float, micros: float) -> Scrape:
+        load = EngineLoad(running=8, waiting=0, max_running=64, decode_steps=steps,
+                          decode_step_us=micros, decode_tokens=8 * steps)  # fmt: skip
+        return Scrape(at, load)
+
+    # 100 decode cycles in 0.5 s, each step 2 ms on its own: 60% of the time is elsewhere.
+    a, b = scrape(0.0, 1000, 5e6), scrape(1.0, 1100, 5.5e6)
+    assert outside_steps(a, b, 0.002) == pytest.approx(0.6)
+    assert outside_steps(a, b, 0.009) == 0.0  # steps slower than their cycles: none elsewhere
+    assert outside_steps(b, a, 0.002) is None  # counters went back
+    assert outside_steps(a, a, 0.002) is None  # no step ran
+
+
 def test_time_between_steps_comes_from_the_decode_moments() -> None:
     from specgate.engine_client import EngineLoad
     from specgate_router.pods import Scrape, between_steps
@@ -410,6 +427,68 @@ def test_a_pod_near_the_predicted_crossover_measures_the_other_mode_and_keeps_th
         prediction=faster,
     )  # fmt: skip
     assert moved.threshold == faster.threshold, moved.reason
+
+
+def test_a_margin_from_decode_steps_that_take_little_of_the_time_is_measured() -> None:
+    """At accept length 3 the model puts speculation 1.5x ahead at batch 16: enough to hold
+    without measuring where decode steps are the pod's time, not where prefills take a
+    quarter of it, where the other mode could spend less of the rest (on the H200 at 128
+    streams of short requests the profile alone put plain 1.7x ahead and speculation
+    delivered 1.1-1.2x). Nor where the pod's rates swing too much for a probe to measure."""
+    params = ControlSettings()
+    prediction = wire_model(3.0)
+    assert prediction.threshold == 32 and prediction.ratio(16) == pytest.approx(1.5)
+
+    def decide(outside: float | None, swing: float = 0.0) -> control.Decision:
+        own = [
+            control.Sample(0.5 * i, 16, 1600.0 * (1 + swing * (-1) ** (i // 4)), 1.0,
+                           accept_length=3.0, outside_steps=outside)
+            for i in range(1, 81)
+        ]  # fmt: skip
+        return control.decide(
+            samples=own, previous=control.Decision(32, "predicted", 0.0), now=40.0, fresh=True,
+            params=params, own=own, prediction=prediction,
+        )  # fmt: skip
+
+    # 1.5 x (1 - s) + 0.5 x s: the other mode spends at least half as much outside its steps.
+    for held in (decide(None), decide(0.05), decide(0.15)):
+        assert held.probe is None and held.threshold == 32, held.reason
+    measuring = decide(0.25)
+    assert measuring.probe is not None and measuring.probe.measuring, measuring.reason
+    assert measuring.threshold is not None and measuring.threshold < 16
+    assert "1.50x faster there from decode steps that take 75% of the pod's time" in (
+        measuring.reason
+    )
+    noisy = decide(0.6, swing=0.5)  # rates 800 and 2400 in runs of four scrapes
+    assert noisy.probe is None and noisy.threshold == 32, noisy.reason
+
+
+def test_a_probe_of_a_mode_that_yields_no_samples_ends_early_and_holds_nothing_back() -> None:
+    """A prefill-bound pod measuring speculation whose decode steps then come further apart
+    than its scrapes yields no samples of it: the probe ends after twice the scrapes a verdict
+    needs (4 s), not after 20 s in a mode that may be the slower, and the model's cooldown
+    runs from the pod's last change before the probe, not from the probe's switches."""
+    params = ControlSettings()
+    prediction = wire_model(2.2)
+    own = [control.Sample(0.5 * i, 16, 1600.0, 1.0, accept_length=2.2) for i in range(1, 81)]
+    started = control.decide(
+        samples=own, previous=control.Decision(32, "predicted", 3.0), now=40.0, fresh=True,
+        params=params, own=own, prediction=prediction,
+    )  # fmt: skip
+    assert started.probe is not None and started.probe.measuring, started.reason
+    assert started.probe.held_since == 3.0
+
+    def at(now: float) -> control.Decision:
+        return control.decide(
+            samples=own, previous=started, now=now, fresh=True, params=params, own=own,
+            prediction=prediction,
+        )  # fmt: skip
+
+    waiting = at(42.0)
+    assert waiting.probe is not None and "0 samples" in waiting.reason, waiting.reason
+    ended = at(44.0)
+    assert ended.probe is None and ended.threshold == 32, ended.reason
+    assert "inconclusive" in ended.reason and ended.changed_at == 3.0
 
 
 def test_a_probe_that_measures_the_accept_length_still_compares_with_the_samples_before() -> None:

@@ -68,6 +68,10 @@ class Sample:
     accept_length: float | None = None
     """The pod's accept length (measured or estimated) when taken: samples of another
     workload are not compared with the current one's (None: unknown)."""
+    outside_steps: float | None = None
+    """The share of the pod's decode cycles (one decode step's launch to the next's) spent
+    outside its decode steps: prefills and what runs around them, which the step profile does
+    not time (None: unknown)."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,11 @@ class Probe:
     returned: float | None = None
     """A measuring probe's trial over: when it went back to the mode it left, to measure that
     again (the trial is judged against that mode before and after it)."""
+    held_since: float = -math.inf
+    """When the pod last changed mode before a measuring probe: a probe that goes back leaves
+    the model's cooldown running from there, since its own switches are no move of the model's
+    (a probe that ends inconclusive would otherwise hold back the model's next move a whole
+    cooldown)."""
     tau: float | None = None
     """The accept length the pod had when a measuring probe started, which its samples before
     the probe carry. A probe of speculation from plain decoding measures the accept length
@@ -502,7 +511,13 @@ def _follow_prediction(
     if ratio is None or ratio <= 0:
         return decision
     ahead = ratio if speculating else 1 / ratio  # what the model gives the mode the pod runs
-    if ahead >= MEASURE_BELOW_GAIN:
+    # A margin over MEASURE_BELOW_GAIN holds without measuring only where it survives what
+    # runs outside the decode steps, or where a probe could not measure the pod anyway.
+    outside = outside_steps_share(own, now=now, seconds=settle)
+    if ahead >= MEASURE_BELOW_GAIN and (
+        ahead * (1.0 - outside) + OTHER_MODE_OUTSIDE_FLOOR * outside >= MEASURE_BELOW_GAIN
+        or probe_error(own, now=now, seconds=settle, need=params.min_samples) > PROBE_RESOLUTION
+    ):
         return decision
     # Where the model prefers the other mode and only the cooldown holds the pod, a probe
     # would make that move ahead of the cooldown: it waits as the move does.
@@ -523,12 +538,17 @@ def _follow_prediction(
         now,  # judged once it has min_samples samples: a few scrapes of the other mode
         now + 4 * params.probe_seconds,
         measuring=True,
+        held_since=decision.changed_at,
         tau=prediction.tau,
     )
-    why = (
-        f"measuring {_mode(not speculating)} at batch {batch:.0f}: the model predicts"
-        f" {_mode(speculating)} under {MEASURE_BELOW_GAIN}x faster there ({prediction.why})"
-    )
+    why = f"measuring {_mode(not speculating)} at batch {batch:.0f}: the model predicts"
+    if ahead >= MEASURE_BELOW_GAIN:
+        why += (
+            f" {_mode(speculating)} {ahead:.2f}x faster there from decode steps that take"
+            f" {1 - outside:.0%} of the pod's time ({prediction.why})"
+        )
+    else:
+        why += f" {_mode(speculating)} under {MEASURE_BELOW_GAIN}x faster there ({prediction.why})"
     return replace(decision, threshold=other, reason=why, changed_at=now, probe=probe)
 
 
@@ -645,8 +665,12 @@ def _end_of_measuring(
         until=probe.returned if probe.returned is not None else math.inf,
         accept_length=prediction.tau,
     )
+    # A mode that yields no samples at all within twice the scrapes a verdict needs (a
+    # prefill-bound pod whose decode steps in that mode come further apart than its scrapes)
+    # is not worth holding for the rest of the probe.
+    barren = n == 0 and now - probe.started >= 2 * need * params.scrape_interval_seconds
     if probe.returned is None:
-        if now < probe.until or (n < need and now < probe.give_up):
+        if now < probe.until or (n < need and now < probe.give_up and not barren):
             why = f"measuring {mode} at batch {probe.batch:.0f}: {n} samples"
             return replace(previous, reason=why)
         if n >= need:
@@ -691,7 +715,7 @@ def _end_of_measuring(
     # from another source (measured while speculating, estimated while off) and differ by
     # more than COMPARABLE_ACCEPT on the same workload: it keeps the probe's first reading too.
     verdict = Measurement(until, prediction.tau, probe.batch, better, gain, also=probe.tau)
-    changed_at = now if threshold != previous.threshold else previous.changed_at
+    changed_at = now if threshold == probe.threshold else probe.held_since
     return Decision(threshold, why, changed_at, measured=verdict)
 
 
@@ -841,6 +865,45 @@ def steady_window(params: ControlSettings) -> float:
     return max(2 * params.min_samples * params.scrape_interval_seconds, params.cooldown_seconds)
 
 
+OTHER_MODE_OUTSIDE_FLOOR = 0.5
+"""What the mode a pod does not run spends outside its decode steps per token, at the least,
+as a share of what the running mode spends: the same requests' prefills. The model's margin
+between the modes holds for the decode steps alone; where they take a share 1 - s of the
+pod's time, the other mode could spend less of the rest, and the margin that holds without
+measuring is the model's times 1 - s, plus this floor times s."""
+
+
+PROBE_RESOLUTION = 0.1
+"""The model's margin is checked against what runs outside decode steps only where a probe of
+`minSamples` scrapes would measure the pod's rate this precisely (standard error over mean):
+where prompts of a thousand tokens make half-second rates swing 2x, a probe reads noise, and
+the decode steps' direction is the better guess."""
+
+
+def probe_error(own: Sequence[Sample], *, now: float, seconds: float, need: int) -> float:
+    """The relative error a probe of `need` scrapes would have, from the spread of the pod's
+    per-request rates over the last `seconds` (inf with too few samples)."""
+    recent = newest_within(own, now=now, seconds=seconds)
+    rates = [s.tokens_per_second / s.batch for s in recent if s.batch > 0]
+    rates = [r for r in reversed(rates) if math.isfinite(r)]
+    error = relative_error(rates)
+    return error * math.sqrt(len(rates) / need) if math.isfinite(error) else math.inf
+
+
+def outside_steps_share(own: Sequence[Sample], *, now: float, seconds: float) -> float:
+    """The median share of the pod's decode cycles spent outside decode steps over its samples
+    of the last `seconds` (0 where none says): short requests at a large batch spend most of
+    the time in prefills (on the H200 pair at 128 streams of 64-192 tokens, 70-80%, where the
+    profile alone put plain decoding 1.7x ahead and speculation delivered 1.1-1.2x:
+    BENCHMARKS.md, section 0c)."""
+    shares = sorted(
+        s.outside_steps
+        for s in newest_within(own, now=now, seconds=seconds)
+        if s.outside_steps is not None
+    )
+    return min(0.95, max(0.0, shares[len(shares) // 2])) if shares else 0.0
+
+
 def measure_settle_seconds(params: ControlSettings) -> float:
     """How long a pod holds one batch, mode and accept length before a measuring probe."""
     return max(MODEL_SETTLE_SECONDS, 2 * params.min_samples * params.scrape_interval_seconds)
@@ -906,6 +969,23 @@ def rates_per_request(
             total[0] += s.tokens_per_second / s.batch
             total[1] += 1
     return {mode: (rate / n if n else 0.0, int(n)) for mode, (rate, n) in totals.items()}
+
+
+def relative_error(rates: Sequence[float]) -> float:
+    """The standard error of the mean of `rates` (in time order) as a share of it, widened by
+    their lag-one correlation: neighbouring scrapes share a prefill burst, and n of them say
+    less than n independent ones (inf under three)."""
+    n = len(rates)
+    mean = sum(rates) / n if n else 0.0
+    if n < 3 or mean <= 0:
+        return math.inf
+    deviations = [r - mean for r in rates]
+    variance = sum(d * d for d in deviations) / (n - 1)
+    if variance <= 0:
+        return 0.0
+    lag = sum(a * b for a, b in itertools.pairwise(deviations)) / ((n - 1) * variance)
+    rho = min(0.9, max(0.0, lag))
+    return math.sqrt(variance / n * (1 + rho) / (1 - rho)) / mean
 
 
 def rate_per_request(

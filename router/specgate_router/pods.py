@@ -81,6 +81,17 @@ def speculating_fraction(prev: Scrape | None, scrape: Scrape) -> float | None:
     return d_on / (d_on + d_off)
 
 
+def outside_steps(prev: Scrape, scrape: Scrape, step_seconds: float) -> float | None:
+    """The share of an interval's decode cycles (launch to launch, SGLang's decode moments)
+    not spent in the decode steps themselves (`step_seconds` each, from the steps that followed
+    another directly), in [0, 1]; None when no decode step ran."""
+    a, b = prev.load, scrape.load
+    steps, micros = b.decode_steps - a.decode_steps, b.decode_step_us - a.decode_step_us
+    if steps <= 0 or micros <= 0:
+        return None
+    return min(1.0, max(0.0, 1.0 - steps * step_seconds / (micros / 1e6)))
+
+
 def between_steps(prev: Scrape, scrape: Scrape, step_seconds: float) -> float | None:
     """Seconds the pod spent between decode steps per token it generated over an interval:
     the decode steps' launch intervals (SGLang's decode moments, prefills between steps
@@ -204,20 +215,23 @@ class PodState:
             if steps > 0
             else None,
         )
-        if sample is not None:
-            acceptance = self.acceptance.current(scrape.at)
-            if acceptance is not None:
-                sample = replace(sample, accept_length=acceptance[0])
-            self.samples.append(sample)
-            try:
-                step_seconds = predict.uninterrupted_step_seconds(
-                    prev.load.speculative, load.speculative
-                )
-            except ValueError as exc:
-                self.profile_error = str(exc)[:300]
-                return
-            if step_seconds is not None:
-                self._check_model(sample, step_seconds, between_steps(prev, scrape, step_seconds))
+        if sample is None:
+            return
+        acceptance = self.acceptance.current(scrape.at)
+        if acceptance is not None:
+            sample = replace(sample, accept_length=acceptance[0])
+        try:
+            step_seconds = predict.uninterrupted_step_seconds(
+                prev.load.speculative, load.speculative
+            )
+        except ValueError as exc:
+            self.profile_error = str(exc)[:300]
+            step_seconds = None
+        if step_seconds is not None:
+            sample = replace(sample, outside_steps=outside_steps(prev, scrape, step_seconds))
+        self.samples.append(sample)
+        if step_seconds is not None:
+            self._check_model(sample, step_seconds, between_steps(prev, scrape, step_seconds))
 
     def _read_model_inputs(self, scrape: Scrape, speculating: float | None) -> None:
         """The step profile (parsed when it changes) and the acceptance counters. A malformed
