@@ -468,15 +468,8 @@ def test_a_probe_of_a_mode_that_yields_no_samples_ends_early_and_holds_nothing_b
     than its scrapes yields no samples of it: the probe ends after twice the scrapes a verdict
     needs (4 s), not after 20 s in a mode that may be the slower, and the model's cooldown
     runs from the pod's last change before the probe, not from the probe's switches."""
-    params = ControlSettings()
-    prediction = wire_model(2.2)
-    own = [control.Sample(0.5 * i, 16, 1600.0, 1.0, accept_length=2.2) for i in range(1, 81)]
-    started = control.decide(
-        samples=own, previous=control.Decision(32, "predicted", 3.0), now=40.0, fresh=True,
-        params=params, own=own, prediction=prediction,
-    )  # fmt: skip
-    assert started.probe is not None and started.probe.measuring, started.reason
-    assert started.probe.held_since == 3.0
+    params, prediction, own, started = _measuring_plain_at_16(changed_at=3.0)
+    assert started.probe is not None and started.probe.held_since == 3.0
 
     def at(now: float) -> control.Decision:
         return control.decide(
@@ -680,22 +673,27 @@ def test_calibration_waits_for_an_agreement_that_has_settled() -> None:
     assert tracker.calibrated and tracker.calibration == pytest.approx(1.0, abs=0.01)
 
 
+def _measuring_plain_at_16(
+    changed_at: float = 0.0,
+) -> tuple[ControlSettings, predict.Prediction, list[control.Sample], control.Decision]:
+    """WIRE at tau 2.2 (speculation 1.1x at batch 16), a pod that held 16 speculating for 40 s
+    and last changed mode at `changed_at`: it starts measuring plain decoding."""
+    params = ControlSettings()
+    prediction = wire_model(2.2)
+    own = [control.Sample(0.5 * i, 16, 1600.0, 1.0, accept_length=2.2) for i in range(1, 81)]
+    started = control.decide(
+        samples=own, previous=control.Decision(32, "predicted", changed_at), now=40.0,
+        fresh=True, params=params, own=own, prediction=prediction,
+    )  # fmt: skip
+    assert started.probe is not None and started.probe.measuring, started.reason
+    return params, prediction, own, started
+
+
 def test_a_measuring_probe_ends_when_the_load_moves_away() -> None:
     """A pod measures plain decoding at batch 16 and its load moves to batch 48: nothing at 16
     is left to measure, so the probe ends at once (it once ran the slower mode 20 s waiting
     for samples that could not come)."""
-    params = ControlSettings()
-    profile = StepProfile.from_wire(WIRE)
-    prediction = predict.predict(
-        profile, (2.2, "measured"), None, min_threshold=0, max_threshold=64
-    )
-    assert prediction is not None
-    own = [control.Sample(0.5 * i, 16, 1600.0, 1.0, accept_length=2.2) for i in range(1, 81)]
-    previous = control.decide(
-        samples=own, previous=control.Decision(32, "predicted", 0.0), now=40.0, fresh=True,
-        params=params, own=own, prediction=prediction,
-    )  # fmt: skip
-    assert previous.probe is not None and previous.probe.measuring, previous.reason
+    params, prediction, own, previous = _measuring_plain_at_16()
     own += [
         control.Sample(40.0 + 0.5 * i, 48, 48 * 60.0, 0.0, accept_length=2.2) for i in range(1, 5)
     ]
