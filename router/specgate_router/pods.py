@@ -81,29 +81,39 @@ def speculating_fraction(prev: Scrape | None, scrape: Scrape) -> float | None:
     return d_on / (d_on + d_off)
 
 
-def outside_steps(prev: Scrape, scrape: Scrape, step_seconds: float) -> float | None:
-    """The share of an interval's decode cycles (launch to launch, SGLang's decode moments)
-    not spent in the decode steps themselves (`step_seconds` each, from the steps that followed
-    another directly), in [0, 1]; None when no decode step ran."""
+def decode_cycles(prev: Scrape, scrape: Scrape) -> tuple[float, float] | None:
+    """(decode steps, seconds of their launch-to-launch cycles: SGLang's decode moments, the
+    prefills between steps included) between two scrapes; None when no decode step ran or the
+    counters went back."""
     a, b = prev.load, scrape.load
     steps, micros = b.decode_steps - a.decode_steps, b.decode_step_us - a.decode_step_us
-    if steps <= 0 or micros <= 0:
+    if steps <= 0 or micros < 0:
         return None
-    return min(1.0, max(0.0, 1.0 - steps * step_seconds / (micros / 1e6)))
+    return steps, micros / 1e6
+
+
+def outside_steps(prev: Scrape, scrape: Scrape, step_seconds: float) -> float | None:
+    """The share of an interval's decode cycles not spent in the decode steps themselves
+    (`step_seconds` each, from the steps that followed another directly), in [0, 1]; None
+    when no decode step ran."""
+    cycles = decode_cycles(prev, scrape)
+    if cycles is None or cycles[1] <= 0:
+        return None
+    steps, seconds = cycles
+    return min(1.0, max(0.0, 1.0 - steps * step_seconds / seconds))
 
 
 def between_steps(prev: Scrape, scrape: Scrape, step_seconds: float) -> float | None:
     """Seconds the pod spent between decode steps per token it generated over an interval:
-    the decode steps' launch intervals (SGLang's decode moments, prefills between steps
-    included) less what the steps themselves took (`step_seconds` each, from the steps that
-    followed another directly), at most the interval itself. None when nothing was generated.
-    Shown per mode (`Residuals.between_view`), not modelled."""
-    a, b = prev.load, scrape.load
-    steps, tokens = b.decode_steps - a.decode_steps, b.decode_tokens - a.decode_tokens
-    micros = b.decode_step_us - a.decode_step_us
-    if steps <= 0 or tokens <= 0 or micros < 0:
+    the decode cycles less what the steps themselves took (`step_seconds` each, from the
+    steps that followed another directly), at most the interval itself. None when nothing was
+    generated. Shown per mode (`Residuals.between_view`), not modelled."""
+    cycles = decode_cycles(prev, scrape)
+    tokens = scrape.load.decode_tokens - prev.load.decode_tokens
+    if cycles is None or tokens <= 0:
         return None
-    between = micros / 1e6 - steps * step_seconds
+    steps, seconds = cycles
+    between = seconds - steps * step_seconds
     return min(max(0.0, between), max(0.0, scrape.at - prev.at)) / tokens
 
 
