@@ -511,14 +511,15 @@ def _follow_prediction(
     if ratio is None or ratio <= 0:
         return decision
     ahead = ratio if speculating else 1 / ratio  # what the model gives the mode the pod runs
-    # A margin over MEASURE_BELOW_GAIN holds without measuring only where it survives what
-    # runs outside the decode steps, or where a probe could not measure the pod anyway.
-    outside = outside_steps_share(own, now=now, seconds=settle)
-    if ahead >= MEASURE_BELOW_GAIN and (
-        ahead * (1.0 - outside) + OTHER_MODE_OUTSIDE_FLOOR * outside >= MEASURE_BELOW_GAIN
-        or probe_error(own, now=now, seconds=settle, need=params.min_samples) > PROBE_RESOLUTION
-    ):
-        return decision
+    if ahead >= MEASURE_BELOW_GAIN:
+        # Such a margin holds without measuring only where it survives what runs outside the
+        # decode steps, or where a probe could not measure the pod anyway.
+        outside = outside_steps_share(own, now=now, seconds=settle)
+        if (
+            ahead * (1.0 - outside) + OTHER_MODE_OUTSIDE_FLOOR * outside >= MEASURE_BELOW_GAIN
+            or probe_error(own, now=now, seconds=settle, need=params.min_samples) > PROBE_RESOLUTION
+        ):
+            return decision
     # Where the model prefers the other mode and only the cooldown holds the pod, a probe
     # would make that move ahead of the cooldown: it waits as the move does.
     wait = settle if ahead >= 1 else params.cooldown_seconds
@@ -542,7 +543,7 @@ def _follow_prediction(
         tau=prediction.tau,
     )
     why = f"measuring {_mode(not speculating)} at batch {batch:.0f}: the model predicts"
-    if ahead >= MEASURE_BELOW_GAIN:
+    if ahead >= MEASURE_BELOW_GAIN:  # started by the check above, `outside` its reason
         why += (
             f" {_mode(speculating)} {ahead:.2f}x faster there from decode steps that take"
             f" {1 - outside:.0%} of the pod's time ({prediction.why})"
