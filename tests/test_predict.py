@@ -10,6 +10,7 @@ import pytest
 
 from specgate import contract
 from specgate_router import control, predict
+from specgate_router.pods import Scrape
 from specgate_router.predict import AcceptanceTracker, Residuals, StepProfile
 from specgate_router.settings import ControlSettings
 from specgate_sim import profile as profiles
@@ -309,14 +310,21 @@ def test_a_placed_threshold_far_from_the_load_holds() -> None:
     assert _follow(current=100, batch=50.0, moved=1).threshold == 14
 
 
-def test_the_share_of_time_outside_decode_steps_comes_from_the_decode_moments() -> None:
+def _moments(at: float, steps: float, micros: float, tokens: float) -> Scrape:
+    """A scrape of a pod at batch 8 whose decode moments read `steps` steps in `micros` of
+    launch-to-launch cycles and `tokens` generated."""
     from specgate.engine_client import EngineLoad
-    from specgate_router.pods import Scrape, outside_steps
+
+    load = EngineLoad(running=8, waiting=0, max_running=64, decode_steps=steps,
+                      decode_step_us=micros, decode_tokens=tokens)  # fmt: skip
+    return Scrape(at, load)
+
+
+def test_the_share_of_time_outside_decode_steps_comes_from_the_decode_moments() -> None:
+    from specgate_router.pods import outside_steps
 
     def scrape(at: float, steps: float, micros: float) -> Scrape:
-        load = EngineLoad(running=8, waiting=0, max_running=64, decode_steps=steps,
-                          decode_step_us=micros, decode_tokens=8 * steps)  # fmt: skip
-        return Scrape(at, load)
+        return _moments(at, steps, micros, 8 * steps)
 
     # 100 decode cycles in 0.5 s, each step 2 ms on its own: 60% of the time is elsewhere.
     a, b = scrape(0.0, 1000, 5e6), scrape(1.0, 1100, 5.5e6)
@@ -327,19 +335,9 @@ def test_the_share_of_time_outside_decode_steps_comes_from_the_decode_moments() 
 
 
 def test_time_between_steps_comes_from_the_decode_moments() -> None:
-    from specgate.engine_client import EngineLoad
-    from specgate_router.pods import Scrape, between_steps
+    from specgate_router.pods import between_steps
 
-    def scrape(at: float, steps: float, micros: float, tokens: float) -> Scrape:
-        load = EngineLoad(
-            running=8,
-            waiting=0,
-            max_running=64,
-            decode_steps=steps,
-            decode_step_us=micros,
-            decode_tokens=tokens,
-        )
-        return Scrape(at, load)
+    scrape = _moments
 
     # 100 steps in 0.6 s of launch intervals, each step 4 ms on its own: 0.2 s between steps,
     # over 800 tokens.

@@ -14,9 +14,9 @@ For each level c in --levels, in order: the routed server first holds the previo
 seconds, of which the last --measure are measured in --window-second windows; then plain and
 eagle3 each run c for the same windows, and the routed server once more as they did ("routed
 again": how far the host's speed drifted while the cell ran), then its engine directly, past
-the router (what the router's proxying costs). A cell is routed / max(plain,
-eagle3), medians over its windows, with every window's figure kept (the spread). The router's
-threshold and its prediction are read each window from /specgate/pods.
+the router (what the router's proxying costs). A cell is routed / max(plain, eagle3), medians
+over its windows, with every window's figure kept (the spread). The router's threshold and
+its prediction are read each window from /specgate/pods.
 
 --engine-key-from-env starts the routed engine with its key in SGLANG_API_KEY instead of
 --api-key (as the operator does) and checks that it refuses a request without the key;
