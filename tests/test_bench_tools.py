@@ -289,7 +289,7 @@ def test_the_hold_grid_runs_the_router_and_engine_as_the_operator_renders_them(
         {"temperature": 0.8, "predicted_accept_length": 3.83,
          "cells": [{**cell, "routed_again": [700.0, 1200.0, 800.0], "routed_direct": [990.0]}]}
     )  # fmt: skip
-    assert "| 900-1000 | 800 | 990 | 32 |" in again
+    assert "| 900-1000 | 800 (0.80) | 990 | 32 |" in again
     step = {"c": 16, "temperatures": [0.8, 1.1], "final_threshold": 14,
             "settled_after_step_s": 12.0, "routed_after": [2900.0, 3000.0, 3100.0],
             "plain_after": [3200.0], "eagle3_after": [2800.0]}  # fmt: skip

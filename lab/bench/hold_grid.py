@@ -317,7 +317,7 @@ def report(results: dict[str, Any]) -> str:
         f"T = {results['temperature']} (accept length {results['predicted_accept_length']} "
         "by construction): routed / max(plain, EAGLE-3), medians over windows",
         "",
-        "| c | from | plain | EAGLE-3 | routed | ratio | routed windows | routed again "
+        "| c | from | plain | EAGLE-3 | routed | ratio | routed windows | routed again (/ better) "
         "| its engine directly | threshold | observed / predicted step rate | confident |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
@@ -335,13 +335,19 @@ def report(results: dict[str, Any]) -> str:
         )
         confident = sum(1 for p in predictions if p.get("confident"))
         again = cell.get("routed_again")
+        better = max(cell["plain_median"], cell["eagle3_median"])
+        again_text = (
+            f"{statistics.median(again):.0f} ({statistics.median(again) / better:.2f})"
+            if again
+            else "-"
+        )
         direct = cell.get("routed_direct")
         lines.append(
             f"| {cell['c']} | {cell['routed']['from']} | {cell['plain_median']:.0f} | "
             f"{cell['eagle3_median']:.0f} | {cell['routed_median']:.0f} | "
             f"**{cell['ratio']:.3f}** | {min(cell['routed']['tok_s']):.0f}-"
             f"{max(cell['routed']['tok_s']):.0f} | "
-            f"{f'{statistics.median(again):.0f}' if again else '-'} | "
+            f"{again_text} | "
             f"{f'{statistics.median(direct):.0f}' if direct else '-'} | {', '.join(thresholds)} | "
             f"{', '.join(residuals) or '-'} | {confident} of {len(predictions)} |"
         )
@@ -474,6 +480,9 @@ def main() -> int:
     parser.add_argument("--window", type=float, default=5.0)
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--static-windows", type=int, default=2)
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="static servers, routed again and direct, interleaved"
+    )
     parser.add_argument("--step", default="", help="T1,T2: an acceptance step after the grid")
     parser.add_argument("--step-level", type=int, default=16)
     parser.add_argument("--deadline", type=float, default=570.0, help="no new cell after this")
@@ -544,15 +553,22 @@ def main() -> int:
             if time.monotonic() - started > args.deadline:
                 break
             routed = routed_cell(router_port, c, before, args.temperature, args)
-            plain = static_cell(ports["plain"], c, args.temperature, args)
-            eagle3 = static_cell(ports["eagle3"], c, args.temperature, args)
-            # The routed pod once more, as briefly as the static servers: the host's speed
-            # drifts by tens of percent over a minute, and a routed figure far from this one
-            # says the cell's ratio measured the host, not the control.
-            again = static_cell(router_port, c, args.temperature, args)
-            # And straight to its engine, the router still scraping and controlling it: what
-            # the router's proxying costs against what the patched engine does.
-            direct = static_cell(ports["routed"], c, args.temperature, args)
+            plain: list[float] = []
+            eagle3: list[float] = []
+            again: list[float] = []
+            direct: list[float] = []
+            # Rounds interleave the servers, so a host that drifts (by tens of percent over
+            # a minute here) slows them alike rather than whichever ran last.
+            for _ in range(args.rounds):
+                plain += static_cell(ports["plain"], c, args.temperature, args)
+                eagle3 += static_cell(ports["eagle3"], c, args.temperature, args)
+                # The routed pod once more, as briefly as the static servers: a routed figure
+                # far from the held one says the cell's ratio measured the host, not the
+                # control.
+                again += static_cell(router_port, c, args.temperature, args)
+                # And straight to its engine, the router still scraping and controlling it:
+                # what the router's proxying costs against what the patched engine does.
+                direct += static_cell(ports["routed"], c, args.temperature, args)
             cell = {
                 "c": c,
                 "routed": routed,
