@@ -417,6 +417,11 @@ def test_a_pod_near_the_predicted_crossover_measures_the_other_mode_and_keeps_th
     assert previous.threshold is not None and previous.threshold < 16, previous.reason
     assert "measured at batch 16: plain decoding delivers 1.50x" in previous.reason
     assert previous.probe is None  # measured on this workload at this batch: no second probe
+    # The batch reads a little higher: the threshold already runs plain across its band, and
+    # following the reading to the band's new edge would change no mode.
+    higher = [dataclasses.replace(s, batch=16.8) for s in plain]
+    held = decide(85.0, higher)
+    assert held.threshold == previous.threshold and "holding" in held.reason, held.reason
     # Another workload (accept length 3): the measurement no longer speaks for it.
     faster = predict.predict(profile, (3.0, "measured"), None, min_threshold=0, max_threshold=64)
     assert faster is not None
