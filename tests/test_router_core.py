@@ -369,6 +369,19 @@ def test_a_sample_comes_from_the_engines_per_step_decode_moments() -> None:
     idle = loads(0, 0, 0)
     idle["loads"][0]["decode_moments"] = None
     assert EngineLoad.from_response(idle).decode_tokens == 0.0
+    # A scrape interval that held one step (a long prefill ran) is not dropped: the next
+    # sample spans it, so the time the prefill took counts against the mode's rate.
+    p.record(Scrape(11.0, EngineLoad.from_response(loads(151, 1157, 2608))))
+    assert len(p.samples) == 1
+    p.record(Scrape(11.5, EngineLoad.from_response(loads(161, 1227, 2688))))
+    spanned = p.samples[-1]
+    assert spanned.tokens_per_second == pytest.approx(88 / 1.0)  # over both intervals
+    assert spanned.batch == pytest.approx(7.0)
+    # Beyond SAMPLE_SPAN_SECONDS an interval without steps starts over instead.
+    p.record(Scrape(12.0, EngineLoad.from_response(loads(161, 1227, 2688))))
+    p.record(Scrape(20.0, EngineLoad.from_response(loads(162, 1234, 2696))))
+    p.record(Scrape(20.5, EngineLoad.from_response(loads(172, 1304, 2776))))
+    assert p.samples[-1].tokens_per_second == pytest.approx(80 / 0.5)
 
 
 def _closed_loop_with_controller(

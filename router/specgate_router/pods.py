@@ -15,6 +15,12 @@ from specgate_router.settings import ControlSettings, ResilienceSettings
 
 Pool = Literal["latency", "throughput", "mixed"]
 MAX_SAMPLES = 1200
+SAMPLE_SPAN_SECONDS = 5.0
+"""A learning sample spans consecutive scrapes until they hold two decode steps, at most this
+long. Dropping an interval with a long prefill and no step instead would leave samples that
+read a mode as fast as its steps alone, and the slower a mode's steps, the more of its
+prefills would go missing: a probe at a large batch read speculation 1.4x faster where it was
+slower."""
 
 
 @dataclass
@@ -152,6 +158,8 @@ class PodState:
     prediction: predict.Prediction | None = None
     """The model's last word on this pod (set by the control loop)."""
     _profile_wire: Any = None
+    _sample_start: Scrape | None = None
+    """Where the next learning sample starts, when the scrapes since held too few steps."""
 
     # ---- reading ----
 
@@ -195,7 +203,7 @@ class PodState:
     # ---- writing ----
 
     def record(self, scrape: Scrape) -> None:
-        """Take a new scrape; derive a learning sample from the previous one."""
+        """Take a new scrape; derive a learning sample from the scrapes since the last one."""
         prev, self.last = self.last, scrape
         self.scrape_error = None
         self.healthy = True
@@ -205,23 +213,32 @@ class PodState:
         if load.threshold_known:
             self.confirmed_threshold = load.threshold
         self._read_model_inputs(scrape, speculating_fraction(prev, scrape))
-        if prev is None or load.decode_steps_on is None or load.decode_steps_off is None:
+        start, self._sample_start = self._sample_start, None
+        if start is None or scrape.at - start.at > SAMPLE_SPAN_SECONDS:
+            start = prev
+        if start is None or load.decode_steps_on is None or load.decode_steps_off is None:
             return
-        if prev.load.decode_steps_on is None or prev.load.decode_steps_off is None:
+        if start.load.decode_steps_on is None or start.load.decode_steps_off is None:
             return
-        steps = load.decode_steps - prev.load.decode_steps
+        taken = (load.decode_steps_on - start.load.decode_steps_on) + (
+            load.decode_steps_off - start.load.decode_steps_off
+        )
+        if 0 <= taken < 2 and load.decode_tokens >= start.load.decode_tokens:
+            self._sample_start = start  # the next scrape's sample covers this interval too
+            return
+        steps = load.decode_steps - start.load.decode_steps
         sample = control.sample_between(
-            t0=prev.at,
+            t0=start.at,
             t1=scrape.at,
-            batch0=prev.load.running,
+            batch0=start.load.running,
             batch1=load.running,
-            tokens0=prev.load.decode_tokens,
+            tokens0=start.load.decode_tokens,
             tokens1=load.decode_tokens,
-            steps_on0=prev.load.decode_steps_on,
+            steps_on0=start.load.decode_steps_on,
             steps_on1=load.decode_steps_on,
-            steps_off0=prev.load.decode_steps_off,
+            steps_off0=start.load.decode_steps_off,
             steps_off1=load.decode_steps_off,
-            mean_batch=(load.decode_batch_sum - prev.load.decode_batch_sum) / steps
+            mean_batch=(load.decode_batch_sum - start.load.decode_batch_sum) / steps
             if steps > 0
             else None,
         )
@@ -232,16 +249,16 @@ class PodState:
             sample = replace(sample, accept_length=acceptance[0])
         try:
             step_seconds = predict.uninterrupted_step_seconds(
-                prev.load.speculative, load.speculative
+                start.load.speculative, load.speculative
             )
         except ValueError as exc:
             self.profile_error = str(exc)[:300]
             step_seconds = None
         if step_seconds is not None:
-            sample = replace(sample, outside_steps=outside_steps(prev, scrape, step_seconds))
+            sample = replace(sample, outside_steps=outside_steps(start, scrape, step_seconds))
         self.samples.append(sample)
         if step_seconds is not None:
-            self._check_model(sample, step_seconds, between_steps(prev, scrape, step_seconds))
+            self._check_model(sample, step_seconds, between_steps(start, scrape, step_seconds))
 
     def _read_model_inputs(self, scrape: Scrape, speculating: float | None) -> None:
         """The step profile (parsed when it changes) and the acceptance counters. A malformed
