@@ -706,6 +706,9 @@ def test_a_measuring_probe_ends_when_the_load_moves_away() -> None:
     )  # fmt: skip
     assert ended.probe is None and ended.threshold == 32, ended.reason
     assert "ended: the load moved to batch 48" in ended.reason
+    # The model's cooldown runs from the pod's last change before the probe, as after any
+    # probe that goes back: the load that moved is not held a cooldown in the old mode.
+    assert previous.probe is not None and ended.changed_at == previous.probe.held_since < 40.0
 
 
 def test_a_move_on_an_estimate_that_speculation_measures_wrong_is_undone_at_once() -> None:

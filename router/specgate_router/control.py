@@ -656,12 +656,14 @@ def _end_of_measuring(
     since = probe.started if probe.returned is None else probe.returned
     moved = load_moved_from(own, batch=probe.batch, since=since, need=need)
     if moved is not None:
-        # Nothing left to measure at that batch: the model decides at the new one.
+        # Nothing left to measure at that batch: the model decides at the new one, its
+        # cooldown running from the pod's last change before the probe, as after any probe
+        # that goes back.
         why = (
             f"measuring {mode} at batch {probe.batch:.0f} ended: the load moved to batch"
             f" {moved:.0f}; back to {back}"
         )
-        return Decision(back, why, now, probe_wait=previous.probe_wait)
+        return Decision(back, why, probe.held_since, probe_wait=previous.probe_wait)
     tried, n = rate_per_request(
         own,
         batch=probe.batch,
