@@ -51,6 +51,9 @@ from specgate_router.settings import ControlSettings
 
 STEADY_MODE_FRACTION = predict.STEADY_MODE_FRACTION
 """A sample counts for a mode when at least this share of its decode steps ran in that mode."""
+SAMPLE_MIN_STEPS = 2
+"""A sample holds at least this many decode steps (the pod's state reader spans scrapes until
+it does)."""
 HALF_LIFE_SECONDS = 300.0
 POOLED_SAMPLES = 4800
 """At most this many samples, the newest, go into one control step for a whole deployment: a
@@ -185,7 +188,7 @@ def sample_between(
     dt = t1 - t0
     d_tokens = tokens1 - tokens0
     d_on, d_off = steps_on1 - steps_on0, steps_off1 - steps_off0
-    if dt <= 0 or d_tokens <= 0 or d_on < 0 or d_off < 0 or d_on + d_off < 2:
+    if dt <= 0 or d_tokens <= 0 or d_on < 0 or d_off < 0 or d_on + d_off < SAMPLE_MIN_STEPS:
         return None
     if batch0 <= 0 or batch1 <= 0 or abs(batch1 - batch0) > max(1.0, 0.25 * max(batch0, batch1)):
         return None

@@ -16,11 +16,11 @@ from specgate_router.settings import ControlSettings, ResilienceSettings
 Pool = Literal["latency", "throughput", "mixed"]
 MAX_SAMPLES = 1200
 SAMPLE_SPAN_SECONDS = 5.0
-"""A learning sample spans consecutive scrapes until they hold two decode steps, at most this
-long. Dropping an interval with a long prefill and no step instead would leave samples that
-read a mode as fast as its steps alone, and the slower a mode's steps, the more of its
-prefills would go missing: a probe at a large batch read speculation 1.4x faster where it was
-slower."""
+"""A learning sample spans consecutive scrapes until they hold `control.SAMPLE_MIN_STEPS`
+decode steps, at most this long. Dropping an interval with a long prefill and no step instead
+would leave samples that read a mode as fast as its steps alone, and the slower a mode's
+steps, the more of its prefills would go missing: a probe at a large batch read speculation
+1.4x faster where it was slower."""
 
 
 @dataclass
@@ -223,7 +223,7 @@ class PodState:
         taken = (load.decode_steps_on - start.load.decode_steps_on) + (
             load.decode_steps_off - start.load.decode_steps_off
         )
-        if 0 <= taken < 2 and load.decode_tokens >= start.load.decode_tokens:
+        if 0 <= taken < control.SAMPLE_MIN_STEPS and load.decode_tokens >= start.load.decode_tokens:
             self._sample_start = start  # the next scrape's sample covers this interval too
             return
         steps = load.decode_steps - start.load.decode_steps
