@@ -585,8 +585,7 @@ def _measured_at_batch(
     current = previous.threshold if previous.threshold is not None else params.max_threshold
     moved = (target > current) - (target < current)
     # A threshold that already runs the measured mode across the batch's band stays: a move
-    # back toward the band's edge follows the batch reading's jitter and changes no mode (on
-    # a GPU at batch 8 it pushed 10, 9, 10 within 13 s).
+    # back toward the band's edge would follow the batch reading's jitter and change no mode.
     covers = current >= run_at if better else current <= run_at
     if moved == 0 or (covers and moved == (-1 if better else 1)):
         return replace(previous, probe=None, reason=f"{why}; holding {current}")

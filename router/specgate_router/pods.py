@@ -18,9 +18,9 @@ MAX_SAMPLES = 1200
 SAMPLE_SPAN_SECONDS = 5.0
 """A learning sample spans consecutive scrapes until they hold `control.SAMPLE_MIN_STEPS`
 decode steps, at most this long. Dropping an interval with a long prefill and no step instead
-would leave samples that read a mode as fast as its steps alone, and the slower a mode's
-steps, the more of its prefills would go missing: a probe at a large batch read speculation
-1.4x faster where it was slower."""
+would leave samples that read a mode as fast as its steps alone: the slower a mode's steps,
+the more of its prefills go missing, and a probe reads it faster than it runs (BENCHMARKS.md,
+section 0)."""
 
 
 @dataclass
