@@ -692,6 +692,51 @@ def _measuring_plain_at_16(
     return params, prediction, own, started
 
 
+def _run_measuring_plain_at_16(plain_rates: list[float]) -> list[control.Decision]:
+    """Drive `_measuring_plain_at_16` scrape by scrape until its probe ends: speculation
+    delivers 1600 tok/s at batch 16, plain decoding the next of `plain_rates` each scrape it
+    runs plain (cycled)."""
+    params, prediction, own, previous = _measuring_plain_at_16()
+    decisions = [previous]
+    plain = 0
+    now = 40.0
+    while previous.probe is not None and now < 80.0:
+        now += params.scrape_interval_seconds
+        speculating = previous.threshold is not None and previous.threshold >= 16
+        rate = 1600.0 if speculating else plain_rates[plain % len(plain_rates)]
+        plain += not speculating
+        own.append(control.Sample(now, 16, rate, float(speculating), accept_length=2.2))
+        previous = control.decide(
+            samples=own, previous=previous, now=now, fresh=True, params=params, own=own,
+            prediction=prediction,
+        )  # fmt: skip
+        decisions.append(previous)
+    assert previous.probe is None, previous.reason
+    return decisions
+
+
+def test_a_measuring_probe_within_its_scrapes_noise_runs_another_round() -> None:
+    """Plain decoding reads 1.06x speculation over a trial whose scrapes swing 2200/1200 (on
+    the H200 at 32 streams, three seconds of one mode's scrapes swing by 10%, and such a
+    reading once kept the slower mode for the whole hold): not a verdict but another round,
+    pooled with the first. Steady scrapes give one in a round."""
+    noisy = _run_measuring_plain_at_16([2200.0, 1200.0, 2200.0, 1200.0] + [1500.0] * 20)
+    reasons = [d.reason for d in noisy]
+    again = [r for r in reasons if "within its scrapes' noise" in r]
+    assert again and "1.06x" in again[0] and "measuring plain decoding again" in again[0], reasons
+    # Round two reads 1500 (the mean of both 1.00x): back to speculation, and no mode named.
+    assert "over 2 rounds; back to 32" in reasons[-1], reasons[-1]
+    assert noisy[-1].threshold == 32
+    assert noisy[-1].measured is not None and noisy[-1].measured.better is None
+    steady = _run_measuring_plain_at_16([1760.0])
+    assert "1.10x; keeping it" in steady[-1].reason, [d.reason for d in steady]
+    assert steady[-1].measured is not None and steady[-1].measured.better is False
+    # Noise that no round settles: the third decides by the margin on all three pooled.
+    endless = _run_measuring_plain_at_16([2300.0, 1100.0, 2300.0, 1100.0, 2300.0])
+    assert "over 3 rounds" in endless[-1].reason, [d.reason for d in endless]
+    assert len([d for d in endless if "within its scrapes' noise" in d.reason]) == 2
+
+
 def test_a_measuring_probe_ends_when_the_load_moves_away() -> None:
     """A pod measures plain decoding at batch 16 and its load moves to batch 48: nothing at 16
     is left to measure, so the probe ends at once (it once ran the slower mode 20 s waiting

@@ -76,6 +76,11 @@ class Sample:
     outside its decode steps: prefills and what runs around them, which the step profile does
     not time (None: unknown)."""
 
+    @property
+    def per_request(self) -> float:
+        """Output tok/s per running request (batch > 0 where samples are compared)."""
+        return self.tokens_per_second / self.batch
+
 
 @dataclass(frozen=True)
 class Line:
@@ -124,6 +129,14 @@ class Probe:
     """The accept length the pod had when a measuring probe started, which its samples before
     the probe carry. A probe of speculation from plain decoding measures the accept length
     that the estimate while off only guessed: the samples before it are still this workload's."""
+    trials: tuple[tuple[float, float], ...] = ()
+    """A measuring probe's earlier rounds, (trial started, went back) each: a round whose
+    ratio lies within its scrapes' noise runs again, and the verdict pools every round's."""
+
+    @property
+    def began(self) -> float:
+        """When the first round's trial started: the samples before it are the baseline."""
+        return self.trials[0][0] if self.trials else self.started
 
 
 @dataclass(frozen=True)
@@ -623,12 +636,12 @@ def bracketed_gain(
             continue
         mode = float(s.speculating_fraction >= STEADY_MODE_FRACTION)
         if runs and runs[-1][0] == mode:
-            runs[-1][1] += s.tokens_per_second / s.batch
+            runs[-1][1] += s.per_request
             runs[-1][2] += 1
         elif len(runs) == 3:
             break
         else:
-            runs.append([mode, s.tokens_per_second / s.batch, 1])
+            runs.append([mode, s.per_request, 1])
     if len(runs) < 3 or any(n < need for _, _, n in runs):
         return None
     after, middle, before = (total / n for _, total, n in runs)
@@ -666,7 +679,7 @@ def _end_of_measuring(
             f" {moved:.0f}; back to {back}"
         )
         return Decision(back, why, probe.held_since, probe_wait=previous.probe_wait)
-    tried, n = rate_per_request(
+    _, n = rate_per_request(
         own,
         batch=probe.batch,
         speculating=probe.speculating,
@@ -687,10 +700,10 @@ def _end_of_measuring(
             why += f" measuring {_mode(not probe.speculating)} again"
             returned = replace(probe, returned=now, give_up=now + 4 * params.probe_seconds)
             return replace(previous, threshold=back, reason=why, changed_at=now, probe=returned)
-    after, n_after = (0.0, 0)
+    n_after = 0
     if probe.returned is not None:
         # From the scrape after the switch: the one that spans it ran both modes.
-        after, n_after = rate_per_request(
+        _, n_after = rate_per_request(
             own,
             batch=probe.batch,
             speculating=not probe.speculating,
@@ -700,23 +713,43 @@ def _end_of_measuring(
         if n_after < need and now < probe.give_up:
             why = f"measuring {_mode(not probe.speculating)} again at batch {probe.batch:.0f}:"
             return replace(previous, reason=f"{why} {n_after} samples")
-    before, n_base = _probe_baseline(
-        own, probe, params, accept_length=prediction.tau if probe.tau is None else probe.tau
+    tried_rates, before_rates, after_rates = _measured_rates(
+        own, probe, prediction.tau, now, params
     )
-    base = (before + after) / 2
+    n_base = len(before_rates)
     better: bool | None = None
     gain = 1.0
-    if min(n, n_base, n_after) < need or min(before, after, tried) <= 0:
+    if (
+        min(n, n_base, n_after) < need
+        or min(map(_mean, (tried_rates, before_rates, after_rates))) <= 0
+    ):
         threshold = back
         why = f"measuring {mode} at batch {probe.batch:.0f}: inconclusive ({n} samples,"
         why += f" {n_base} before, {n_after} after); back to {back}"
     else:
-        ratio = tried / base
+        ratio = _mean(tried_rates) / ((_mean(before_rates) + _mean(after_rates)) / 2)
+        gain = max(ratio, 1 / ratio)
+        noise = _ratio_noise(tried_rates, before_rates, after_rates)
+        rounds = len(probe.trials) + 1
+        if 1 + PROBE_MARGIN < gain <= 1 + PROBE_CONFIDENCE * noise and rounds < MEASURING_ROUNDS:
+            # Within its scrapes' noise: another round, pooled with this one, rather than a
+            # verdict that a few scrapes of a prefill burst decided.
+            why = f"measured {mode} at batch {probe.batch:.0f}: {ratio:.2f}x, within its"
+            why += f" scrapes' noise (+/-{noise:.0%}); measuring {mode} again"
+            assert probe.returned is not None  # n_after >= need: the pod went back
+            again = replace(
+                probe, started=now, until=now, give_up=now + 4 * params.probe_seconds,
+                returned=None, trials=(*probe.trials, (probe.started, probe.returned)),
+            )  # fmt: skip
+            return replace(
+                previous, threshold=probe.threshold, reason=why, changed_at=now, probe=again
+            )
         keep = ratio > 1 + PROBE_MARGIN
         threshold = probe.threshold if keep else back
-        why = f"measured {mode} at batch {probe.batch:.0f}: {ratio:.2f}x; "
-        why += "keeping it" if keep else f"back to {back}"
-        gain = max(ratio, 1 / ratio)
+        why = f"measured {mode} at batch {probe.batch:.0f}: {ratio:.2f}x"
+        if rounds > 1:
+            why += f" over {rounds} rounds"
+        why += "; keeping it" if keep else f"; back to {back}"
         if gain > 1 + PROBE_MARGIN:
             better = probe.speculating if ratio > 1 else not probe.speculating
     until = now + REMEASURE_INTERVALS * params.probe_interval_seconds
@@ -893,7 +926,7 @@ def probe_error(own: Sequence[Sample], *, now: float, seconds: float, need: int)
     """The relative error a probe of `need` scrapes would have, from the spread of the pod's
     per-request rates over the last `seconds` (inf with too few samples)."""
     recent = newest_within(own, now=now, seconds=seconds)
-    rates = [s.tokens_per_second / s.batch for s in recent if s.batch > 0]
+    rates = [s.per_request for s in recent if s.batch > 0]
     rates = [r for r in reversed(rates) if math.isfinite(r)]
     error = relative_error(rates)
     return error * math.sqrt(len(rates) / need) if math.isfinite(error) else math.inf
@@ -975,7 +1008,7 @@ def rates_per_request(
             continue
         if s.at <= until and abs(s.batch - batch) <= width:
             total = totals[s.speculating_fraction >= STEADY_MODE_FRACTION]
-            total[0] += s.tokens_per_second / s.batch
+            total[0] += s.per_request
             total[1] += 1
     return {mode: (rate / n if n else 0.0, int(n)) for mode, (rate, n) in totals.items()}
 
@@ -1011,6 +1044,29 @@ def rate_per_request(
         samples, batch=batch, since=since, until=until, accept_length=accept_length
     )
     return rates[speculating]
+
+
+def mode_rates(
+    samples: Sequence[Sample],
+    *,
+    batch: float,
+    speculating: bool,
+    since: float,
+    until: float = math.inf,
+    accept_length: float | None = None,
+) -> list[float]:
+    """The per-request rates `rate_per_request` averages, in time order (read back from the
+    newest to `since`, as `rates_per_request` is)."""
+    width = band(batch)
+    newest_first = [
+        s.per_request
+        for s in itertools.takewhile(lambda s: s.at >= since, reversed(samples))
+        if s.at <= until
+        and abs(s.batch - batch) <= width
+        and (s.speculating_fraction >= STEADY_MODE_FRACTION) == speculating
+        and (accept_length is None or same_workload(s.accept_length, accept_length))
+    ]
+    return newest_first[::-1]
 
 
 def threshold_to_run(batch: float, *, speculating: bool, params: ControlSettings) -> int | None:
@@ -1134,6 +1190,58 @@ def _continue_probe(
     return Decision(back, f"{verdict}; back to {back}", now, probe_wait=backoff)
 
 
+PROBE_CONFIDENCE = 2.0
+"""A measuring probe's ratio counts once it clears PROBE_MARGIN by this many standard errors,
+from the spread of the scrapes it compared: three seconds of scrapes of one mode at 32
+streams of short requests swing by 10% on an H200, as much as the modes differ near a
+crossover (BENCHMARKS.md, section 0c). Short of that, the probe runs another round."""
+MEASURING_ROUNDS = 3
+"""Rounds a measuring probe runs at most (trial, then back, each `minSamples` scrapes): the
+last decides by PROBE_MARGIN on every round's scrapes pooled, however noisy."""
+
+
+def _mean(rates: Sequence[float]) -> float:
+    return sum(rates) / len(rates) if rates else 0.0
+
+
+def _measured_rates(
+    own: Sequence[Sample], probe: Probe, tau: float, now: float, params: ControlSettings
+) -> tuple[list[float], list[float], list[float]]:
+    """A measuring probe's per-request rates over all its rounds: the mode on trial, the mode
+    it left over the steady window before the first round, and that mode after each trial
+    (from the scrape after the switch back: the one that spans it ran both modes)."""
+    rounds = [*probe.trials, (probe.started, probe.returned if probe.returned is not None else now)]
+    tried: list[float] = []
+    after: list[float] = []
+    for i, (started, returned) in enumerate(rounds):
+        tried += mode_rates(
+            own, batch=probe.batch, speculating=probe.speculating, since=started,
+            until=returned, accept_length=tau,
+        )  # fmt: skip
+        if probe.returned is not None or i < len(rounds) - 1:
+            after += mode_rates(
+                own, batch=probe.batch, speculating=not probe.speculating,
+                since=returned + params.scrape_interval_seconds,
+                until=rounds[i + 1][0] if i < len(rounds) - 1 else math.inf, accept_length=tau,
+            )  # fmt: skip
+    before = mode_rates(
+        own, batch=probe.batch, speculating=not probe.speculating,
+        since=probe.began - steady_window(params), until=probe.began,
+        accept_length=tau if probe.tau is None else probe.tau,
+    )  # fmt: skip
+    return tried, before, after
+
+
+def _ratio_noise(tried: Sequence[float], before: Sequence[float], after: Sequence[float]) -> float:
+    """The standard error, as a share, of a measuring probe's ratio: the mode on trial against
+    the mean of the mode it left before and after it. 0 where a part has too few scrapes to
+    tell their spread (a resource's minSamples under three): judged by the margin alone."""
+    errors = [relative_error(rates) for rates in (tried, before, after)]
+    if not all(math.isfinite(e) for e in errors):
+        return 0.0
+    return math.sqrt(errors[0] ** 2 + (errors[1] ** 2 + errors[2] ** 2) / 4)
+
+
 def _probe_baseline(
     own: Sequence[Sample],
     probe: Probe,
@@ -1146,8 +1254,8 @@ def _probe_baseline(
         own,
         batch=probe.batch,
         speculating=not probe.speculating,
-        since=probe.started - steady_window(params),
-        until=probe.started,
+        since=probe.began - steady_window(params),
+        until=probe.began,
         accept_length=accept_length,
     )
 
