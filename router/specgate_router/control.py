@@ -679,13 +679,15 @@ def _end_of_measuring(
             f" {moved:.0f}; back to {back}"
         )
         return Decision(back, why, probe.held_since, probe_wait=previous.probe_wait)
-    _, n = rate_per_request(
-        own,
-        batch=probe.batch,
-        speculating=probe.speculating,
-        since=probe.started,
-        until=probe.returned if probe.returned is not None else math.inf,
-        accept_length=prediction.tau,
+    n = len(
+        mode_rates(
+            own,
+            batch=probe.batch,
+            speculating=probe.speculating,
+            since=probe.started,
+            until=probe.returned if probe.returned is not None else math.inf,
+            accept_length=prediction.tau,
+        )
     )
     # A mode that yields no samples at all within twice the scrapes a verdict needs (a
     # prefill-bound pod whose decode steps in that mode come further apart than its scrapes)
@@ -703,12 +705,14 @@ def _end_of_measuring(
     n_after = 0
     if probe.returned is not None:
         # From the scrape after the switch: the one that spans it ran both modes.
-        _, n_after = rate_per_request(
-            own,
-            batch=probe.batch,
-            speculating=not probe.speculating,
-            since=probe.returned + params.scrape_interval_seconds,
-            accept_length=prediction.tau,
+        n_after = len(
+            mode_rates(
+                own,
+                batch=probe.batch,
+                speculating=not probe.speculating,
+                since=probe.returned + params.scrape_interval_seconds,
+                accept_length=prediction.tau,
+            )
         )
         if n_after < need and now < probe.give_up:
             why = f"measuring {_mode(not probe.speculating)} again at batch {probe.batch:.0f}:"
@@ -1030,22 +1034,6 @@ def relative_error(rates: Sequence[float]) -> float:
     return math.sqrt(variance / n * (1 + rho) / (1 - rho)) / mean
 
 
-def rate_per_request(
-    samples: Sequence[Sample],
-    *,
-    batch: float,
-    speculating: bool,
-    since: float,
-    until: float = math.inf,
-    accept_length: float | None = None,
-) -> tuple[float, int]:
-    """Mean output tok/s per running request of one mode's samples near `batch`, and how many."""
-    rates = rates_per_request(
-        samples, batch=batch, since=since, until=until, accept_length=accept_length
-    )
-    return rates[speculating]
-
-
 def mode_rates(
     samples: Sequence[Sample],
     *,
@@ -1055,8 +1043,9 @@ def mode_rates(
     until: float = math.inf,
     accept_length: float | None = None,
 ) -> list[float]:
-    """The per-request rates `rate_per_request` averages, in time order (read back from the
-    newest to `since`, as `rates_per_request` is)."""
+    """One mode's output tok/s per running request over its samples near `batch` taken in
+    [since, until], in time order; with `accept_length`, only samples within
+    COMPARABLE_ACCEPT of it. Read back from the newest to `since`, as `rates_per_request`."""
     width = band(batch)
     newest_first = [
         s.per_request
@@ -1166,9 +1155,8 @@ def _continue_probe(
             f" back to {back}"
         )
         return Decision(back, why, now, probe_wait=previous.probe_wait)
-    tried, n_tried = rate_per_request(
-        own, batch=probe.batch, speculating=probe.speculating, since=probe.started
-    )
+    rates = mode_rates(own, batch=probe.batch, speculating=probe.speculating, since=probe.started)
+    tried, n_tried = _mean(rates), len(rates)
     if now < probe.until or (n_tried < need and now < probe.give_up):
         return replace(
             previous,
@@ -1249,8 +1237,8 @@ def _probe_baseline(
     accept_length: float | None = None,
 ) -> tuple[float, int]:
     """What the mode a probe left delivered per request at its batch over the steady window
-    before it: the figure the probe is held to."""
-    return rate_per_request(
+    before it, and how many samples: the figure the probe is held to."""
+    rates = mode_rates(
         own,
         batch=probe.batch,
         speculating=not probe.speculating,
@@ -1258,6 +1246,7 @@ def _probe_baseline(
         until=probe.began,
         accept_length=accept_length,
     )
+    return _mean(rates), len(rates)
 
 
 LOAD_MOVED_FACTOR = 1.5
