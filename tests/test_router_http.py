@@ -483,11 +483,15 @@ async def test_metrics_endpoint_lists_every_pod_gauge(http: httpx.AsyncClient) -
         assert f"{name}{{engine_pod=" in resp.text, name
 
 
-async def test_a_pod_held_away_from_its_threshold_is_probed(http: httpx.AsyncClient) -> None:
+async def test_a_pod_held_away_from_its_threshold_is_probed(
+    http: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
     """Eight clients hold a pod at batch 8, plain under threshold 2: the router tries
     speculation there (probe intervals of a second here), keeps it or goes back by what it
-    measured, and counts both ends in specgate_probes_total. The pod reports no step profile:
-    samples and probes are how the router learns from an engine that does not."""
+    measured, counts both ends in specgate_probes_total and logs the verdict. The pod reports
+    no step profile: samples and probes are how the router learns from an engine that does
+    not."""
+    caplog.set_level(logging.INFO, logger="specgate.router")
     async with sims(1, time_scale=10.0, threshold=2, model_inputs=False) as pods:
         settings = router_settings(pods.urls)
         settings["control"] = {
@@ -518,6 +522,13 @@ async def test_a_pod_held_away_from_its_threshold_is_probed(http: httpx.AsyncCli
                     break
     assert 'mode="speculation",outcome="started"} 1.0' in metrics, metrics[-3000:]
     assert len(ended) == 1, metrics[-3000:]
+    verdicts = [
+        rec.getMessage()
+        for rec in caplog.records
+        if rec.name == "specgate.router" and rec.getMessage().startswith("probe of ")
+    ]
+    assert len(verdicts) == 1 and f" {ended[0]}: " in verdicts[0], verdicts
+    assert f"{ended[0]}: probe" in verdicts[0], verdicts  # the verdict's reason
     # Kept: the pod speculates at batch 8 (threshold at least 8 and its band); back: 2 again.
     threshold = view["decidedThreshold"]
     assert isinstance(threshold, int)

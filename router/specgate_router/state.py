@@ -319,6 +319,10 @@ class RouterState:
         for pod, decision in zip(live, decisions, strict=True):
             if self.is_leader and (event := control.probe_outcome(pod.decision, decision)):
                 self.metrics.probes.labels(pod.name, *event).inc()
+                if event[1] != "started":
+                    # The verdict, also where it leaves the threshold as it was (no push,
+                    # so no change to log): what the pod measured is worth a line either way.
+                    log.info("probe of %s %s: %s", pod.name, event[1], decision.reason)
             pod.decision = decision
         if not self.is_leader:
             return
