@@ -1163,7 +1163,8 @@ def _continue_probe(
             reason=f"probing {_mode(probe.speculating)} at batch "
             f"{probe.batch:.0f}: {n_tried} samples",
         )
-    base, n_base = _probe_baseline(own, probe, params)
+    baseline = _probe_baseline(own, probe, params)
+    base, n_base = _mean(baseline), len(baseline)
     backoff = min(PROBE_BACKOFF_LIMIT, 2 * previous.probe_wait)
     if n_tried < need or n_base < need:
         # Steps too slow to give samples (fewer than two per scrape), or a load that left
@@ -1212,11 +1213,7 @@ def _measured_rates(
                 since=returned + params.scrape_interval_seconds,
                 until=rounds[i + 1][0] if i < len(rounds) - 1 else math.inf, accept_length=tau,
             )  # fmt: skip
-    before = mode_rates(
-        own, batch=probe.batch, speculating=not probe.speculating,
-        since=probe.began - steady_window(params), until=probe.began,
-        accept_length=tau if probe.tau is None else probe.tau,
-    )  # fmt: skip
+    before = _probe_baseline(own, probe, params, tau if probe.tau is None else probe.tau)
     return tried, before, after
 
 
@@ -1235,10 +1232,10 @@ def _probe_baseline(
     probe: Probe,
     params: ControlSettings,
     accept_length: float | None = None,
-) -> tuple[float, int]:
+) -> list[float]:
     """What the mode a probe left delivered per request at its batch over the steady window
-    before it, and how many samples: the figure the probe is held to."""
-    rates = mode_rates(
+    before it (before its first round): the rates the probe is held to."""
+    return mode_rates(
         own,
         batch=probe.batch,
         speculating=not probe.speculating,
@@ -1246,7 +1243,6 @@ def _probe_baseline(
         until=probe.began,
         accept_length=accept_length,
     )
-    return _mean(rates), len(rates)
 
 
 LOAD_MOVED_FACTOR = 1.5
