@@ -552,6 +552,26 @@ def test_a_host_that_slows_down_is_not_read_as_a_mode_gain() -> None:
     assert control.bracketed_gain(spec_then_plain + mixed, **kw) is None
 
 
+def test_bracketed_runs_within_their_own_noise_say_nothing() -> None:
+    """Speculation, plain, speculation, four scrapes each: plain's scrapes swing 1000/2000
+    (prompts of a thousand tokens landing in some half-seconds and not others), a mean 1.25x
+    speculation's that two standard errors of those scrapes cover. It once moved a pod to plain
+    on a prefill-bound load where neither mode led. Steady scrapes at the same mean speak."""
+
+    def runs(plain: list[float]) -> list[control.Sample]:
+        modes = [(True, [1200.0] * 4), (False, plain), (True, [1200.0] * 4)]
+        rates = [(speculating, r) for speculating, rs in modes for r in rs]
+        return [
+            control.Sample(0.5 * i, 16, 16 * r, float(speculating), accept_length=2.0)
+            for i, (speculating, r) in enumerate(rates)
+        ]
+
+    kw = {"batch": 16, "since": 0.0, "accept_length": 2.0, "need": 4}
+    assert control.bracketed_gain(runs([1000.0, 2000.0] * 2), **kw) is None
+    better, gain = control.bracketed_gain(runs([1500.0] * 4), **kw) or (None, 0.0)
+    assert better is False and gain == pytest.approx(1.25)
+
+
 def test_residuals_of_the_two_modes_compare_only_when_measured_together() -> None:
     """Speculating steps measured 20% slower than the profile, then a minute later plain ones
     30% slower (the host slowed meanwhile): the modes' difference is drift, so both take the
@@ -677,13 +697,16 @@ def test_calibration_waits_for_an_agreement_that_has_settled() -> None:
 
 
 def _measuring_plain_at_16(
-    changed_at: float = 0.0,
+    changed_at: float = 0.0, speculating_rate: float = 1600.0, tau: float = 2.2
 ) -> tuple[ControlSettings, predict.Prediction, list[control.Sample], control.Decision]:
-    """WIRE at tau 2.2 (speculation 1.1x at batch 16), a pod that held 16 speculating for 40 s
-    and last changed mode at `changed_at`: it starts measuring plain decoding."""
+    """WIRE at accept length `tau` (2.2: speculation 1.1x at batch 16), a pod that held 16
+    speculating for 40 s at `speculating_rate` tok/s and last changed mode at `changed_at`:
+    it starts measuring plain decoding."""
     params = ControlSettings()
-    prediction = wire_model(2.2)
-    own = [control.Sample(0.5 * i, 16, 1600.0, 1.0, accept_length=2.2) for i in range(1, 81)]
+    prediction = wire_model(tau)
+    own = [
+        control.Sample(0.5 * i, 16, speculating_rate, 1.0, accept_length=tau) for i in range(1, 81)
+    ]
     started = control.decide(
         samples=own, previous=control.Decision(32, "predicted", changed_at), now=40.0,
         fresh=True, params=params, own=own, prediction=prediction,
@@ -692,25 +715,46 @@ def _measuring_plain_at_16(
     return params, prediction, own, started
 
 
-def _run_measuring_plain_at_16(plain_rates: list[float]) -> list[control.Decision]:
-    """Drive `_measuring_plain_at_16` scrape by scrape until its probe ends: speculation
-    delivers 1600 tok/s at batch 16, plain decoding the next of `plain_rates` each scrape it
-    runs plain (cycled)."""
-    params, prediction, own, previous = _measuring_plain_at_16()
+def _run_measuring_plain_at_16(
+    plain_rates: list[float],
+    plain_batches: list[int] | None = None,
+    speculating_before: float = 1600.0,
+    then: float = 0.0,
+    back_batches: list[int] | None = None,
+    tau: float = 2.2,
+) -> list[control.Decision]:
+    """Drive `_measuring_plain_at_16` scrape by scrape until its probe ends, and `then`
+    seconds more: speculation delivers 1600 tok/s at batch 16 (`speculating_before` until
+    the probe; at the next of `back_batches` after it), plain decoding the next of
+    `plain_rates` each scrape it runs plain (cycled), at the next of `plain_batches` (the
+    last of either repeated; 16 without)."""
+    batches = plain_batches or [16]
+    back = back_batches or [16]
+    params, prediction, own, previous = _measuring_plain_at_16(
+        speculating_rate=speculating_before, tau=tau
+    )
     decisions = [previous]
     plain = 0
-    now = 40.0
-    while previous.probe is not None and now < 80.0:
+    now, ended = 40.0, math.inf
+    while (previous.probe is not None and now < 80.0) or now < ended + then:
         now += params.scrape_interval_seconds
         speculating = previous.threshold is not None and previous.threshold >= 16
         rate = 1600.0 if speculating else plain_rates[plain % len(plain_rates)]
+        n_back = len(decisions) - 1 - plain  # speculating scrapes since the probe started
+        batch = (
+            back[min(n_back, len(back) - 1)]
+            if speculating
+            else batches[min(plain, len(batches) - 1)]
+        )
         plain += not speculating
-        own.append(control.Sample(now, 16, rate, float(speculating), accept_length=2.2))
+        own.append(control.Sample(now, batch, rate, float(speculating), accept_length=tau))
         previous = control.decide(
             samples=own, previous=previous, now=now, fresh=True, params=params, own=own,
             prediction=prediction,
         )  # fmt: skip
         decisions.append(previous)
+        if previous.probe is None and math.isinf(ended):
+            ended = now
     assert previous.probe is None, previous.reason
     return decisions
 
@@ -731,10 +775,64 @@ def test_a_measuring_probe_within_its_scrapes_noise_runs_another_round() -> None
     steady = _run_measuring_plain_at_16([1760.0])
     assert "1.10x; keeping it" in steady[-1].reason, [d.reason for d in steady]
     assert steady[-1].measured is not None and steady[-1].measured.better is False
-    # Noise that no round settles: the third decides by the margin on all three pooled.
+    # Noise that no round settles: after the third, no mode is named, and the pod goes back to
+    # the one the model chose.
     endless = _run_measuring_plain_at_16([2300.0, 1100.0, 2300.0, 1100.0, 2300.0])
-    assert "over 3 rounds" in endless[-1].reason, [d.reason for d in endless]
-    assert len([d for d in endless if "within its scrapes' noise" in d.reason]) == 2
+    last = endless[-1]
+    assert "over 3 rounds, within its scrapes' noise" in last.reason, last.reason
+    assert last.reason.endswith("back to 32") and last.threshold == 32
+    assert last.measured is not None and last.measured.better is None
+    assert len([d for d in endless if "measuring plain decoding again" in d.reason]) == 2
+    # Where the model's modes run within 5% of each other (accept length 2.05: 1.025x), it
+    # names none either, and the reading decides by the margin.
+    flat = _run_measuring_plain_at_16([2300.0, 1100.0, 2300.0, 1100.0, 2300.0], tau=2.05)[-1]
+    assert "where the model's modes run within 5%; keeping it" in flat.reason, flat.reason
+    assert flat.measured is not None and flat.measured.better is False
+
+
+def test_a_host_that_slows_as_the_trial_begins_is_measured_again() -> None:
+    """The host runs a fifth slower from the moment the pod tries plain decoding (an H200's
+    5-s windows swing by that much): speculation read 2000 before the trial and 1600 after
+    it, plain 1700 in it. Held to the mean of the two, plain reads 0.94x, and the probe once
+    named speculation the better mode, 1.06x, though on the slower host plain delivers 1.06x
+    speculation. The brackets' drift counts as the reading's noise: another round, held
+    mostly to the brackets after the trials, and no verdict for speculation."""
+    slowed = _run_measuring_plain_at_16([1700.0], speculating_before=2000.0)
+    reasons = [d.reason for d in slowed]
+    first = next(r for r in reasons if r.startswith("measured plain decoding at batch 16:"))
+    assert "0.94x, within its scrapes' noise" in first, reasons
+    assert "over 2 rounds" in reasons[-1], reasons
+    assert slowed[-1].measured is not None and slowed[-1].measured.better is not True
+
+
+def test_a_probes_rounds_are_not_judged_again_on_the_newest_alone() -> None:
+    """Plain decoding reads 0.88x speculation in round one (its scrapes swing 1000/1800), then
+    1.12x in round two: 1.00x pooled, and the pod goes back to speculation, which the model
+    prefers. The newest three runs, read alone, would bracket plain at 1.12x, past the margin
+    at which measured runs outrank the model, and once moved the pod to plain at once on the
+    lesser half of what the probe had just judged."""
+    decisions = _run_measuring_plain_at_16([1000.0, 1800.0] * 2 + [1800.0] * 20, then=10.0)
+    reasons = [d.reason for d in decisions]
+    verdict = next(i for i, r in enumerate(reasons) if "over 2 rounds; back to 32" in r)
+    assert "1.00x" in reasons[verdict], reasons
+    assert all(d.threshold == 32 for d in decisions[verdict:]), reasons[verdict:]
+
+
+def test_a_round_the_load_starves_leaves_the_verdict_to_the_rounds_before_it() -> None:
+    """Round one reads plain decoding 1.06x within its noise, round two 1.5x. Going back, the
+    pod runs speculation at batch 20, outside batch 16's band but not far enough to count as
+    a moved load, so that half of the round yields a sample where it needs four. The rounds'
+    scrapes pooled decide (1.28x, past their noise): the probe once ended "inconclusive"
+    there and dropped what it had measured."""
+    starved = _run_measuring_plain_at_16(
+        [2200.0, 1200.0] * 2 + [2400.0] * 20, back_batches=[16] * 5 + [20]
+    )
+    reasons = [d.reason for d in starved]
+    assert any("within its scrapes' noise" in r for r in reasons), reasons
+    assert "measuring speculation again at batch 16: 1 samples" in reasons[-2], reasons
+    assert "1.28x over 2 rounds; keeping it" in reasons[-1], reasons
+    assert starved[-1].threshold is not None and starved[-1].threshold < 16
+    assert starved[-1].measured is not None and starved[-1].measured.better is False
 
 
 def test_a_measuring_probe_ends_when_the_load_moves_away() -> None:

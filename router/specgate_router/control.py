@@ -99,6 +99,7 @@ PROBE_BAND = 0.15
 """Samples within this fraction of a batch size (at least one request) count as that batch."""
 PROBE_MARGIN = 0.05
 """A mode replaces the running one at a batch when it delivers this much more per request."""
+_LOG_MARGIN = math.log1p(PROBE_MARGIN)
 PROBE_BACKOFF_LIMIT = 8
 """A probe that changed nothing doubles the wait before the next, up to this many intervals."""
 
@@ -152,6 +153,9 @@ class Measurement:
     gain: float
     also: float | None = None
     """The accept length the probe started with: the same workload, read in the other mode."""
+    taken: float = -math.inf
+    """When the probe gave it. The pod's runs before that are the probe's own rounds, which it
+    judged pooled: a newer three of them, read alone, would only judge them again on less."""
 
     def holds(self, now: float, tau: float, batch: float) -> bool:
         """Whether it still speaks for this workload at this batch."""
@@ -501,15 +505,16 @@ def _follow_prediction(
         return decision
     batch, speculating = steady
     current = previous.threshold if previous.threshold is not None else params.max_threshold
+    verdict = previous.measured
+    measured = verdict is not None and verdict.holds(now, prediction.tau, batch)
+    since = now - params.probe_interval_seconds
     bracketed = bracketed_gain(
         own,
         batch=batch,
-        since=now - params.probe_interval_seconds,
+        since=max(since, verdict.taken) if verdict is not None and measured else since,
         accept_length=prediction.tau,
         need=params.min_samples,
     )
-    verdict = previous.measured
-    measured = verdict is not None and verdict.holds(now, prediction.tau, batch)
     if bracketed is not None and (not measured or bracketed[1] > 1 + MEASURED_OVER_MODEL_MARGIN):
         better, gain = bracketed
         return _measured_at_batch(prediction, previous, decision, batch, better, gain, now, params)
@@ -621,9 +626,10 @@ def bracketed_gain(
     of the runs either side. A shared host's speed drifts by more than the modes differ near
     a crossover, and a comparison of one mode's earlier samples with the other's later ones
     reads that drift as a gain (BENCHMARKS.md, section 0c); bracketed, drift moves both sides
-    alike. None without such runs. Samples that mix the modes belong to neither."""
+    alike. None without such runs, or where the gain is within PROBE_CONFIDENCE of their
+    noise (`_ratio_noise`). Samples that mix the modes belong to neither."""
     width = band(batch)
-    runs: list[list[float]] = []  # newest first: [speculating (0/1), sum of rates, samples]
+    runs: list[tuple[bool, list[float]]] = []  # newest first: (speculating, rates newest first)
     for s in reversed(samples):
         if s.at < since:
             break
@@ -634,23 +640,24 @@ def bracketed_gain(
             or s.batch <= 0
         ):
             continue
-        mode = float(s.speculating_fraction >= STEADY_MODE_FRACTION)
+        mode = s.speculating_fraction >= STEADY_MODE_FRACTION
         if runs and runs[-1][0] == mode:
-            runs[-1][1] += s.per_request
-            runs[-1][2] += 1
+            runs[-1][1].append(s.per_request)
         elif len(runs) == 3:
             break
         else:
-            runs.append([mode, s.per_request, 1])
-    if len(runs) < 3 or any(n < need for _, _, n in runs):
+            runs.append((mode, [s.per_request]))
+    if len(runs) < 3 or any(len(rates) < need for _, rates in runs):
         return None
-    after, middle, before = (total / n for _, total, n in runs)
-    either_side = (after + before) / 2
-    if either_side <= 0 or middle <= 0:
+    after, middle, before = (rates[::-1] for _, rates in runs)
+    either_side = _reference_rate([before, after])
+    if either_side <= 0 or _mean(middle) <= 0:
         return None
-    middle_better = middle > either_side
-    better = bool(runs[1][0] if middle_better else runs[0][0])
-    return better, max(middle, either_side) / min(middle, either_side)
+    ratio = _mean(middle) / either_side
+    gain = max(ratio, 1 / ratio)
+    if gain <= 1 + PROBE_CONFIDENCE * _ratio_noise(middle, [before, after], seconds_apart=False):
+        return None  # what the runs' own scrapes cannot tell apart says nothing of the modes
+    return runs[1][0] if ratio > 1 else runs[0][0], gain
 
 
 def _end_of_measuring(
@@ -717,25 +724,26 @@ def _end_of_measuring(
         if n_after < need and now < probe.give_up:
             why = f"measuring {_mode(not probe.speculating)} again at batch {probe.batch:.0f}:"
             return replace(previous, reason=f"{why} {n_after} samples")
-    tried_rates, before_rates, after_rates = _measured_rates(
-        own, probe, prediction.tau, now, params
-    )
-    n_base = len(before_rates)
+    tried_rates, brackets = _measured_rates(own, probe, prediction.tau, now, params)
+    # Counted over every round: a later round that the load starves (a prefill burst, a
+    # batch at the band's edge) leaves the earlier rounds' reading to decide by the margin.
+    n_tried, n_base = len(tried_rates), len(brackets[0])
+    n_back = sum(map(len, brackets[1:]))
+    reference = _reference_rate(brackets)
     better: bool | None = None
     gain = 1.0
-    if (
-        min(n, n_base, n_after) < need
-        or min(map(_mean, (tried_rates, before_rates, after_rates))) <= 0
-    ):
+    if min(n_tried, n_base, n_back) < need or min(_mean(tried_rates), reference) <= 0:
         threshold = back
-        why = f"measuring {mode} at batch {probe.batch:.0f}: inconclusive ({n} samples,"
-        why += f" {n_base} before, {n_after} after); back to {back}"
+        why = f"measuring {mode} at batch {probe.batch:.0f}: inconclusive ({n_tried} samples,"
+        why += f" {n_base} before, {n_back} after); back to {back}"
     else:
-        ratio = _mean(tried_rates) / ((_mean(before_rates) + _mean(after_rates)) / 2)
+        ratio = _mean(tried_rates) / reference
         gain = max(ratio, 1 / ratio)
-        noise = _ratio_noise(tried_rates, before_rates, after_rates)
+        noise = _ratio_noise(tried_rates, brackets)
         rounds = len(probe.trials) + 1
-        if 1 + PROBE_MARGIN < gain <= 1 + PROBE_CONFIDENCE * noise and rounds < MEASURING_ROUNDS:
+        complete = min(n, n_after) >= need  # this round, not only the ones before it
+        noisy = 1 + PROBE_MARGIN < gain <= 1 + PROBE_CONFIDENCE * noise
+        if noisy and complete and rounds < MEASURING_ROUNDS:
             # Within its scrapes' noise: another round, pooled with this one, rather than a
             # verdict that a few scrapes of a prefill burst decided.
             why = f"measured {mode} at batch {probe.batch:.0f}: {ratio:.2f}x, within its"
@@ -748,19 +756,32 @@ def _end_of_measuring(
             return replace(
                 previous, threshold=probe.threshold, reason=why, changed_at=now, probe=again
             )
-        keep = ratio > 1 + PROBE_MARGIN
+        # After its last round, a reading still within its noise names no mode where the
+        # model names one: the pod goes back to the model's, whose decode steps the scrapes'
+        # swing does not blur. Where the model's modes run within the margin, the reading is
+        # the better guess.
+        modelled = prediction.ratio(probe.batch)
+        indifferent = modelled is None or modelled <= 0 or abs(math.log(modelled)) <= _LOG_MARGIN
+        tells = gain > 1 + PROBE_MARGIN and (not noisy or indifferent)
+        keep = tells and ratio > 1
         threshold = probe.threshold if keep else back
         why = f"measured {mode} at batch {probe.batch:.0f}: {ratio:.2f}x"
         if rounds > 1:
             why += f" over {rounds} rounds"
+        if noisy:
+            why += f", within its scrapes' noise (+/-{noise:.0%})"
+            if indifferent:
+                why += f" where the model's modes run within {PROBE_MARGIN:.0%}"
         why += "; keeping it" if keep else f"; back to {back}"
-        if gain > 1 + PROBE_MARGIN:
+        if tells:
             better = probe.speculating if ratio > 1 else not probe.speculating
     until = now + REMEASURE_INTERVALS * params.probe_interval_seconds
     # The verdict is read later in the mode the pod runs then, whose accept length may come
     # from another source (measured while speculating, estimated while off) and differ by
     # more than COMPARABLE_ACCEPT on the same workload: it keeps the probe's first reading too.
-    verdict = Measurement(until, prediction.tau, probe.batch, better, gain, also=probe.tau)
+    verdict = Measurement(
+        until, prediction.tau, probe.batch, better, gain, also=probe.tau, taken=now
+    )
     changed_at = now if threshold == probe.threshold else probe.held_since
     return Decision(threshold, why, changed_at, measured=verdict)
 
@@ -1180,13 +1201,17 @@ def _continue_probe(
 
 
 PROBE_CONFIDENCE = 2.0
-"""A measuring probe's ratio counts once it clears PROBE_MARGIN by this many standard errors,
-from the spread of the scrapes it compared: three seconds of scrapes of one mode at 32
-streams of short requests swing by 10% on an H200, as much as the modes differ near a
-crossover (BENCHMARKS.md, section 0c). Short of that, the probe runs another round."""
+"""A measuring probe's ratio, or a bracket's, counts once it differs from 1 by PROBE_MARGIN
+and by this many standard errors (`_ratio_noise`): three seconds of scrapes of one mode at
+32 streams of short requests swing by 10% on an H200, as much as the modes differ near a
+crossover (BENCHMARKS.md, section 0c). Short of that, a measuring probe runs another round,
+and a bracket says nothing."""
 MEASURING_ROUNDS = 3
-"""Rounds a measuring probe runs at most (trial, then back, each `minSamples` scrapes): the
-last decides by PROBE_MARGIN on every round's scrapes pooled, however noisy."""
+"""Rounds a measuring probe runs at most (trial, then back, each `minSamples` scrapes). A
+reading of every round's scrapes pooled that is still within their noise after the last
+names no mode where the model names one (its modes more than PROBE_MARGIN apart): the pod
+goes back to the model's, which sees decode steps without the swing of what runs between
+them."""
 
 
 def _mean(rates: Sequence[float]) -> float:
@@ -1195,36 +1220,73 @@ def _mean(rates: Sequence[float]) -> float:
 
 def _measured_rates(
     own: Sequence[Sample], probe: Probe, tau: float, now: float, params: ControlSettings
-) -> tuple[list[float], list[float], list[float]]:
-    """A measuring probe's per-request rates over all its rounds: the mode on trial, the mode
-    it left over the steady window before the first round, and that mode after each trial
-    (from the scrape after the switch back: the one that spans it ran both modes)."""
+) -> tuple[list[float], list[list[float]]]:
+    """A measuring probe's per-request rates over all its rounds: the mode on trial, pooled,
+    and the mode it left on either side of each trial (its brackets): over the steady window
+    before the first round, then after each trial (from the scrape after the switch back: the
+    one that spans it ran both modes; empty while that round has not gone back)."""
     rounds = [*probe.trials, (probe.started, probe.returned if probe.returned is not None else now)]
     tried: list[float] = []
-    after: list[float] = []
+    before = _probe_baseline(own, probe, params, tau if probe.tau is None else probe.tau)
+    brackets = [before]
     for i, (started, returned) in enumerate(rounds):
         tried += mode_rates(
             own, batch=probe.batch, speculating=probe.speculating, since=started,
             until=returned, accept_length=tau,
         )  # fmt: skip
+        after: list[float] = []
         if probe.returned is not None or i < len(rounds) - 1:
-            after += mode_rates(
+            after = mode_rates(
                 own, batch=probe.batch, speculating=not probe.speculating,
                 since=returned + params.scrape_interval_seconds,
                 until=rounds[i + 1][0] if i < len(rounds) - 1 else math.inf, accept_length=tau,
             )  # fmt: skip
-    before = _probe_baseline(own, probe, params, tau if probe.tau is None else probe.tau)
-    return tried, before, after
+        brackets.append(after)
+    return tried, brackets
 
 
-def _ratio_noise(tried: Sequence[float], before: Sequence[float], after: Sequence[float]) -> float:
-    """The standard error, as a share, of a measuring probe's ratio: the mode on trial against
-    the mean of the mode it left before and after it. 0 where a part has too few scrapes to
-    tell their spread (a resource's minSamples under three): judged by the margin alone."""
-    errors = [relative_error(rates) for rates in (tried, before, after)]
+def _bracket_weights(brackets: Sequence[Sequence[float]]) -> list[float]:
+    """Trapezoid weights of a probe's brackets (those with samples), in time order: each trial
+    is held to the mean of the brackets either side of it, so the ends count half. A bracket
+    that drifted (the first, taken while a load settled) weighs less as rounds are added."""
+    n = sum(1 for b in brackets if b)
+    return [1.0] if n == 1 else [0.5 if i in (0, n - 1) else 1.0 for i in range(n)]
+
+
+def _reference_rate(brackets: Sequence[Sequence[float]]) -> float:
+    """The mode a trial left, interpolated to the trial's moments: its brackets' means with
+    trapezoid weights (0 where no bracket has samples)."""
+    means = [_mean(b) for b in brackets if b]
+    if not means:
+        return 0.0
+    weights = _bracket_weights(brackets)
+    return sum(w * m for w, m in zip(weights, means, strict=True)) / sum(weights)
+
+
+def _ratio_noise(
+    tried: Sequence[float], brackets: Sequence[Sequence[float]], *, seconds_apart: bool = True
+) -> float:
+    """The standard error, as a share, of a trial's ratio to `_reference_rate`: each part's
+    scrape-to-scrape spread and, for brackets `seconds_apart` (a measuring probe's), the drift
+    between neighbouring ones. A trial's reference is their mean only where the host moved in
+    a straight line from one to the next, which over a few seconds it rarely does: a
+    difference there is a step, a settling load or a prefill burst. `bracketed_gain`'s runs
+    may span minutes, over which a host slows or speeds up steadily, and the mean is what
+    corrects that: there the drift is left out.
+    0 where a part has too few scrapes to tell their spread (a resource's minSamples under
+    three): judged by the margin alone."""
+    parts = [b for b in brackets if b]
+    errors = [relative_error(rates) for rates in (tried, *parts)]
     if not all(math.isfinite(e) for e in errors):
         return 0.0
-    return math.sqrt(errors[0] ** 2 + (errors[1] ** 2 + errors[2] ** 2) / 4)
+    weights = _bracket_weights(parts)
+    reference = math.sqrt(sum((w * e) ** 2 for w, e in zip(weights, errors[1:], strict=True)))
+    reference /= sum(weights)
+    means = [_mean(b) for b in parts]
+    pairs = itertools.pairwise(means) if seconds_apart else ()
+    drifts = [abs(a - b) / (a + b) for a, b in pairs if a + b > 0]
+    drift = math.sqrt(sum(d * d for d in drifts)) / len(drifts) if drifts else 0.0
+    return math.sqrt(errors[0] ** 2 + reference**2 + drift**2)
 
 
 def _probe_baseline(
