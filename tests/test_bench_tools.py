@@ -528,6 +528,18 @@ def test_a_measuring_verdict_holds_in_the_mode_the_pod_returns_to(
     assert len(started) <= 3, (started, runs[0].thresholds)
 
 
+def test_random_scenarios_run_without_the_prediction_on_request(tmp_path: Path) -> None:
+    """`--without-prediction`: the engine reports no step profile, the controller never
+    predicts (no scrape says whether a prediction agreed), and the files say so."""
+    sweep = load_module(ROOT / "lab" / "bench" / "control_random.py", "control_random")
+    with_model = sweep.run_scenario(sweep.draw(20107))
+    assert with_model["confident_share"] is not None
+    without = sweep.run_scenario({**sweep.draw(20107), "model_inputs": False})
+    assert without["confident_share"] is None and without["model_inputs"] is False
+    assert "predicted" not in (without["last_reason"] or "")
+    assert "engines reporting no profile" in sweep.report([without], 0.0, 20107)
+
+
 def test_random_scenarios_let_the_old_load_drain_before_the_window() -> None:
     """The measured window compares the new load: the longest request in flight at the change
     finishes within 20 s in the slower mode, and request lengths vary (a single length keeps

@@ -13,11 +13,14 @@ router's own control code). The router runs its defaults but maxThreshold, raise
 engine's running limit so that the bound does not decide.
 
     .venv/bin/python lab/bench/control_random.py [--scenarios N] [--seed S] [--jobs J]
+        [--without-prediction]
     .venv/bin/python lab/bench/control_random.py --report RESULTS.json [--compare OTHER.json]
 
 Prints each scenario as it ends, then the distribution of routed / better static and the
 worst scenarios with everything needed to rerun one (`--only SEED`); writes
-lab/results/control_random-sS-nN.{md,json,png}.
+lab/results/control_random-sS-nN.{md,json,png}. `--without-prediction`: the engines report no
+step profile or acceptance while off, so the controller runs on samples and probes alone, as
+it drives an engine without the patch's prediction inputs (files end `-without-prediction`).
 """
 
 from __future__ import annotations
@@ -147,6 +150,7 @@ def run_scenario(scenario: dict[str, Any]) -> dict[str, Any]:
         prompt_tokens=tuple(scenario["prompt_tokens"]),
         profile_error=tuple(scenario["profile_error"]),
         off_agreement_factor=scenario["off_agreement_factor"],
+        model_inputs=scenario.get("model_inputs", True),
     )
     after = [t for at, t in routed.thresholds if at >= 60]
     confident = [c for at, c in routed.confident if at >= 90 and c is not None]
@@ -191,8 +195,9 @@ def report(results: list[dict[str, Any]], seconds: float, seed: int) -> str:
             f" {r['num_steps']} | {r['off_step_tokens']} | {r['ratio']:.3f} |"
             f" {r['threshold_after']} | {(r['last_reason'] or '')[:90]} |"
         )
+    how = ", engines reporting no profile" if results[0].get("model_inputs") is False else ""
     return (
-        f"{len(results)} random scenarios (seeds {seed}..{seed + len(results) - 1}):"
+        f"{len(results)} random scenarios (seeds {seed}..{seed + len(results) - 1}{how}):"
         f" routed ≥ {TARGET} x the better static mode in **{met}** ({met / len(results):.0%});"
         f" median {q(0.5):.3f}, 5th percentile {q(0.05):.3f}, worst {ratios[0]:.3f};"
         f" {seconds:.0f} s.\n\nThe worst:\n\n" + "\n".join(rows)
@@ -245,7 +250,10 @@ def plot(
     ax.set_xscale("log", base=2)
     ax.set_xlabel("concurrent requests after the change")
     ax.set_ylabel("routed / better static mode")
-    ax.set_title("random engines and workloads, 30 s from a minute after the change", fontsize=10)
+    title = "random engines and workloads, 30 s from a minute after the change"
+    if results[0].get("model_inputs") is False:
+        title += "\n(engines reporting no profile: samples and probes only)"
+    ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
     if points is not None:
         fig.colorbar(points, ax=ax, label="accept length after the change")
@@ -267,9 +275,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--compare", type=Path, help="a results JSON of the same seeds to draw beside (grey)"
     )
+    parser.add_argument(
+        "--without-prediction",
+        action="store_true",
+        help="engines that report no step profile: samples and probes only",
+    )
     args = parser.parse_args(argv)
+    inputs = {"model_inputs": False} if args.without_prediction else {}
     if args.only is not None:
-        print(json.dumps(run_scenario(draw(args.only)), indent=1))
+        print(json.dumps(run_scenario({**draw(args.only), **inputs}), indent=1))
         return 0
     before = json.loads(args.compare.read_text())["results"] if args.compare else None
     if args.report is not None:
@@ -280,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         plot(saved, args.report.with_suffix(".png"), before)
         return 0
     started = time.monotonic()
-    scenarios = [draw(args.seed + i) for i in range(args.scenarios)]
+    scenarios = [{**draw(args.seed + i), **inputs} for i in range(args.scenarios)]
     results: list[dict[str, Any]] = []
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         for result in pool.map(run_scenario, scenarios):
@@ -295,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     md = report(results, time.monotonic() - started, args.seed)
     print("\n" + md)
     stem = f"control_random-s{args.seed}-n{args.scenarios}"
+    stem += "-without-prediction" if args.without_prediction else ""
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{stem}.md").write_text(md + "\n")
     (args.out / f"{stem}.json").write_text(json.dumps({"results": results}, indent=1) + "\n")
