@@ -528,7 +528,7 @@ def test_a_measuring_verdict_holds_in_the_mode_the_pod_returns_to(
     assert len(started) <= 3, (started, runs[0].thresholds)
 
 
-def test_random_scenarios_run_without_the_prediction_on_request(tmp_path: Path) -> None:
+def test_random_scenarios_run_without_the_prediction_on_request() -> None:
     """`--without-prediction`: the engine reports no step profile, the controller never
     predicts (no scrape says whether a prediction agreed), and the files say so."""
     sweep = load_module(ROOT / "lab" / "bench" / "control_random.py", "control_random")

@@ -99,7 +99,6 @@ PROBE_BAND = 0.15
 """Samples within this fraction of a batch size (at least one request) count as that batch."""
 PROBE_MARGIN = 0.05
 """A mode replaces the running one at a batch when it delivers this much more per request."""
-_LOG_MARGIN = math.log1p(PROBE_MARGIN)
 PROBE_BACKOFF_LIMIT = 8
 """A probe that changed nothing doubles the wait before the next, up to this many intervals."""
 
@@ -761,7 +760,9 @@ def _end_of_measuring(
         # swing does not blur. Where the model's modes run within the margin, the reading is
         # the better guess.
         modelled = prediction.ratio(probe.batch)
-        indifferent = modelled is None or modelled <= 0 or abs(math.log(modelled)) <= _LOG_MARGIN
+        indifferent = (
+            modelled is None or modelled <= 0 or max(modelled, 1 / modelled) <= 1 + PROBE_MARGIN
+        )
         tells = gain > 1 + PROBE_MARGIN and (not noisy or indifferent)
         keep = tells and ratio > 1
         threshold = probe.threshold if keep else back
