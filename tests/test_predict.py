@@ -722,12 +722,14 @@ def _run_measuring_plain_at_16(
     then: float = 0.0,
     back_batches: list[int] | None = None,
     tau: float = 2.2,
+    tau_after: float | None = None,
 ) -> list[control.Decision]:
     """Drive `_measuring_plain_at_16` scrape by scrape until its probe ends, and `then`
     seconds more: speculation delivers 1600 tok/s at batch 16 (`speculating_before` until
     the probe; at the next of `back_batches` after it), plain decoding the next of
     `plain_rates` each scrape it runs plain (cycled), at the next of `plain_batches` (the
-    last of either repeated; 16 without)."""
+    last of either repeated; 16 without). With `tau_after`, the accept length moves there
+    once the probe ended, and speculation's rate with it."""
     batches = plain_batches or [16]
     back = back_batches or [16]
     params, prediction, own, previous = _measuring_plain_at_16(
@@ -747,7 +749,11 @@ def _run_measuring_plain_at_16(
             else batches[min(plain, len(batches) - 1)]
         )
         plain += not speculating
-        own.append(control.Sample(now, batch, rate, float(speculating), accept_length=tau))
+        if tau_after is not None and not math.isinf(ended):
+            prediction = wire_model(tau_after)
+            rate *= tau_after / tau if speculating else 1.0
+        accept = prediction.tau
+        own.append(control.Sample(now, batch, rate, float(speculating), accept_length=accept))
         previous = control.decide(
             samples=own, previous=previous, now=now, fresh=True, params=params, own=own,
             prediction=prediction,
@@ -788,6 +794,51 @@ def test_a_measuring_probe_within_its_scrapes_noise_runs_another_round() -> None
     flat = _run_measuring_plain_at_16([2300.0, 1100.0, 2300.0, 1100.0, 2300.0], tau=2.05)[-1]
     assert "where the model's modes run within 5%; keeping it" in flat.reason, flat.reason
     assert flat.measured is not None and flat.measured.better is False
+
+
+def test_a_verdict_holds_across_a_small_acceptance_move_scaled_by_it() -> None:
+    """Plain decoding reads 1.03x speculation at batch 16, within the margin: no mode named,
+    and the pod goes back to speculation, which the model prefers (1.1x). The accept length
+    then falls 8%, within what counts as the same workload, so the verdict still holds there;
+    speculation's rate falls with it, and plain now leads by 12%. The model, which puts
+    speculation 1.01x ahead at the new accept length, would keep it: the verdict, scaled by
+    the accept length's move beyond a steady workload's 3% swing (1.08x), names plain
+    decoding. It once held the pod speculating at such a batch as long as the verdict stood."""
+    decisions = _run_measuring_plain_at_16([1648.0], then=60.0, tau_after=2.03)
+    reasons = [d.reason for d in decisions]
+    verdict = next(i for i, r in enumerate(reasons) if "1.03x; back to 32" in r)
+    assert decisions[verdict].measured is not None
+    assert decisions[verdict].measured.better is None, reasons[verdict]
+    moved = next(i for i, r in enumerate(reasons) if i > verdict and "measured at batch 16" in r)
+    assert "plain decoding delivers 1.08x" in reasons[moved], reasons[verdict:]
+    # And it stays there: a stationary load sees one switch.
+    after = [d.threshold for d in decisions[moved:]]
+    assert all(t is not None and t < 16 for t in after), reasons[moved:]
+    # Without the move, the reading within the margin leaves the pod speculating.
+    steady = _run_measuring_plain_at_16([1648.0], then=20.0)
+    assert steady[-1].threshold == 32, steady[-1].reason
+
+
+def test_a_verdict_is_scaled_only_from_an_accept_length_measured_on_its_workload() -> None:
+    """Speculation measured level with plain decoding at accept length 2.0, measured, and 2.5
+    estimated while off when the probe began (the estimate runs high on this workload)."""
+    verdict = control.Measurement(100.0, 2.0, 16, 1.0, also=2.5, measured=(True, False))
+    assert verdict.reading() == (None, 1.0)
+    # Measured 9.5% higher: speculation's rate with it, beyond a steady workload's 3% swing.
+    better, gain = verdict.read_at(2.19).reading()
+    assert better is True and gain == pytest.approx(1.095 / 1.03)
+    # Within the swing, nothing moves.
+    assert verdict.read_at(2.05).reading() == (None, 1.0)
+    # 2.6 matches only the estimate: a ratio of accept lengths from two sources says nothing.
+    assert verdict.read_at(2.6).reading() == (None, 1.0)
+    # Measured 10% lower: plain decoding.
+    assert verdict.read_at(1.8).reading()[0] is False
+    # A reading whose scrapes swung by 4% (standard error) names no mode it did not name as
+    # measured within twice that.
+    assert dataclasses.replace(verdict, noise=0.04).read_at(2.19).reading()[0] is None
+    # A verdict whose accept lengths were all estimated is never scaled.
+    estimated = control.Measurement(100.0, 2.0, 16, 1.0, measured=(False, False))
+    assert estimated.read_at(2.15) is estimated
 
 
 def test_a_host_that_slows_as_the_trial_begins_is_measured_again() -> None:

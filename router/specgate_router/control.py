@@ -129,6 +129,8 @@ class Probe:
     """The accept length the pod had when a measuring probe started, which its samples before
     the probe carry. A probe of speculation from plain decoding measures the accept length
     that the estimate while off only guessed: the samples before it are still this workload's."""
+    tau_measured: bool = True
+    """`tau` was measured (the pod speculated), not estimated while off."""
     trials: tuple[tuple[float, float], ...] = ()
     """A measuring probe's earlier rounds, (trial started, went back) each: a round whose
     ratio lies within its scrapes' noise runs again, and the verdict pools every round's."""
@@ -142,19 +144,56 @@ class Probe:
 @dataclass(frozen=True)
 class Measurement:
     """A measuring probe's verdict: at `batch`, on the workload of accept length `tau`,
-    `better` (True: speculation; None: neither by PROBE_MARGIN) delivered `gain`
-    times the other mode. It stands, and no other probe measures there, until `until`."""
+    speculation delivered `ratio` times plain decoding (None: the probe told nothing). It
+    stands, and no other probe measures there, until `until`."""
 
     until: float
     tau: float
     batch: float
-    better: bool | None
-    gain: float
+    ratio: float | None
     also: float | None = None
     """The accept length the probe started with: the same workload, read in the other mode."""
     taken: float = -math.inf
     """When the probe gave it. The pod's runs before that are the probe's own rounds, which it
     judged pooled: a newer three of them, read alone, would only judge them again on less."""
+    measured: tuple[bool, bool] = (True, True)
+    """Whether `tau` and `also` were measured (speculating), not estimated while off."""
+    scaled: float | None = None
+    """`ratio` as last read at a measured accept length (`read_at`), which stands while the
+    pod runs plain decoding: the estimate while off differs from the measured accept length
+    on one workload, and its calibration moves, so it scales nothing."""
+    noise: float = 0.0
+    """The reading's standard error (`_ratio_noise`): scaled, it names a mode the probe did
+    not name only past PROBE_CONFIDENCE of it, as the probe itself would have."""
+
+    @property
+    def better(self) -> bool | None:
+        """The mode measured faster by PROBE_MARGIN (True: speculation; None: neither)."""
+        return _better(self.ratio)
+
+    def read_at(self, tau: float) -> Measurement:
+        """The verdict at the measured accept length `tau`: speculation's rate per request
+        grows with its accept length at a batch while plain decoding's does not, so a verdict
+        that holds across a small acceptance move (COMPARABLE_ACCEPT) is scaled by it, against
+        its own measured reading on that workload (unscaled where it has none)."""
+        readings = zip((self.tau, self.also), self.measured, strict=True)
+        then = next((a for a, m in readings if m and a and same_workload(tau, a)), None)
+        if self.ratio is None or then is None:
+            return self
+        # Only the move beyond a steady workload's swing between readings scales it.
+        moved = math.log(tau / then)
+        beyond = max(0.0, abs(moved) - math.log(1 + ACCEPT_SWING))
+        return replace(self, scaled=self.ratio * math.exp(math.copysign(beyond, moved)))
+
+    def reading(self) -> tuple[bool | None, float]:
+        """The mode faster by PROBE_MARGIN (None: neither) and by how much, as last read."""
+        ratio = self.scaled if self.scaled is not None else self.ratio
+        if ratio is None or ratio <= 0:
+            return None, 1.0
+        better, gain = _better(ratio), max(ratio, 1 / ratio)
+        if better != self.better and gain <= 1 + PROBE_CONFIDENCE * self.noise:
+            return None, gain  # within the reading's noise of what it measured
+        return better, gain
 
     def holds(self, now: float, tau: float, batch: float) -> bool:
         """Whether it still speaks for this workload at this batch."""
@@ -166,6 +205,13 @@ class Measurement:
             )
             and abs(batch - self.batch) <= band(self.batch)
         )
+
+
+def _better(ratio: float | None) -> bool | None:
+    """The mode that speculating-over-plain `ratio` says is faster by PROBE_MARGIN."""
+    if ratio is None or ratio <= 0 or max(ratio, 1 / ratio) <= 1 + PROBE_MARGIN:
+        return None
+    return ratio > 1
 
 
 @dataclass(frozen=True)
@@ -466,6 +512,11 @@ same workload; others are not compared with it: in the seconds after an acceptan
 requests of the old workload still run (BENCHMARKS.md, section 0c)."""
 
 
+ACCEPT_SWING = 0.03
+"""How far a steady workload's measured accept length moves between readings (its counters
+cover a few decode steps a scrape): a move within it scales no measuring verdict."""
+
+
 def same_workload(accept_length: float | None, current: float) -> bool:
     """Whether a sample or verdict taken at `accept_length` describes the workload whose
     accept length is `current` (within COMPARABLE_ACCEPT; None: unknown, so no)."""
@@ -506,6 +557,12 @@ def _follow_prediction(
     current = previous.threshold if previous.threshold is not None else params.max_threshold
     verdict = previous.measured
     measured = verdict is not None and verdict.holds(now, prediction.tau, batch)
+    if verdict is not None and measured and prediction.measured:
+        verdict = verdict.read_at(prediction.tau)
+        previous, decision = (
+            replace(previous, measured=verdict),
+            replace(decision, measured=verdict),
+        )
     since = now - params.probe_interval_seconds
     bracketed = bracketed_gain(
         own,
@@ -517,14 +574,16 @@ def _follow_prediction(
     if bracketed is not None and (not measured or bracketed[1] > 1 + MEASURED_OVER_MODEL_MARGIN):
         better, gain = bracketed
         return _measured_at_batch(prediction, previous, decision, batch, better, gain, now, params)
-    if verdict is not None and measured and verdict.better is not None:
+    if verdict is not None and measured:
         # The verdict of the last measuring probe here outlives the samples it took, and holds
         # at the margin the probe kept its mode by: the model, which kept the other, would
         # otherwise move the pod back into the mode measured slower once the cooldown ran out.
-        better, gain = verdict.better, verdict.gain
-        return _measured_at_batch(
-            prediction, previous, decision, batch, better, gain, now, params, margin=PROBE_MARGIN
-        )
+        faster, gain = verdict.reading()
+        if faster is not None:
+            return _measured_at_batch(
+                prediction, previous, decision, batch, faster, gain, now, params,
+                margin=PROBE_MARGIN,
+            )  # fmt: skip
     if decision.threshold != current or not may_probe or measured:
         return decision
     ratio = prediction.ratio(batch)
@@ -561,6 +620,7 @@ def _follow_prediction(
         measuring=True,
         held_since=decision.changed_at,
         tau=prediction.tau,
+        tau_measured=prediction.measured,
     )
     why = f"measuring {_mode(not speculating)} at batch {batch:.0f}: the model predicts"
     if ahead >= MEASURE_BELOW_GAIN:  # started by the check above, `outside` its reason
@@ -729,8 +789,8 @@ def _end_of_measuring(
     n_tried, n_base = len(tried_rates), len(brackets[0])
     n_back = sum(map(len, brackets[1:]))
     reference = _reference_rate(brackets)
-    better: bool | None = None
-    gain = 1.0
+    told: float | None = None  # speculating over plain, where the reading decides
+    noise = 0.0
     if min(n_tried, n_base, n_back) < need or min(_mean(tried_rates), reference) <= 0:
         threshold = back
         why = f"measuring {mode} at batch {probe.batch:.0f}: inconclusive ({n_tried} samples,"
@@ -774,14 +834,21 @@ def _end_of_measuring(
             if indifferent:
                 why += f" where the model's modes run within {PROBE_MARGIN:.0%}"
         why += "; keeping it" if keep else f"; back to {back}"
-        if tells:
-            better = probe.speculating if ratio > 1 else not probe.speculating
+        if not noisy or indifferent:
+            told = ratio if probe.speculating else 1 / ratio
     until = now + REMEASURE_INTERVALS * params.probe_interval_seconds
     # The verdict is read later in the mode the pod runs then, whose accept length may come
     # from another source (measured while speculating, estimated while off) and differ by
     # more than COMPARABLE_ACCEPT on the same workload: it keeps the probe's first reading too.
     verdict = Measurement(
-        until, prediction.tau, probe.batch, better, gain, also=probe.tau, taken=now
+        until,
+        prediction.tau,
+        probe.batch,
+        told,
+        also=probe.tau,
+        taken=now,
+        measured=(prediction.measured, probe.tau_measured),
+        noise=noise,
     )
     changed_at = now if threshold == probe.threshold else probe.held_since
     return Decision(threshold, why, changed_at, measured=verdict)
