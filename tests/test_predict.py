@@ -140,13 +140,38 @@ def test_the_estimate_is_calibrated_across_a_switch_from_speculating_to_off() ->
     assert not early.calibrated
     tracker.update(_counters(spec_request_steps=300, spec_accepted_tokens=300), 2.0, 3, 1.0)
     off = dict(spec_request_steps=300, spec_accepted_tokens=300)
-    tracker.update(_counters(**off, draft_first_proposed=100, draft_first_agreed=60), 3.0, 3, 0.0)
+    tracker.update(_counters(**off, draft_first_proposed=300, draft_first_agreed=180), 3.0, 3, 0.0)
     assert tracker.calibrated
-    tracker.update(_counters(**off, draft_first_proposed=200, draft_first_agreed=120), 9.0, 3, 0.0)
+    tracker.update(_counters(**off, draft_first_proposed=400, draft_first_agreed=240), 9.0, 3, 0.0)
     tau, source = tracker.current(9.0)  # type: ignore[misc]
     assert source == "estimated while off (calibrated)"
     assert tau == pytest.approx(2.0, rel=0.01)
     assert predict.chain_accept_length(0.6, 3) == pytest.approx(2.176)
+
+
+def test_a_switch_off_calibrates_against_the_agreement_pooled_since_it() -> None:
+    """The first scrape after a switch off holds a few dozen proposals: 25 of 64 agreed (0.39)
+    where the draft agrees 60% of the time. Calibrated against that reading alone, the
+    estimate read 2.71 for a workload measured at 2.0, and held it for minutes (the
+    calibration's half-life is two minutes): the model then took the pod back to speculation
+    every cooldown. The switch off calibrates once CALIBRATING_PROPOSALS have been pooled."""
+    tracker = AcceptanceTracker()
+    tracker.update(_counters(), 0.0, 3, 1.0)
+    tracker.update(_counters(spec_request_steps=300, spec_accepted_tokens=300), 2.0, 3, 1.0)
+    off = dict(spec_request_steps=300, spec_accepted_tokens=300)
+    tracker.update(_counters(**off, draft_first_proposed=64, draft_first_agreed=25), 2.5, 3, 0.0)
+    assert not tracker.calibrated
+    proposed, agreed = 64.0, 25.0
+    for at in (3.0, 3.5, 4.0, 4.5, 5.0, 5.5, 6.0, 6.5):
+        proposed, agreed = proposed + 64, agreed + 64 * 0.6
+        counters = _counters(**off, draft_first_proposed=proposed, draft_first_agreed=agreed)
+        tracker.update(counters, at, 3, 0.0)
+    pooled = (25 + 3 * 64 * 0.6) / 256  # the first 256 proposals since the switch
+    assert tracker.calibrated
+    assert tracker.calibration == pytest.approx(2.0 / predict.chain_accept_length(pooled, 3))
+    tau, _ = tracker.current(6.5)  # type: ignore[misc]
+    assert tau == pytest.approx(2.0, rel=0.08)
+    assert 2.0 / predict.chain_accept_length(25 / 64, 3) * 2.176 > 2.7  # the first reading's
 
 
 def test_an_interval_that_mixed_the_modes_measures_no_accept_length() -> None:

@@ -172,7 +172,9 @@ class AcceptanceTracker:
     calibration_at: float = -math.inf
     _last: dict[str, float] | None = None
     _pending: list[float] = field(default_factory=lambda: [0.0, 0.0])
-    _speculated_since_agreement: bool = False
+    _off_since_switch: list[float] | None = None
+    """Proposals and agreements since the pod last speculated steadily, pooled until they are
+    enough to calibrate with (CALIBRATING_PROPOSALS); None: nothing to calibrate against."""
 
     def update(
         self,
@@ -203,7 +205,7 @@ class AcceptanceTracker:
             self.tau = _smooth(self.tau, measured, at - self.tau_at, TAU_HALF_LIFE_SECONDS)
             self.tau_at = at
             self.tau_request_steps += steps
-            self._speculated_since_agreement = True
+            self._off_since_switch = [0.0, 0.0]
             fresh_estimate = at - self.p1_off_at <= CROSS_CALIBRATION_SECONDS
             p1 = self._p1_before_switch()
             if p1 is not None and fresh_estimate and steps >= 8:
@@ -215,22 +217,29 @@ class AcceptanceTracker:
         pending[1] += d["draft_first_agreed"]
         if pending[0] >= MIN_PROPOSALS:
             p1 = min(1.0, pending[1] / pending[0])
-            first_since_switch = self._speculated_since_agreement
-            self._speculated_since_agreement = False
             self.p1_off = _smooth(self.p1_off, p1, at - self.p1_off_at, TAU_HALF_LIFE_SECONDS)
             self.p1_off_at = at
             self.p1_off_last, self.p1_off_last_proposals = p1, pending[0]
             pending[0] = pending[1] = 0.0
-            if (
-                first_since_switch
-                and self.tau is not None
-                and at - self.tau_at <= CROSS_CALIBRATION_SECONDS
-                and self.tau_request_steps >= MIN_CALIBRATING_REQUEST_STEPS
-            ):
-                # Off now, speculating just before: the same comparison across the switch the
-                # other way, so that a pod the model took off speculation on a too-high
-                # estimate corrects it at once.
-                self._calibrate(self.tau, p1, at)
+        pooled = self._off_since_switch
+        if pooled is not None and not (steps > 0 and steady):
+            # Off now, speculating just before: the same comparison across the switch the
+            # other way, so that a pod the model took off speculation on a too-high estimate
+            # corrects it within a few scrapes. Against the agreement since the switch pooled
+            # to CALIBRATING_PROPOSALS, not the first reading after it: the chain's accept
+            # length is steep in the agreement, and that reading, after a probe of a few
+            # seconds, can rest on a few dozen proposals (one 0.15 low once read the
+            # estimate 25% high for minutes).
+            pooled[0] += d["draft_first_proposed"]
+            pooled[1] += d["draft_first_agreed"]
+            if pooled[0] >= CALIBRATING_PROPOSALS:
+                self._off_since_switch = None
+                if (
+                    self.tau is not None
+                    and at - self.tau_at <= CROSS_CALIBRATION_SECONDS
+                    and self.tau_request_steps >= MIN_CALIBRATING_REQUEST_STEPS
+                ):
+                    self._calibrate(self.tau, min(1.0, pooled[1] / pooled[0]), at)
 
     def _p1_before_switch(self) -> float | None:
         """The agreement to calibrate with at a switch on: the latest reading, where it rests on
