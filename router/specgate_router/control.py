@@ -819,10 +819,7 @@ def _end_of_measuring(
         # model names one: the pod goes back to the model's, whose decode steps the scrapes'
         # swing does not blur. Where the model's modes run within the margin, the reading is
         # the better guess.
-        modelled = prediction.ratio(probe.batch)
-        indifferent = (
-            modelled is None or modelled <= 0 or max(modelled, 1 / modelled) <= 1 + PROBE_MARGIN
-        )
+        indifferent = _better(prediction.ratio(probe.batch)) is None
         tells = gain > 1 + PROBE_MARGIN and (not noisy or indifferent)
         keep = tells and ratio > 1
         threshold = probe.threshold if keep else back
