@@ -239,7 +239,7 @@ class SpeculationControl(_Model):
     """A pod whose load holds at one batch size away from its threshold never measures the
     other mode there: it runs the other mode for a few seconds at most this often (the first
     time one interval after the router starts; one pod at a time, never in the latency pool;
-    the wait doubling up to 8x while probes change nothing) and keeps it when it delivers 5%
+    the wait doubling up to 8x while probes change nothing) and keeps it when it delivers 3%
     more per request. 0 never probes."""
 
 

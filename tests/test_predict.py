@@ -814,33 +814,34 @@ def test_a_measuring_probe_within_its_scrapes_noise_runs_another_round() -> None
     assert last.reason.endswith("back to 32") and last.threshold == 32
     assert last.measured is not None and last.measured.better is None
     assert len([d for d in endless if "measuring plain decoding again" in d.reason]) == 2
-    # Where the model's modes run within 5% of each other (accept length 2.05: 1.025x), it
-    # names none either, and the reading decides by the margin.
+    # Where the model's modes run within the margin of each other (accept length 2.05: 1.025x),
+    # it names none either, and the reading decides by the margin.
     flat = _run_measuring_plain_at_16([2300.0, 1100.0, 2300.0, 1100.0, 2300.0], tau=2.05)[-1]
-    assert "where the model's modes run within 5%; keeping it" in flat.reason, flat.reason
+    within = f"where the model's modes run within {control.PROBE_MARGIN:.0%}; keeping it"
+    assert within in flat.reason, flat.reason
     assert flat.measured is not None and flat.measured.better is False
 
 
 def test_a_verdict_holds_across_a_small_acceptance_move_scaled_by_it() -> None:
-    """Plain decoding reads 1.03x speculation at batch 16, within the margin: no mode named,
+    """Plain decoding reads 1.02x speculation at batch 16, within the margin: no mode named,
     and the pod goes back to speculation, which the model prefers (1.1x). The accept length
     then falls 8%, within what counts as the same workload, so the verdict still holds there;
-    speculation's rate falls with it, and plain now leads by 12%. The model, which puts
+    speculation's rate falls with it, and plain now leads by 11%. The model, which puts
     speculation 1.01x ahead at the new accept length, would keep it: the verdict, scaled by
-    the accept length's move beyond a steady workload's 3% swing (1.08x), names plain
+    the accept length's move beyond a steady workload's 3% swing (1.07x), names plain
     decoding. It once held the pod speculating at such a batch as long as the verdict stood."""
-    decisions = _run_measuring_plain_at_16([1648.0], then=60.0, tau_after=2.03)
+    decisions = _run_measuring_plain_at_16([1632.0], then=60.0, tau_after=2.03)
     reasons = [d.reason for d in decisions]
-    verdict = next(i for i, r in enumerate(reasons) if "1.03x; back to 32" in r)
+    verdict = next(i for i, r in enumerate(reasons) if "1.02x; back to 32" in r)
     assert decisions[verdict].measured is not None
     assert decisions[verdict].measured.better is None, reasons[verdict]
     moved = next(i for i, r in enumerate(reasons) if i > verdict and "measured at batch 16" in r)
-    assert "plain decoding delivers 1.08x" in reasons[moved], reasons[verdict:]
+    assert "plain decoding delivers 1.07x" in reasons[moved], reasons[verdict:]
     # And it stays there: a stationary load sees one switch.
     after = [d.threshold for d in decisions[moved:]]
     assert all(t is not None and t < 16 for t in after), reasons[moved:]
     # Without the move, the reading within the margin leaves the pod speculating.
-    steady = _run_measuring_plain_at_16([1648.0], then=20.0)
+    steady = _run_measuring_plain_at_16([1632.0], then=20.0)
     assert steady[-1].threshold == 32, steady[-1].reason
 
 

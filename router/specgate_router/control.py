@@ -97,8 +97,10 @@ class Line:
 
 PROBE_BAND = 0.15
 """Samples within this fraction of a batch size (at least one request) count as that batch."""
-PROBE_MARGIN = 0.05
-"""A mode replaces the running one at a batch when it delivers this much more per request."""
+PROBE_MARGIN = 0.03
+"""A mode replaces the running one at a batch when it delivers this much more per request: a
+pod that keeps a mode measured slower by less loses at most this much, and the noise rules
+(PROBE_CONFIDENCE) keep a smaller gain from switching on a few scrapes' swing."""
 PROBE_BACKOFF_LIMIT = 8
 """A probe that changed nothing doubles the wait before the next, up to this many intervals."""
 
