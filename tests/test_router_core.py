@@ -384,6 +384,49 @@ def test_a_sample_comes_from_the_engines_per_step_decode_moments() -> None:
     assert p.samples[-1].tokens_per_second == pytest.approx(80 / 0.5)
 
 
+def test_a_sample_times_its_tokens_by_the_decode_cycles_that_made_them() -> None:
+    """Decode steps of 120 ms, each giving 8 requests 4 tokens, scraped every half second: a
+    scrape interval holds four steps or five, so against the wall clock its rate reads 256 or
+    320 tok/s by where the scrapes fall (a probe of four scrapes once read that alias as a 4%
+    difference between the modes). Timed by the steps' own launch-to-launch cycles, every
+    sample reads the engine's 266.7."""
+
+    def loads(at: float) -> dict[str, Any]:
+        steps = int(at / 0.12)
+        return {
+            "loads": [
+                {
+                    "num_running_reqs": 8,
+                    "num_waiting_reqs": 0,
+                    "max_running_requests": 64,
+                    "decode_moments": [steps, 8 * steps, 120_000 * steps, 0, 0, 32 * steps],
+                    "speculative": {
+                        "disable_batch_threshold": 0,
+                        "decode_steps_on": 0,
+                        "decode_steps_off": steps,
+                    },
+                }
+            ]
+        }
+
+    p = PodState(
+        "p",
+        "http://p",
+        EngineClient("http://p", None),  # type: ignore[arg-type]
+        control.Decision(0, "", -math.inf),
+    )
+    for i in range(21):
+        at = 10.01 + 0.5 * i
+        p.record(Scrape(at, EngineLoad.from_response(loads(at))))
+    rates = [s.tokens_per_second for s in p.samples]
+    assert len(rates) == 20
+    assert all(r == pytest.approx(32 / 0.12) for r in rates), rates
+    # The wall clock's reading of the same intervals, which the samples no longer are.
+    wall = {round(32 * (int((10.51 + 0.5 * i) / 0.12) - int((10.01 + 0.5 * i) / 0.12)) / 0.5)
+            for i in range(20)}  # fmt: skip
+    assert wall == {256, 320}
+
+
 def _closed_loop_with_controller(
     clients_schedule: list[tuple[float, int]], params: ControlSettings, *, seconds: float
 ) -> tuple[list[tuple[float, int | None]], EngineCore]:

@@ -51,6 +51,10 @@ from specgate_router.settings import ControlSettings
 
 STEADY_MODE_FRACTION = predict.STEADY_MODE_FRACTION
 """A sample counts for a mode when at least this share of its decode steps ran in that mode."""
+CYCLES_SPAN = 1.5
+"""A sample's decode cycles time its tokens where they span the scrape interval within this
+factor: a step launched more than 2 s after the one before it counts only its own time, so
+cycles far shorter than the interval left a long prefill or an idle spell out."""
 SAMPLE_MIN_STEPS = 2
 """A sample holds at least this many decode steps (the pod's state reader spans scrapes until
 it does)."""
@@ -244,11 +248,17 @@ def sample_between(
     steps_off0: float,
     steps_off1: float,
     mean_batch: float | None = None,
+    cycle_seconds: float | None = None,
 ) -> Sample | None:
     """A sample from two consecutive scrapes, or None when the interval says nothing about one
     mode at one batch size (idle, mixed modes, batch moving, counters reset). `mean_batch`, the
     engine's mean decode batch over the interval where it reports one, replaces the mean of the
-    two scrapes' batch sizes."""
+    two scrapes' batch sizes. `cycle_seconds`, the launch-to-launch cycles of the decode steps
+    the interval completed (SGLang's decode moments, the prefills between them included),
+    replaces the interval's length as what the tokens took: a scrape interval holds a whole
+    number of steps, so against the wall clock one that caught one step more reads faster by
+    a step's share (a quarter where steps take 120 ms against half-second scrapes), and a
+    probe of a few scrapes reads that alias as a difference between the modes."""
     dt = t1 - t0
     d_tokens = tokens1 - tokens0
     d_on, d_off = steps_on1 - steps_on0, steps_off1 - steps_off0
@@ -260,7 +270,10 @@ def sample_between(
     if STEADY_MODE_FRACTION > fraction > 1 - STEADY_MODE_FRACTION:
         return None
     batch = mean_batch if mean_batch is not None and mean_batch > 0 else (batch0 + batch1) / 2
-    return Sample(t1, batch, d_tokens / dt, fraction)
+    seconds = dt
+    if cycle_seconds is not None and dt / CYCLES_SPAN < cycle_seconds < dt * CYCLES_SPAN:
+        seconds = cycle_seconds
+    return Sample(t1, batch, d_tokens / seconds, fraction)
 
 
 def pool_samples(per_pod: Sequence[Sequence[Sample]], limit: int = POOLED_SAMPLES) -> list[Sample]:

@@ -241,6 +241,7 @@ class PodState:
             mean_batch=(load.decode_batch_sum - start.load.decode_batch_sum) / steps
             if steps > 0
             else None,
+            cycle_seconds=cycles[1] if (cycles := decode_cycles(start, scrape)) else None,
         )
         if sample is None:
             return
