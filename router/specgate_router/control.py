@@ -816,7 +816,9 @@ def _end_of_measuring(
         noise = _ratio_noise(tried_rates, brackets)
         rounds = len(probe.trials) + 1
         complete = min(n, n_after) >= need  # this round, not only the ones before it
-        noisy = 1 + PROBE_MARGIN < gain <= 1 + PROBE_CONFIDENCE * noise
+        # Within its noise where that noise could hide the margin: a reading within the
+        # margin whose scrapes swing wider says as little as one past it.
+        noisy = gain <= 1 + PROBE_CONFIDENCE * noise and PROBE_CONFIDENCE * noise > PROBE_MARGIN
         if noisy and complete and rounds < MEASURING_ROUNDS:
             # Within its scrapes' noise: another round, pooled with this one, rather than a
             # verdict that a few scrapes of a prefill burst decided.
