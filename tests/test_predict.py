@@ -991,3 +991,33 @@ def test_the_default_bounds_leave_the_top_to_the_profile() -> None:
     )
     assert got is not None and got.threshold == 256, got and got.why
     assert control.threshold_to_run(200, speculating=True, params=defaults) is not None
+
+
+def test_a_standing_verdict_holds_while_the_batch_is_unsteady() -> None:
+    """Speculation measured 1.19x at batch 16, where the model (accept length 1.6) puts plain
+    decoding ahead at every batch. The pod's samples jump between 14 and 18 (prefills of many
+    short requests drop scrapes and move the batch), so it holds no steady batch, the check
+    that consults the verdict: the model's move once went through there unchecked and ran the
+    pod plain for seconds at a time, twice a minute (BENCHMARKS.md section 0c, c = 128)."""
+    params = ControlSettings()
+    prediction = wire_model(1.6)
+    assert prediction.threshold == 0, prediction.why
+    own = [
+        control.Sample(0.5 * i, 14 if i % 2 else 18, 1600.0, 1.0, accept_length=1.6)
+        for i in range(1, 121)
+    ]
+    verdict = control.Measurement(1000.0, 1.6, 16, 1.19, taken=30.0, measured=(True, True))
+    previous = control.Decision(32, "measured speculation: 1.19x", 0.0, measured=verdict)
+    held = control.decide(
+        samples=own, previous=previous, now=60.0, fresh=True, params=params, own=own,
+        prediction=prediction,
+    )  # fmt: skip
+    assert held.threshold == 32, held.reason
+    assert "holding 32: measured at batch 16 (speculation faster)" in held.reason
+    # A verdict for another batch, or none, leaves the model's move as it was.
+    for other in (None, dataclasses.replace(verdict, batch=64)):
+        moved = control.decide(
+            samples=own, previous=dataclasses.replace(previous, measured=other), now=60.0,
+            fresh=True, params=params, own=own, prediction=prediction,
+        )  # fmt: skip
+        assert moved.threshold is not None and moved.threshold < 14, moved.reason

@@ -567,7 +567,7 @@ def _follow_prediction(
     settle = measure_settle_seconds(params)
     steady = steady_batch(own, now=now, params=params, seconds=settle)
     if steady is None or decision.threshold is None:
-        return decision
+        return _held_by_verdict(prediction, own, previous, decision, now, settle)
     batch, speculating = steady
     current = previous.threshold if previous.threshold is not None else params.max_threshold
     verdict = previous.measured
@@ -646,6 +646,37 @@ def _follow_prediction(
     else:
         why += f" {_mode(speculating)} under {MEASURE_BELOW_GAIN}x faster there ({prediction.why})"
     return replace(decision, threshold=other, reason=why, changed_at=now, probe=probe)
+
+
+def _held_by_verdict(
+    prediction: Prediction,
+    own: Sequence[Sample],
+    previous: Decision,
+    decision: Decision,
+    now: float,
+    seconds: float,
+) -> Decision:
+    """The model's move where the pod holds no steady batch, unless it would switch the mode
+    at the batch of a standing measuring verdict that still holds for the batch the pod runs
+    (its recent samples' median): a prefill-heavy load (many short requests at 128 streams)
+    drops scrapes from its samples and moves its batch by a band now and then, and the model
+    once took such a pod to plain decoding for five seconds at a time, twice in a minute,
+    where speculation had measured 1.19x."""
+    verdict = previous.measured
+    if verdict is None or decision.threshold == previous.threshold:
+        return decision
+    recent = sorted(s.batch for s in newest_within(own, now=now, seconds=seconds))
+    if not recent and own:
+        recent = [own[-1].batch]
+    if not recent or not verdict.holds(now, prediction.tau, recent[len(recent) // 2]):
+        return decision
+    faster, _ = verdict.reading()
+    at = max(1, round(verdict.batch))
+    if faster is None or contract.speculates(at, decision.threshold) == faster:
+        return decision
+    why = f"{decision.reason}; holding {previous.threshold}: measured at batch {at}"
+    why += f" ({_mode(faster)} faster)"
+    return replace(previous, reason=why)
 
 
 def _measured_at_batch(
