@@ -659,9 +659,9 @@ def _held_by_verdict(
     """The model's move where the pod holds no steady batch, unless it would switch the mode
     at the batch of a standing measuring verdict that still holds for the batch the pod runs
     (its recent samples' median): a prefill-heavy load (many short requests at 128 streams)
-    drops scrapes from its samples and moves its batch by a band now and then, and the model
-    once took such a pod to plain decoding for five seconds at a time, twice in a minute,
-    where speculation had measured 1.19x."""
+    drops scrapes from its samples and moves its batch by a band now and then, and without
+    this the model would run such a pod in the mode measured slower for seconds at a time,
+    each time the batch reading wanders."""
     verdict = previous.measured
     if verdict is None or decision.threshold == previous.threshold:
         return decision

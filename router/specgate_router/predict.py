@@ -228,8 +228,8 @@ class AcceptanceTracker:
             # corrects it within a few scrapes. Against the agreement since the switch pooled
             # to CALIBRATING_PROPOSALS, not the first reading after it: the chain's accept
             # length is steep in the agreement, and that reading, after a probe of a few
-            # seconds, can rest on a few dozen proposals (one 0.15 low once read the
-            # estimate 25% high for minutes).
+            # seconds, can rest on a few dozen proposals (one 0.15 low reads the estimate
+            # 25% high, and the calibration's half-life keeps that for minutes).
             pooled[0] += d["draft_first_proposed"]
             pooled[1] += d["draft_first_agreed"]
             if pooled[0] >= CALIBRATING_PROPOSALS:
