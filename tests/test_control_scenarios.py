@@ -290,3 +290,49 @@ def test_a_probe_where_a_decode_step_takes_a_scrape_interval_counts_the_prefills
     )  # fmt: skip
     assert ratio >= TARGET, (ratio, routed.thresholds, routed.reasons[-1])
     assert not routed.speculating[-1][1], routed.reasons[-1]  # plain, the faster here
+
+
+def _engine(
+    step: dict[str, float],
+    prefill: dict[str, float],
+    *,
+    num_steps: int,
+    rate: float,
+    decay: float,
+    max_running: int = 256,
+) -> profiles.Profile:
+    """An engine no packaged profile describes (camelCase costs as in a profile's JSON)."""
+    return profiles.Profile.model_validate(
+        {
+            "name": "drawn", "description": "an engine nobody tuned for", "source": "test",
+            "maxRunningRequests": max_running, "maxTotalTokens": 2_000_000, "contextLength": 8192,
+            "numSteps": num_steps, "step": step, "prefill": {**prefill, "draftSPerToken": 0.0},
+            "acceptance": {"perTokenRate": rate, "positionDecay": decay}, "targets": [],
+        }
+    )  # fmt: skip
+
+
+def test_a_noisy_reading_decides_where_prefills_take_most_of_the_time() -> None:
+    """16 clients of 1-2k-token prompts and 16-32-token answers: prefills take most of the pod's
+    time, and a speculating one costs 12 ms more (the draft's). A measuring probe reads plain
+    decoding ahead over three rounds, within its scrapes' noise. Going back to the model there
+    kept speculation (0.941), which sees the decode steps alone. Where the model's margin is
+    within 3% or prefills could overturn it, the reading decides, and its verdict holds."""
+    prof = _engine(
+        {"overheadS": 0.002025, "weightsS": 0.01069, "kvSPerRequest": 0.0006635,
+         "computeSPerToken": 7.149e-05, "draftOverheadS": 0.001634, "draftSPerRequest": 3.993e-05,
+         "syncSPerRequest": 1.295e-06, "batchExponent": 0.5895},
+        {"overheadS": 0.003565, "sPerToken": 2.884e-05, "draftOverheadS": 0.01194},
+        num_steps=7, rate=0.5244, decay=1.0, max_running=128,
+    )  # fmt: skip
+    changes = [Change(0, concurrency=16, acceptance=0.5244), Change(60, acceptance=0.5337)]
+    ratio, routed = ratio_to_better_static(
+        prof, changes, seconds=120, window=(90, 120), params=PARAMS, off_step_tokens=4,
+        output_tokens=(16, 32), prompt_tokens=(1024, 2048), profile_error=(0.95, 0.8745),
+        off_agreement_factor=0.8916,
+    )  # fmt: skip
+    assert ratio >= TARGET, (ratio, routed.thresholds, routed.reasons[-1])
+    verdict, why = next((t, why) for t, why in routed.reasons if "over 3 rounds" in why)
+    assert "within its scrapes' noise" in why and "where the model's" in why, why
+    assert not routed.speculating[-1][1], routed.reasons[-1]  # plain, as measured
+    assert len([t for t, _ in routed.thresholds if t > verdict]) <= 2, routed.thresholds

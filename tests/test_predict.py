@@ -722,15 +722,20 @@ def test_calibration_waits_for_an_agreement_that_has_settled() -> None:
 
 
 def _measuring_plain_at_16(
-    changed_at: float = 0.0, speculating_rate: float = 1600.0, tau: float = 2.2
+    changed_at: float = 0.0,
+    speculating_rate: float = 1600.0,
+    tau: float = 2.2,
+    outside: float | None = None,
 ) -> tuple[ControlSettings, predict.Prediction, list[control.Sample], control.Decision]:
     """WIRE at accept length `tau` (2.2: speculation 1.1x at batch 16), a pod that held 16
-    speculating for 40 s at `speculating_rate` tok/s and last changed mode at `changed_at`:
-    it starts measuring plain decoding."""
+    speculating for 40 s at `speculating_rate` tok/s, spending a share `outside` of its time
+    outside decode steps, and last changed mode at `changed_at`: it starts measuring plain
+    decoding."""
     params = ControlSettings()
     prediction = wire_model(tau)
     own = [
-        control.Sample(0.5 * i, 16, speculating_rate, 1.0, accept_length=tau) for i in range(1, 81)
+        control.Sample(0.5 * i, 16, speculating_rate, 1.0, accept_length=tau, outside_steps=outside)
+        for i in range(1, 81)
     ]
     started = control.decide(
         samples=own, previous=control.Decision(32, "predicted", changed_at), now=40.0,
@@ -748,17 +753,19 @@ def _run_measuring_plain_at_16(
     back_batches: list[int] | None = None,
     tau: float = 2.2,
     tau_after: float | None = None,
+    outside: float | None = None,
 ) -> list[control.Decision]:
     """Drive `_measuring_plain_at_16` scrape by scrape until its probe ends, and `then`
     seconds more: speculation delivers 1600 tok/s at batch 16 (`speculating_before` until
     the probe; at the next of `back_batches` after it), plain decoding the next of
     `plain_rates` each scrape it runs plain (cycled), at the next of `plain_batches` (the
     last of either repeated; 16 without). With `tau_after`, the accept length moves there
-    once the probe ended, and speculation's rate with it."""
+    once the probe ended, and speculation's rate with it. `outside`: the share of the pod's
+    time outside decode steps that every sample reports."""
     batches = plain_batches or [16]
     back = back_batches or [16]
     params, prediction, own, previous = _measuring_plain_at_16(
-        speculating_rate=speculating_before, tau=tau
+        speculating_rate=speculating_before, tau=tau, outside=outside
     )
     decisions = [previous]
     plain = 0
@@ -778,7 +785,11 @@ def _run_measuring_plain_at_16(
             prediction = wire_model(tau_after)
             rate *= tau_after / tau if speculating else 1.0
         accept = prediction.tau
-        own.append(control.Sample(now, batch, rate, float(speculating), accept_length=accept))
+        own.append(
+            control.Sample(
+                now, batch, rate, float(speculating), accept_length=accept, outside_steps=outside
+            )
+        )
         previous = control.decide(
             samples=own, previous=previous, now=now, fresh=True, params=params, own=own,
             prediction=prediction,
@@ -826,6 +837,26 @@ def test_a_measuring_probe_within_its_scrapes_noise_runs_another_round() -> None
     within = f"where the model's modes run within {control.PROBE_MARGIN:.0%}; keeping it"
     assert within in flat.reason, flat.reason
     assert flat.measured is not None and flat.measured.better is False
+
+
+def test_a_noisy_reading_decides_where_outside_steps_could_overturn_the_model() -> None:
+    """The reading of `endless` above (plain decoding 1.12x over three rounds, within its
+    scrapes' noise of 10%), where the pod spends 80% of its time outside decode steps: the model's
+    1.1x for speculation covers a fifth of the pod's time, and a mode that prefills for less
+    could make up more than that in the rest. The model names no mode there, so the reading
+    decides by the margin: plain decoding, kept, and a verdict that names it. Where the decode
+    steps take 90% of the time, the model's margin stands and the pod goes back to it."""
+    rates = [2300.0, 1100.0, 2300.0, 1100.0, 2300.0]
+    prefill_bound = _run_measuring_plain_at_16(rates, outside=0.8)[-1]
+    assert "over 3 rounds, within its scrapes' noise" in prefill_bound.reason
+    assert "where the model's decode steps take 20% of the pod's time; keeping it" in (
+        prefill_bound.reason
+    ), prefill_bound.reason
+    assert prefill_bound.threshold is not None and prefill_bound.threshold < 16
+    assert prefill_bound.measured is not None and prefill_bound.measured.better is False
+    decode_bound = _run_measuring_plain_at_16(rates, outside=0.1)[-1]
+    assert decode_bound.reason.endswith("back to 32"), decode_bound.reason
+    assert decode_bound.measured is not None and decode_bound.measured.better is None
 
 
 def test_a_verdict_holds_across_a_small_acceptance_move_scaled_by_it() -> None:

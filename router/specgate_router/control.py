@@ -610,7 +610,7 @@ def _follow_prediction(
         # decode steps, or where a probe could not measure the pod anyway.
         outside = outside_steps_share(own, now=now, seconds=settle)
         if (
-            ahead * (1.0 - outside) + OTHER_MODE_OUTSIDE_FLOOR * outside >= MEASURE_BELOW_GAIN
+            margin_past_outside_steps(ahead, outside) >= MEASURE_BELOW_GAIN
             or probe_error(own, now=now, seconds=settle, need=params.min_samples) > PROBE_RESOLUTION
         ):
             return decision
@@ -865,9 +865,13 @@ def _end_of_measuring(
             )
         # After its last round, a reading still within its noise names no mode where the
         # model names one: the pod goes back to the model's, whose decode steps the scrapes'
-        # swing does not blur. Where the model's modes run within the margin, the reading is
-        # the better guess.
-        indifferent = _better(prediction.ratio(probe.batch)) is None
+        # swing does not blur. Where the model's modes run within the margin, or what runs
+        # outside the decode steps could overturn it, the reading is the better guess.
+        modelled = prediction.ratio(probe.batch)
+        level = _better(modelled) is None
+        ahead = max(modelled, 1 / modelled) if modelled else 1.0
+        outside = outside_steps_share(own, now=now, seconds=now - probe.began)
+        indifferent = level or margin_past_outside_steps(ahead, outside) <= 1 + PROBE_MARGIN
         tells = gain > 1 + PROBE_MARGIN and (not noisy or indifferent)
         keep = tells and ratio > 1
         threshold = probe.threshold if keep else back
@@ -876,8 +880,10 @@ def _end_of_measuring(
             why += f" over {rounds} rounds"
         if noisy:
             why += f", within its scrapes' noise (+/-{noise:.0%})"
-            if indifferent:
+            if level:
                 why += f" where the model's modes run within {PROBE_MARGIN:.0%}"
+            elif indifferent:
+                why += f" where the model's decode steps take {1 - outside:.0%} of the pod's time"
         why += "; keeping it" if keep else f"; back to {back}"
         if not noisy or indifferent:
             told = ratio if probe.speculating else 1 / ratio
@@ -1322,9 +1328,21 @@ and a bracket says nothing."""
 MEASURING_ROUNDS = 3
 """Rounds a measuring probe runs at most (trial, then back, each `minSamples` scrapes). A
 reading of every round's scrapes pooled that is still within their noise after the last
-names no mode where the model names one (its modes more than PROBE_MARGIN apart): the pod
+names no mode where the model names one (its modes more than PROBE_MARGIN apart) and that
+naming survives what runs outside the decode steps (`margin_past_outside_steps`): the pod
 goes back to the model's, which sees decode steps without the swing of what runs between
-them."""
+them. Where what runs between them could overturn the model, the reading is the better
+guess."""
+
+
+def margin_past_outside_steps(ahead: float, outside: float) -> float:
+    """The least the model's margin `ahead` for one mode (its decode steps against the other's)
+    can come to where the pod spends a share `outside` of its time outside decode steps and
+    the other mode could spend as little as OTHER_MODE_OUTSIDE_FLOOR of that there. Prefills
+    cost the modes differently: a speculating prefill adds the draft's first proposals, and a
+    speculating batch finishes more requests a step, so it prefills them in fewer, larger
+    batches, each paying a prefill's fixed cost once."""
+    return ahead * (1.0 - outside) + OTHER_MODE_OUTSIDE_FLOOR * outside
 
 
 def _mean(rates: Sequence[float]) -> float:
