@@ -312,6 +312,30 @@ def _engine(
     )  # fmt: skip
 
 
+def test_a_verdict_for_speculation_outlasts_a_rise_in_acceptance() -> None:
+    """48 clients of 16-32-token requests: a prefill (13 ms whatever it holds) follows nearly
+    every decode step, and speculation, which finishes several requests a step, pays it for
+    more tokens. The model sees decode steps only and puts the crossover below 48; a measuring
+    probe reads speculation 1.04x there. At 60 s the acceptance rises (accept length 2.4 to
+    3.3): speculation only gains, but the verdict no longer matched the workload, and the
+    model, its accept length still climbing, took the pod to plain decoding for a cooldown
+    (0.93). A verdict for speculation holds where the accept length rose past it."""
+    prof = _engine(
+        {"overheadS": 0.001239, "weightsS": 0.01054, "kvSPerRequest": 3.828e-05,
+         "computeSPerToken": 0.0005596, "draftOverheadS": 0.001189, "draftSPerRequest": 2.003e-07,
+         "syncSPerRequest": 1.786e-06, "batchExponent": 0.7088},
+        {"overheadS": 0.01313, "sPerToken": 1.053e-05, "draftOverheadS": 0.001299},
+        num_steps=3, rate=0.6767, decay=0.9728,
+    )  # fmt: skip
+    changes = [Change(0, concurrency=48, acceptance=0.6767), Change(60, acceptance=0.9091)]
+    ratio, routed = ratio_to_better_static(
+        prof, changes, seconds=120, window=(90, 120), params=PARAMS, output_tokens=(16, 32),
+        prompt_tokens=(16, 64), profile_error=(0.9464, 0.9244), off_agreement_factor=1.087,
+    )  # fmt: skip
+    assert ratio >= TARGET, (ratio, routed.thresholds, routed.reasons[-1])
+    assert all(_mode_at(routed, t) for t in range(60, 120, 5)), routed.thresholds
+
+
 def test_a_noisy_reading_decides_where_prefills_take_most_of_the_time() -> None:
     """16 clients of 1-2k-token prompts and 16-32-token answers: prefills take most of the pod's
     time, and a speculating one costs 12 ms more (the draft's). A measuring probe reads plain

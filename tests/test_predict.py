@@ -904,6 +904,23 @@ def test_a_verdict_is_scaled_only_from_an_accept_length_measured_on_its_workload
     assert estimated.read_at(2.15) is estimated
 
 
+def test_a_verdict_holds_beyond_its_workload_only_where_the_move_favours_its_mode() -> None:
+    """Speculation measured 1.04x plain decoding at batch 48, accept length 2.4 measured and
+    2.6 estimated while off. A workload that accepts its drafts more (3.3) only widens that
+    lead, so the verdict still holds there; one that accepts them less (2.0) may have turned
+    it, and the verdict stands aside. A verdict for plain decoding holds the other way round;
+    one that named no mode holds only on its own workload, and none holds at another batch or
+    after its time."""
+    faster = control.Measurement(100.0, 2.4, 48, 1.04, also=2.6, measured=(True, False))
+    assert faster.holds(50.0, 2.5, 48)  # its own workload
+    assert faster.holds(50.0, 3.3, 48) and not faster.holds(50.0, 2.0, 48)
+    slower = dataclasses.replace(faster, ratio=0.9)
+    assert slower.holds(50.0, 2.0, 48) and not slower.holds(50.0, 3.3, 48)
+    level = dataclasses.replace(faster, ratio=1.01)
+    assert not level.holds(50.0, 3.3, 48) and not level.holds(50.0, 2.0, 48)
+    assert not faster.holds(50.0, 3.3, 96) and not faster.holds(100.0, 3.3, 48)
+
+
 def test_a_host_that_slows_as_the_trial_begins_is_measured_again() -> None:
     """The host runs a fifth slower from the moment the pod tries plain decoding (an H200's
     5-s windows swing by that much): speculation read 2000 before the trial and 1600 after

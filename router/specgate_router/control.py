@@ -202,15 +202,18 @@ class Measurement:
         return better, gain
 
     def holds(self, now: float, tau: float, batch: float) -> bool:
-        """Whether it still speaks for this workload at this batch."""
-        return (
-            now < self.until
-            and (
-                same_workload(tau, self.tau)
-                or (self.also is not None and same_workload(tau, self.also))
-            )
-            and abs(batch - self.batch) <= band(self.batch)
-        )
+        """Whether it still speaks for the workload of accept length `tau` at this batch: its
+        own workload, or one whose accept length moved beyond both its readings the way that
+        favours the mode it named. Speculation's rate per request grows with its accept length
+        and plain decoding's does not, so speculation measured faster stays faster where the
+        drafts are accepted more, and plain decoding where they are accepted less."""
+        if now >= self.until or abs(batch - self.batch) > band(self.batch):
+            return False
+        readings = [a for a in (self.tau, self.also) if a is not None]
+        if any(same_workload(tau, a) for a in readings):
+            return True
+        better = self.better
+        return (better is True and tau > max(readings)) or (better is False and tau < min(readings))
 
 
 def _better(ratio: float | None) -> bool | None:
