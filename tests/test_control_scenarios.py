@@ -360,3 +360,25 @@ def test_a_noisy_reading_decides_where_prefills_take_most_of_the_time() -> None:
     assert "within its scrapes' noise" in why and "where the model's" in why, why
     assert not routed.speculating[-1][1], routed.reasons[-1]  # plain, as measured
     assert len([t for t, _ in routed.thresholds if t > verdict]) <= 2, routed.thresholds
+
+
+def test_a_measuring_probe_reads_the_modes_as_they_run_steadily() -> None:
+    """48 clients after 96, prompts of 1024 tokens: speculating steps take three times a plain
+    one, and plain decoding delivers 1.06x steadily. The scrape that spans each of a measuring
+    probe's switches finished the old mode's step in flight and timed the new mode's first
+    step from its launch; counted, they read speculation 1.05-1.07x over three rounds. Left
+    out, the probe reads plain decoding ahead, and the pod runs it."""
+    prof = _engine(
+        {"overheadS": 0.002627, "weightsS": 0.002866, "kvSPerRequest": 0.0004959,
+         "computeSPerToken": 0.0007551, "draftOverheadS": 0.002324, "draftSPerRequest": 5.71e-05,
+         "syncSPerRequest": 8.641e-06, "batchExponent": 0.7466},
+        {"overheadS": 0.002629, "sPerToken": 2.259e-05, "draftOverheadS": 0.0001261},
+        num_steps=1, rate=0.8515, decay=1.0,
+    )  # fmt: skip
+    changes = [Change(0, concurrency=96, acceptance=0.8515), Change(60, concurrency=48)]
+    ratio, routed = ratio_to_better_static(
+        prof, changes, seconds=120, window=(90, 120), params=PARAMS, output_tokens=(128, 384),
+        prompt_tokens=(1024, 1024), profile_error=(0.9093, 0.9183), off_agreement_factor=1.095,
+    )  # fmt: skip
+    assert ratio >= TARGET, (ratio, routed.thresholds, routed.reasons[-1])
+    assert not routed.speculating[-1][1], routed.reasons[-1]  # plain, the faster here
