@@ -382,3 +382,27 @@ def test_a_measuring_probe_reads_the_modes_as_they_run_steadily() -> None:
     )  # fmt: skip
     assert ratio >= TARGET, (ratio, routed.thresholds, routed.reasons[-1])
     assert not routed.speculating[-1][1], routed.reasons[-1]  # plain, the faster here
+
+
+def test_a_verdict_for_plain_decoding_holds_while_the_estimate_swings() -> None:
+    """The engine above, its costs rounded: the probe's verdict names plain decoding at accept
+    length 2.1, measured. Back on plain decoding, the accept length estimated while off runs
+    10% above that and swings across the edge of what counts as the same workload. Read
+    against the measured reading alone, the verdict came and went with each swing, and the
+    model took the pod to speculation and back every 40 s. Read against the estimate it kept,
+    a stationary load sees no switch after the verdict."""
+    prof = _engine(
+        {"overheadS": 0.002, "weightsS": 0.0107, "kvSPerRequest": 0.00066,
+         "computeSPerToken": 7.1e-05, "draftOverheadS": 0.0016, "draftSPerRequest": 4e-05,
+         "syncSPerRequest": 1.3e-06, "batchExponent": 0.59},
+        {"overheadS": 0.0036, "sPerToken": 2.9e-05, "draftOverheadS": 0.012},
+        num_steps=7, rate=0.53, decay=1.0,
+    )  # fmt: skip
+    changes = [Change(0, concurrency=16, acceptance=0.53), Change(60, acceptance=0.53)]
+    routed = run(
+        prof, changes, seconds=180, params=PARAMS, off_step_tokens=4, output_tokens=(16, 32),
+        prompt_tokens=(1024, 2048), profile_error=(0.95, 0.87), off_agreement_factor=0.89,
+    )  # fmt: skip
+    verdict = next(t for t, why in routed.reasons if "over 3 rounds" in why)
+    assert not [t for t, _ in routed.thresholds if t > verdict], routed.thresholds
+    assert not routed.speculating[-1][1], routed.reasons[-1]

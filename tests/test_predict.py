@@ -921,6 +921,31 @@ def test_a_verdict_holds_beyond_its_workload_only_where_the_move_favours_its_mod
     assert not faster.holds(50.0, 3.3, 96) and not faster.holds(100.0, 3.3, 48)
 
 
+def test_a_verdict_reads_the_estimate_while_off_against_its_own() -> None:
+    """Plain decoding measured faster at batch 16, at accept length 2.1 measured, with the
+    estimate while off at 2.3 when the probe ended (its calibration leaves it 10% high on this
+    workload). Back on plain decoding, the estimate swings 2.25-2.35 about the edge of the
+    measured reading's 10%: read against the estimate the verdict kept, it holds throughout,
+    and a move of the estimate beyond its own 10% still takes it away."""
+    verdict = control.Measurement(
+        100.0, 2.1, 16, 0.93, also=1.83, measured=(True, False), estimated=2.3
+    )
+    assert all(verdict.holds(50.0, tau, 16) for tau in (2.25, 2.3, 2.35, 2.1))
+    assert not verdict.holds(50.0, 2.6, 16)
+    assert not dataclasses.replace(verdict, estimated=None).holds(50.0, 2.35, 16)
+    # The tracker keeps the estimate while a measured accept length is current.
+    tracker = AcceptanceTracker()
+    tracker.update(_counters(), 0.0, 3, 0.0)
+    tracker.update(_counters(draft_first_proposed=300, draft_first_agreed=210), 1.0, 3, 0.0)
+    counters = _counters(draft_first_proposed=300, draft_first_agreed=210,
+                         spec_request_steps=150, spec_accepted_tokens=230)  # fmt: skip
+    tracker.update(counters, 2.0, 3, 1.0)
+    current = tracker.current(2.0)
+    assert current is not None and current[1] == "measured"
+    assert tracker.estimate(2.0) == pytest.approx(predict.chain_accept_length(0.7, 3), rel=1e-3)
+    assert tracker.estimate(2.0 + predict.ESTIMATE_FRESH_SECONDS + 1.1) is None
+
+
 def test_a_host_that_slows_as_the_trial_begins_is_measured_again() -> None:
     """The host runs a fifth slower from the moment the pod tries plain decoding (an H200's
     5-s windows swing by that much): speculation read 2000 before the trial and 1600 after

@@ -175,6 +175,12 @@ class Measurement:
     noise: float = 0.0
     """The reading's standard error (`_ratio_noise`): scaled, it names a mode the probe did
     not name only past PROBE_CONFIDENCE of it, as the probe itself would have."""
+    estimated: float | None = None
+    """The accept length estimated while off when it was taken (None: none recent). While the
+    pod runs plain decoding its workload is read from that estimate, whose calibration can
+    leave it 10% from the measured one on the same workload: read against the measured
+    reading alone, the estimate's swing would take the verdict away and give it back every
+    few seconds, and the model would switch the pod each time."""
 
     @property
     def better(self) -> bool | None:
@@ -213,7 +219,7 @@ class Measurement:
         drafts are accepted more, and plain decoding where they are accepted less."""
         if now >= self.until or abs(batch - self.batch) > band(self.batch):
             return False
-        readings = [a for a in (self.tau, self.also) if a is not None]
+        readings = [a for a in (self.tau, self.also, self.estimated) if a is not None]
         if any(same_workload(tau, a) for a in readings):
             return True
         better = self.better
@@ -908,6 +914,7 @@ def _end_of_measuring(
         taken=now,
         measured=(prediction.measured, probe.tau_measured),
         noise=noise,
+        estimated=prediction.estimate,
     )
     changed_at = now if threshold == probe.threshold else probe.held_since
     return Decision(threshold, why, changed_at, measured=verdict)

@@ -273,11 +273,19 @@ class AcceptanceTracker:
         """(expected accept length, where it comes from), or None when nothing recent says."""
         if self.tau is not None and now - self.tau_at <= MEASURED_FRESH_SECONDS:
             return self.tau, "measured"
-        if self.p1_off is not None and now - self.p1_off_at <= ESTIMATE_FRESH_SECONDS:
-            estimate = self.calibration * chain_accept_length(self.p1_off, self.num_steps)
+        estimate = self.estimate(now)
+        if estimate is not None:
             how = "calibrated" if self.calibrated else "uncalibrated"
-            return max(1.0, estimate), f"estimated while off ({how})"
+            return estimate, f"estimated while off ({how})"
         return None
+
+    def estimate(self, now: float) -> float | None:
+        """The accept length estimated from the agreement while off, where that is recent
+        (None otherwise), also while a measured one is current: a verdict taken across both
+        modes keeps both, and while the pod runs plain decoding it is read against this one."""
+        if self.p1_off is None or now - self.p1_off_at > ESTIMATE_FRESH_SECONDS:
+            return None
+        return max(1.0, self.calibration * chain_accept_length(self.p1_off, self.num_steps))
 
 
 @dataclass
@@ -421,6 +429,8 @@ class Prediction:
     correction: tuple[float, float]  # (on, off) factors applied to the model's step rates
     measured: bool = True
     """tau was measured (speculating now), not estimated from the agreement while off."""
+    estimate: float | None = None
+    """The accept length estimated while off, where recent (`AcceptanceTracker.estimate`)."""
 
     def seconds_per_token(self, batch: float, speculating: bool) -> float | None:
         step_rate = self.correction[0 if speculating else 1]
@@ -443,12 +453,15 @@ def predict(
     min_threshold: int,
     max_threshold: int,
     batch: float | None = None,
+    estimate: float | None = None,
 ) -> Prediction | None:
     """The predicted threshold, or None without a profile or a current acceptance. `batch`,
     the decode batch the pod runs now (None: unknown, an idle pod), picks the crossover
     nearest it where speculation pays in more than one band of batches (an engine whose
     multi-token off steps beat speculation at small batches, say): a threshold can keep only
-    one band speculating, and the one that serves the load is the one around its batch."""
+    one band speculating, and the one that serves the load is the one around its batch.
+    `estimate`, the accept length estimated while off where recent, rides along for the
+    verdicts taken on the prediction."""
     if profile is None or acceptance is None:
         return None
     tau, source = acceptance
@@ -500,8 +513,9 @@ def predict(
     if not confident:
         why += "; samples disagree with the model"
     return Prediction(
-        threshold, why, confident, profile, tau, correction, measured=source == "measured"
-    )
+        threshold, why, confident, profile, tau, correction, measured=source == "measured",
+        estimate=estimate,
+    )  # fmt: skip
 
 
 def _bounded_correction(factor: float) -> float:

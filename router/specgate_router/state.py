@@ -442,6 +442,7 @@ def predictions(
                 min_threshold=params.min_threshold,
                 max_threshold=params.max_threshold,
                 batch=recent_batch(pod.samples, now),
+                estimate=pod.acceptance.estimate(now),
             )
         )
     return out
