@@ -839,24 +839,17 @@ def test_a_measuring_probe_within_its_scrapes_noise_runs_another_round() -> None
     assert flat.measured is not None and flat.measured.better is False
 
 
-def test_a_noisy_reading_decides_where_outside_steps_could_overturn_the_model() -> None:
+def test_a_noisy_reading_names_no_mode_even_where_prefills_take_most_of_the_time() -> None:
     """The reading of `endless` above (plain decoding 1.12x over three rounds, within its
-    scrapes' noise of 10%), where the pod spends 80% of its time outside decode steps: the model's
-    1.1x for speculation covers a fifth of the pod's time, and a mode that prefills for less
-    could make up more than that in the rest. The model names no mode there, so the reading
-    decides by the margin: plain decoding, kept, and a verdict that names it. Where the decode
-    steps take 90% of the time, the model's margin stands and the pod goes back to it."""
+    scrapes' noise of 10%), where the pod spends 80% of its time outside decode steps: the
+    model's 1.1x for speculation covers a fifth of the pod's time, yet a reading that noisy
+    named the slower mode more often than the model did on engines nobody tuned for
+    (BENCHMARKS.md, section 0). The pod goes back to speculation, and no mode is named."""
     rates = [2300.0, 1100.0, 2300.0, 1100.0, 2300.0]
     prefill_bound = _run_measuring_plain_at_16(rates, outside=0.8)[-1]
     assert "over 3 rounds, within its scrapes' noise" in prefill_bound.reason
-    assert "where the model's decode steps take 20% of the pod's time; keeping it" in (
-        prefill_bound.reason
-    ), prefill_bound.reason
-    assert prefill_bound.threshold is not None and prefill_bound.threshold < 16
-    assert prefill_bound.measured is not None and prefill_bound.measured.better is False
-    decode_bound = _run_measuring_plain_at_16(rates, outside=0.1)[-1]
-    assert decode_bound.reason.endswith("back to 32"), decode_bound.reason
-    assert decode_bound.measured is not None and decode_bound.measured.better is None
+    assert prefill_bound.reason.endswith("back to 32"), prefill_bound.reason
+    assert prefill_bound.measured is not None and prefill_bound.measured.better is None
 
 
 def test_a_verdict_holds_across_a_small_acceptance_move_scaled_by_it() -> None:

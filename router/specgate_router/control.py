@@ -80,9 +80,9 @@ class Sample:
     outside its decode steps: prefills and what runs around them, which the step profile does
     not time (None: unknown)."""
     began: float | None = None
-    """When the interval began (None: unknown, taken as ending a scrape after it began). One
-    that spans a switch of mode ran both, and its first step's launch-to-launch cycle holds
-    the other mode's last step: probes leave it out (`mode_rates`)."""
+    """When the interval began (None: unknown; a probe then counts it from its end). One that
+    spans a switch of mode ran both, and its first step's launch-to-launch cycle holds the
+    other mode's last step: probes leave it out (`mode_rates`)."""
 
     @property
     def per_request(self) -> float:
@@ -879,13 +879,10 @@ def _end_of_measuring(
             )
         # After its last round, a reading still within its noise names no mode where the
         # model names one: the pod goes back to the model's, whose decode steps the scrapes'
-        # swing does not blur. Where the model's modes run within the margin, or what runs
-        # outside the decode steps could overturn it, the reading is the better guess.
-        modelled = prediction.ratio(probe.batch)
-        level = _better(modelled) is None
-        ahead = max(modelled, 1 / modelled) if modelled else 1.0
-        outside = outside_steps_share(own, now=now, seconds=now - probe.began)
-        indifferent = level or margin_past_outside_steps(ahead, outside) <= 1 + PROBE_MARGIN
+        # swing does not blur, also where prefills take most of the pod's time (such readings
+        # named the slower mode more often than the model did: BENCHMARKS.md, section 0).
+        # Where the model's modes run within the margin, the reading is the better guess.
+        indifferent = _better(prediction.ratio(probe.batch)) is None
         tells = gain > 1 + PROBE_MARGIN and (not noisy or indifferent)
         keep = tells and ratio > 1
         threshold = probe.threshold if keep else back
@@ -894,10 +891,8 @@ def _end_of_measuring(
             why += f" over {rounds} rounds"
         if noisy:
             why += f", within its scrapes' noise (+/-{noise:.0%})"
-            if level:
+            if indifferent:
                 why += f" where the model's modes run within {PROBE_MARGIN:.0%}"
-            elif indifferent:
-                why += f" where the model's decode steps take {1 - outside:.0%} of the pod's time"
         why += "; keeping it" if keep else f"; back to {back}"
         if not noisy or indifferent:
             told = ratio if probe.speculating else 1 / ratio
@@ -1204,8 +1199,9 @@ def mode_rates(
     COMPARABLE_ACCEPT of it; with `switched`, the moment the pod switched into the mode, only
     those whose interval began after it. The interval that spans a switch ran both modes,
     and the launch-to-launch cycle of its first step in the new mode holds the old mode's
-    last step: with speculating steps three times as long as plain ones, it read speculation
-    a quarter faster and plain decoding a tenth slower, both ways in speculation's favour.
+    last step: where speculating steps take three times as long as plain ones, it reads
+    speculation a quarter faster and plain decoding a tenth slower, both in speculation's
+    favour.
     Read back from the newest to `since`, as `rates_per_request`."""
     width = band(batch)
     newest_first = [
@@ -1353,11 +1349,9 @@ and a bracket says nothing."""
 MEASURING_ROUNDS = 3
 """Rounds a measuring probe runs at most (trial, then back, each `minSamples` scrapes). A
 reading of every round's scrapes pooled that is still within their noise after the last
-names no mode where the model names one (its modes more than PROBE_MARGIN apart) and that
-naming survives what runs outside the decode steps (`margin_past_outside_steps`): the pod
+names no mode where the model names one (its modes more than PROBE_MARGIN apart): the pod
 goes back to the model's, which sees decode steps without the swing of what runs between
-them. Where what runs between them could overturn the model, the reading is the better
-guess."""
+them."""
 
 
 def margin_past_outside_steps(ahead: float, outside: float) -> float:
