@@ -363,52 +363,6 @@ def test_a_noisy_reading_where_the_model_is_level_keeps_its_mode() -> None:
     assert len([t for t, _ in routed.thresholds if t > verdict]) <= 2, routed.thresholds
 
 
-def test_a_measuring_probe_reads_the_modes_as_they_run_steadily() -> None:
-    """48 clients after 96, prompts of 1024 tokens: speculating steps take three times a plain
-    one, and plain decoding delivers 1.06x steadily. The scrape that spans each of a measuring
-    probe's switches finished the old mode's step in flight and timed the new mode's first
-    step from its launch; counted, they read speculation 1.05-1.07x over three rounds. Left
-    out, the probe reads plain decoding ahead, and the pod runs it."""
-    prof = _engine(
-        {"overheadS": 0.002627, "weightsS": 0.002866, "kvSPerRequest": 0.0004959,
-         "computeSPerToken": 0.0007551, "draftOverheadS": 0.002324, "draftSPerRequest": 5.71e-05,
-         "syncSPerRequest": 8.641e-06, "batchExponent": 0.7466},
-        {"overheadS": 0.002629, "sPerToken": 2.259e-05, "draftOverheadS": 0.0001261},
-        num_steps=1, rate=0.8515, decay=1.0,
-    )  # fmt: skip
-    changes = [Change(0, concurrency=96, acceptance=0.8515), Change(60, concurrency=48)]
-    ratio, routed = ratio_to_better_static(
-        prof, changes, seconds=120, window=(90, 120), params=PARAMS, output_tokens=(128, 384),
-        prompt_tokens=(1024, 1024), profile_error=(0.9093, 0.9183), off_agreement_factor=1.095,
-    )  # fmt: skip
-    assert ratio >= TARGET, (ratio, routed.thresholds, routed.reasons[-1])
-    assert not routed.speculating[-1][1], routed.reasons[-1]  # plain, the faster here
-
-
-def test_a_verdict_for_plain_decoding_holds_while_the_estimate_swings() -> None:
-    """The engine above, its costs rounded: the probe's verdict names plain decoding at accept
-    length 2.1, measured. Back on plain decoding, the accept length estimated while off runs
-    10% above that and swings across the edge of what counts as the same workload. Read
-    against the measured reading alone, the verdict came and went with each swing, and the
-    model took the pod to speculation and back every 40 s. Read against the estimate it kept,
-    a stationary load sees no switch after the verdict."""
-    prof = _engine(
-        {"overheadS": 0.002, "weightsS": 0.0107, "kvSPerRequest": 0.00066,
-         "computeSPerToken": 7.1e-05, "draftOverheadS": 0.0016, "draftSPerRequest": 4e-05,
-         "syncSPerRequest": 1.3e-06, "batchExponent": 0.59},
-        {"overheadS": 0.0036, "sPerToken": 2.9e-05, "draftOverheadS": 0.012},
-        num_steps=7, rate=0.53, decay=1.0,
-    )  # fmt: skip
-    changes = [Change(0, concurrency=16, acceptance=0.53), Change(60, acceptance=0.53)]
-    routed = run(
-        prof, changes, seconds=180, params=PARAMS, off_step_tokens=4, output_tokens=(16, 32),
-        prompt_tokens=(1024, 2048), profile_error=(0.95, 0.87), off_agreement_factor=0.89,
-    )  # fmt: skip
-    verdict = next(t for t, why in routed.reasons if "over 3 rounds" in why)
-    assert not [t for t, _ in routed.thresholds if t > verdict], routed.thresholds
-    assert not routed.speculating[-1][1], routed.reasons[-1]
-
-
 def test_a_noisy_reading_does_not_overrule_the_model() -> None:
     """24 clients after 48, prompts of 1-2k tokens and answers of 256-1024: the model puts
     plain decoding 1.1x ahead on decode steps, which take 83% of the pod's time, and plain

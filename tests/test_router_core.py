@@ -332,27 +332,6 @@ def test_samples_are_taken_only_from_steady_single_mode_intervals() -> None:
     assert control.sample_between(batch0=8, batch1=8, steps_on1=-5, steps_off1=20, **base) is None
 
 
-def test_a_probe_leaves_out_the_interval_that_spans_its_switch() -> None:
-    """A pod switches to speculation at 10.0. The interval from 10.0 to 10.5 finished the
-    plain step in flight and timed its first speculating step from that step's launch: it
-    reads 2674 where the steady ones read about 2100 (an engine whose speculating steps take
-    three times a plain one's). A probe's rates leave it out; without a switch named, or for
-    samples whose start is unknown, the window counts from its end as before."""
-    base = dict(tokens0=0.0, steps_on0=0, steps_off0=0, batch0=48, batch1=48, steps_off1=0)
-    samples = [
-        control.sample_between(t0=t - 0.5, t1=t, tokens1=tokens, steps_on1=13, **base)
-        for t, tokens in ((10.5, 1337.0), (11.0, 1050.0), (11.5, 1060.0))
-    ]
-    assert all(s is not None for s in samples) and samples[0].began == 10.0  # type: ignore[union-attr]
-    own = [s for s in samples if s is not None]
-    rates = control.mode_rates(own, batch=48, speculating=True, since=10.0, switched=10.0)
-    assert rates == pytest.approx([2100 / 48, 2120 / 48])
-    assert len(control.mode_rates(own, batch=48, speculating=True, since=10.0)) == 3
-    unknown = [dataclasses.replace(s, began=None) for s in own]
-    counted = control.mode_rates(unknown, batch=48, speculating=True, since=10.0, switched=10.0)
-    assert len(counted) == 3
-
-
 def test_a_sample_comes_from_the_engines_per_step_decode_moments() -> None:
     """SGLang's generation-token counter grows only when requests finish, so over a half-second
     scrape it says little; the per-step `decode_moments` of /v1/loads give the tokens and the

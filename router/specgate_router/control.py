@@ -79,10 +79,6 @@ class Sample:
     """The share of the pod's decode cycles (one decode step's launch to the next's) spent
     outside its decode steps: prefills and what runs around them, which the step profile does
     not time (None: unknown)."""
-    began: float | None = None
-    """When the interval began (None: unknown; a probe then counts it from its end). One that
-    spans a switch of mode ran both, and its first step's launch-to-launch cycle holds the
-    other mode's last step: probes leave it out (`mode_rates`)."""
 
     @property
     def per_request(self) -> float:
@@ -286,7 +282,7 @@ def sample_between(
     seconds = dt
     if cycle_seconds is not None and dt / CYCLES_SPAN < cycle_seconds < dt * CYCLES_SPAN:
         seconds = cycle_seconds
-    return Sample(t1, batch, d_tokens / seconds, fraction, began=t0)
+    return Sample(t1, batch, d_tokens / seconds, fraction)
 
 
 def pool_samples(per_pod: Sequence[Sequence[Sample]], limit: int = POOLED_SAMPLES) -> list[Sample]:
@@ -812,7 +808,6 @@ def _end_of_measuring(
             since=probe.started,
             until=probe.returned if probe.returned is not None else math.inf,
             accept_length=prediction.tau,
-            switched=probe.started,
         )
     )
     # A mode that yields no samples at all within twice the scrapes a verdict needs (a
@@ -830,14 +825,14 @@ def _end_of_measuring(
             return replace(previous, threshold=back, reason=why, changed_at=now, probe=returned)
     n_after = 0
     if probe.returned is not None:
+        # From the scrape after the switch: the one that spans it ran both modes.
         n_after = len(
             mode_rates(
                 own,
                 batch=probe.batch,
                 speculating=not probe.speculating,
-                since=probe.returned,
+                since=probe.returned + params.scrape_interval_seconds,
                 accept_length=prediction.tau,
-                switched=probe.returned,
             )
         )
         if n_after < need and now < probe.give_up:
@@ -1192,23 +1187,15 @@ def mode_rates(
     since: float,
     until: float = math.inf,
     accept_length: float | None = None,
-    switched: float | None = None,
 ) -> list[float]:
     """One mode's output tok/s per running request over its samples near `batch` taken in
     [since, until], in time order; with `accept_length`, only samples within
-    COMPARABLE_ACCEPT of it; with `switched`, the moment the pod switched into the mode, only
-    those whose interval began after it. The interval that spans a switch ran both modes,
-    and the launch-to-launch cycle of its first step in the new mode holds the old mode's
-    last step: where speculating steps take three times as long as plain ones, it reads
-    speculation a quarter faster and plain decoding a tenth slower, both in speculation's
-    favour.
-    Read back from the newest to `since`, as `rates_per_request`."""
+    COMPARABLE_ACCEPT of it. Read back from the newest to `since`, as `rates_per_request`."""
     width = band(batch)
     newest_first = [
         s.per_request
         for s in itertools.takewhile(lambda s: s.at >= since, reversed(samples))
         if s.at <= until
-        and (switched is None or (s.began if s.began is not None else s.at) > switched)
         and abs(s.batch - batch) <= width
         and (s.speculating_fraction >= STEADY_MODE_FRACTION) == speculating
         and (accept_length is None or same_workload(s.accept_length, accept_length))
@@ -1313,10 +1300,7 @@ def _continue_probe(
             f" back to {back}"
         )
         return Decision(back, why, now, probe_wait=previous.probe_wait)
-    rates = mode_rates(
-        own, batch=probe.batch, speculating=probe.speculating, since=probe.started,
-        switched=probe.started,
-    )  # fmt: skip
+    rates = mode_rates(own, batch=probe.batch, speculating=probe.speculating, since=probe.started)
     tried, n_tried = _mean(rates), len(rates)
     if now < probe.until or (n_tried < need and now < probe.give_up):
         return replace(
@@ -1373,8 +1357,8 @@ def _measured_rates(
 ) -> tuple[list[float], list[list[float]]]:
     """A measuring probe's per-request rates over all its rounds: the mode on trial, pooled,
     and the mode it left on either side of each trial (its brackets): over the steady window
-    before the first round, then after each trial (empty while that round has not gone back).
-    Each from the interval after its switch: the one that spans it ran both modes."""
+    before the first round, then after each trial (from the scrape after the switch back: the
+    one that spans it ran both modes; empty while that round has not gone back)."""
     rounds = [*probe.trials, (probe.started, probe.returned if probe.returned is not None else now)]
     tried: list[float] = []
     before = _probe_baseline(own, probe, params, tau if probe.tau is None else probe.tau)
@@ -1382,14 +1366,14 @@ def _measured_rates(
     for i, (started, returned) in enumerate(rounds):
         tried += mode_rates(
             own, batch=probe.batch, speculating=probe.speculating, since=started,
-            until=returned, accept_length=tau, switched=started,
+            until=returned, accept_length=tau,
         )  # fmt: skip
         after: list[float] = []
         if probe.returned is not None or i < len(rounds) - 1:
             after = mode_rates(
                 own, batch=probe.batch, speculating=not probe.speculating,
-                since=returned, until=rounds[i + 1][0] if i < len(rounds) - 1 else math.inf,
-                accept_length=tau, switched=returned,
+                since=returned + params.scrape_interval_seconds,
+                until=rounds[i + 1][0] if i < len(rounds) - 1 else math.inf, accept_length=tau,
             )  # fmt: skip
         brackets.append(after)
     return tried, brackets
