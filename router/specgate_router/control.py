@@ -674,10 +674,10 @@ def _held_by_verdict(
     verdict = previous.measured
     if verdict is None or decision.threshold == previous.threshold:
         return decision
-    recent = sorted(s.batch for s in newest_within(own, now=now, seconds=seconds))
-    if not recent and own:
-        recent = [own[-1].batch]
-    if not recent or not verdict.holds(now, prediction.tau, recent[len(recent) // 2]):
+    batch = median_batch(own, now=now, seconds=seconds)
+    if batch is None and own:
+        batch = own[-1].batch
+    if batch is None or not verdict.holds(now, prediction.tau, batch):
         return decision
     faster, _ = verdict.reading()
     at = max(1, round(verdict.batch))
@@ -1105,6 +1105,12 @@ def newest_within(own: Sequence[Sample], *, now: float, seconds: float) -> Itera
     the newest only, since this runs for every pod on every control step and a pod keeps up
     to 1200 samples."""
     return itertools.takewhile(lambda s: now - s.at <= seconds, reversed(own))
+
+
+def median_batch(own: Sequence[Sample], *, now: float, seconds: float) -> float | None:
+    """The median decode batch of the pod's samples of the last `seconds` (None: none)."""
+    batches = sorted(s.batch for s in newest_within(own, now=now, seconds=seconds))
+    return batches[len(batches) // 2] if batches else None
 
 
 def accept_settled(own: Sequence[Sample], tau: float, *, now: float, seconds: float) -> bool:

@@ -452,15 +452,8 @@ RECENT_BATCH_SECONDS = 3.0
 
 
 def recent_batch(samples: Sequence[control.Sample], now: float) -> float | None:
-    """The median decode batch of a pod's samples of the last few seconds (None: idle).
-    Samples are in time order: read back from the newest only."""
-    recent = [
-        s.batch for s in control.newest_within(samples, now=now, seconds=RECENT_BATCH_SECONDS)
-    ]
-    if not recent:
-        return None
-    recent.sort()
-    return recent[len(recent) // 2]
+    """The median decode batch of a pod's samples of the last few seconds (None: idle)."""
+    return control.median_batch(samples, now=now, seconds=RECENT_BATCH_SECONDS)
 
 
 def _static_endpoints(backends: list[str]) -> dict[str, str]:
