@@ -230,17 +230,19 @@ class SpeculationControl(_Model):
     batch the engine's step profile covers, and an estimate from samples at the batches it has
     seen. A bound of 64 cost 45% at 128 requests on an H200 (BENCHMARKS.md section 0c)."""
     hysteresis: int = Field(default=2, ge=0, le=256)
-    """The controller changes a pod's threshold only when its estimate moves more than this many
-    requests away from the current value, unless the move switches the mode at the batch the
-    pod runs now and the model predicts the new mode at least 3% faster there."""
+    """A move of at most this many requests is pushed only where it switches the mode at the
+    batch the pod runs now; any move needs to switch a batch the pod ran within the last
+    cooldown to a mode predicted 3% faster there."""
     cooldown_seconds: float = Field(default=30, ge=0, le=3600)
-    """Minimum time between two threshold changes on one pod."""
-    probe_interval_seconds: float = Field(default=600, ge=0, le=86400)
-    """A pod whose load holds at one batch size away from its threshold never measures the
-    other mode there: it runs the other mode for a few seconds at most this often (the first
-    time one interval after the router starts; one pod at a time, never in the latency pool;
-    the wait doubling up to 8x while probes change nothing) and keeps it when it delivers 3%
-    more per request. 0 never probes."""
+    """How long a move back the way the last one came waits (unless a trial read the modes
+    since): a stationary load near the crossover does not swing the threshold on noise."""
+    probe_interval_seconds: float = Field(default=1800, ge=0, le=86400)
+    """How long a trial's reading stands. Where the model of a pod's rates could be wrong at
+    the batch it holds and a few scrapes can tell, the router runs the other mode there for a
+    few seconds and its own again (a trial; one pod of a deployment at a time, never in the
+    latency pool), and reads the correction it then applies; that reading, or the decision
+    that no trial was worth it, stands this long at that batch while the load and workload
+    stay. 0 runs no trials."""
 
 
 class SpeculativeSpec(_Model):
@@ -754,8 +756,11 @@ class PodSpeculationStatus(_Model):
     """Mean accepted tokens per speculating step."""
     last_change: str | None = None
     """When the threshold last changed (RFC 3339)."""
+    rule: str = Field(default="", max_length=32)
+    """The control rule behind the threshold's value (`move`, `hold`, `no-gain`, `cooldown`,
+    `trial`...; docs/router.md lists them)."""
     reason: str = ""
-    """Why the threshold has its value."""
+    """The figures behind the rule."""
 
 
 class RouterStatus(_Model):

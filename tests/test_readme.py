@@ -57,3 +57,8 @@ def test_documented_commands_exist() -> None:
     assert {"up", "sim", "render", "demo", "router"} <= set(documented)
     for command in documented:
         assert command in commands, command
+
+
+def test_the_readme_reads_in_five_minutes() -> None:
+    """Within 250 lines: a result or a limit is a line with a link, not a paragraph."""
+    assert len(README.splitlines()) <= 250

@@ -30,18 +30,24 @@ PARAMS = ControlSettings(
     stale_after_seconds=2,
     min_samples=3,
     probe_interval_seconds=6,
-    probe_seconds=1,
 )
-LOAD = [(0, 1), (3, 2), (6, 4), (10, 3), (14, 8), (18, 12), (22, 6), (26, 5), (30, 16)]
-"""(from second, batch): loads that hold long enough to probe, then fits up and down, then one
-held far above the threshold (a probe that goes back)."""
+LOAD = [(0, 1), (12, 4), (26, 8), (40, 3), (54, 16)]
+"""(from second, batch): loads that hold long enough for a trial each; the pod's samples are
+all the law has (an engine without a step profile, as a replay sees every engine)."""
 
 
 def batch_at(t: float) -> int:
     return next(b for start, b in reversed(LOAD) if t >= start)
 
 
-def live_run(seconds: float = 50.0) -> tuple[list[control.Sample], list[replay.Change]]:
+def step(decision: control.Decision, samples: list[control.Sample], now: float,
+         fresh: bool = True) -> control.Decision:  # fmt: skip
+    (new,) = control.step([control.PodInput(decision, samples, fresh=fresh)], now=now,
+                          params=PARAMS)  # fmt: skip
+    return new
+
+
+def live_run(seconds: float = 70.0) -> tuple[list[control.Sample], list[replay.Change]]:
     """The router's loop in miniature: each scrape interval one sample of a pod running its
     current threshold's mode at the load's batch (host noise of a few percent, no sample while
     the batch moves), then a control step over every sample so far."""
@@ -49,16 +55,14 @@ def live_run(seconds: float = 50.0) -> tuple[list[control.Sample], list[replay.C
     samples: list[control.Sample] = []
     decision = control.initial_decision(PARAMS, 0.0)
     changes = [replay.Change(0.0, decision.threshold, decision.reason)]
-    for step in range(int(seconds / PARAMS.scrape_interval_seconds) + 1):
-        now = step * PARAMS.scrape_interval_seconds
+    for i in range(int(seconds / PARAMS.scrape_interval_seconds) + 1):
+        now = i * PARAMS.scrape_interval_seconds
         batch = batch_at(now)
-        if step == 0 or batch == batch_at(now - PARAMS.scrape_interval_seconds):
+        if i == 0 or batch == batch_at(now - PARAMS.scrape_interval_seconds):
             on = contract.speculates(batch, decision.threshold)
-            tok_s = PROFILE.steady_throughput(batch, on) * noise.uniform(0.97, 1.03)
+            tok_s = PROFILE.steady_throughput(batch, on) * noise.uniform(0.99, 1.01)
             samples.append(control.Sample(now, batch, tok_s, 1.0 if on else 0.0))
-        decision = control.decide(
-            samples=samples, previous=decision, now=now, fresh=True, params=PARAMS, own=samples
-        )
+        decision = step(decision, samples, now)
         if decision.threshold != changes[-1].threshold:
             changes.append(replay.Change(now, decision.threshold, decision.reason))
     return samples, changes
@@ -66,12 +70,11 @@ def live_run(seconds: float = 50.0) -> tuple[list[control.Sample], list[replay.C
 
 def test_a_replay_takes_the_live_controllers_every_decision() -> None:
     """Over the samples a live loop recorded, with its settings, the replay moves the
-    threshold at the same steps to the same values for the same reasons: fits and probes."""
+    threshold at the same steps to the same values for the same reasons: trials and moves."""
     samples, live = live_run()
-    reasons = " ".join(c.reason for c in live)
-    for kind in ("probing speculation", "back to", "pays at least", "stops paying", "halfway"):
-        assert kind in reasons, live
-    assert replay.replay(samples, params=PARAMS, until=50.0) == live
+    rules = {c.reason.split(":")[0] for c in live}
+    assert {"trial", "trial-return", "move"} <= rules, live
+    assert replay.replay(samples, params=PARAMS, until=70.0) == live
 
 
 def test_a_replay_under_other_settings_decides_otherwise() -> None:
@@ -82,39 +85,34 @@ def test_a_replay_under_other_settings_decides_otherwise() -> None:
 
 
 def test_a_pod_whose_samples_stop_goes_stale_and_keeps_its_threshold() -> None:
-    """Samples at batch 1-5 under threshold 2 until 8.5 s say speculation pays up to 5, but
-    the last change (5 s) cools down until 15 s: by then the replayed pod is stale and keeps
-    2. Were its metrics still fresh it would move."""
-    batches = [1, 2, 3, 4, 5] * 3
+    """Samples of both modes at batch 4 until 8.5 s say speculation pays there (threshold 2
+    runs it plain), but the last move (down, at 5 s) cools down until 15 s: by then the
+    replayed pod is stale and keeps 2. Were its metrics still fresh it would move."""
     samples = [
-        control.Sample(
-            5 + 0.25 * i, b, PROFILE.steady_throughput(b, b <= 2), 1.0 if b <= 2 else 0.0
-        )
-        for i, b in enumerate(batches)
+        control.Sample(5 + 0.25 * i, 4, PROFILE.steady_throughput(4, on), 1.0 if on else 0.0)
+        for i, on in enumerate([True, False] * 7)
     ]
     params = PARAMS.model_copy(update={"cooldown_seconds": 10, "probe_interval_seconds": 0})
-    start = control.Decision(2, "moved here", changed_at=5.0)
+    start = control.Decision(2, control.Rule.MOVE, "moved here", changed_at=5.0, moved=-1)
     assert replay.replay(samples, params=params, start=start, until=30.0) == [
-        replay.Change(5.0, 2, "moved here")
+        replay.Change(5.0, 2, start.reason)
     ]
     fresh = params.model_copy(update={"stale_after_seconds": 100})
     moved = replay.replay(samples, params=fresh, start=start, until=30.0)
-    assert [(c.at, c.threshold) for c in moved] == [(5.0, 2), (15.0, 5)]
+    assert [(c.at, c.threshold) for c in moved] == [(5.0, 2), (15.0, 4)]
 
 
 def test_a_replay_skips_stale_stretches_without_changing_a_decision() -> None:
     """Two busy spells ten minutes apart: the replay jumps over the idle stretch (a day of
     it would otherwise be 170k control steps) and decides as a replay stepping through it."""
-    spell = live_run(20.0)[0]
+    spell = live_run(30.0)[0]
     samples = spell + [replace(s, at=s.at + 600) for s in spell]
     expected, decision = [], control.initial_decision(PARAMS, 0.0)
-    for step in range(int(620 / PARAMS.scrape_interval_seconds) + 1):
-        now = step * PARAMS.scrape_interval_seconds
+    for i in range(int(samples[-1].at / PARAMS.scrape_interval_seconds) + 1):
+        now = i * PARAMS.scrape_interval_seconds
         visible = [s for s in samples if s.at <= now]
         fresh = now - visible[-1].at <= PARAMS.stale_after_seconds
-        decision = control.decide(
-            samples=visible, previous=decision, now=now, fresh=fresh, params=PARAMS, own=visible
-        )
+        decision = step(decision, visible, now, fresh)
         if not expected or decision.threshold != expected[-1].threshold:
             expected.append(replay.Change(now, decision.threshold, decision.reason))
     got = replay.replay(samples, params=PARAMS)
@@ -138,7 +136,7 @@ def test_sample_rows_round_trip_and_bad_rows_are_named() -> None:
 def export(*names: str) -> dict[str, object]:
     samples = replay.sample_rows(live_run()[0])
     return {
-        "now": 50.0,
+        "now": 70.0,
         "fields": list(replay.SAMPLE_FIELDS),
         "control": PARAMS.model_dump(by_alias=True),
         "pods": [{"name": n, "threshold": 2, "samples": samples} for n in names],
@@ -189,7 +187,7 @@ def test_the_command_line_replays_a_job_under_its_settings_and_others(
     recorded, strict = out.split("replay, minSamples=1000, probeIntervalSeconds=0: ")
     assert "replay, the recorded settings (threshold 2 (0-64), hysteresis 0" in recorded
     moves = len(live_run()[1]) - 1
-    assert f"{moves} changes" in recorded and "probing" in recorded
+    assert f"{moves} changes" in recorded and "trial" in recorded
     assert strict.startswith("0 changes")
     assert "threshold of x: 2 -> 6" in out  # the live router's own changes, beside
     assert png.stat().st_size > 20_000

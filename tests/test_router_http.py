@@ -18,6 +18,7 @@ import yaml
 from specgate.engine_client import EngineClient
 from specgate.engine_http import EngineHttp
 from specgate_router import replay
+from specgate_router.control import Rule
 from specgate_router.settings import ControlSettings
 from specgate_sim import profile as profiles
 from specgate_sim.cluster import SimCluster
@@ -163,7 +164,7 @@ async def test_control_and_access_lines_come_on_loggers_of_their_own(
                     break
                 await asyncio.sleep(0.05)
     control = [rec.getMessage() for rec in caplog.records if rec.name == "specgate.router"]
-    assert any("-> 0 (control.mode off)" in line for line in control), control
+    assert any("-> 0 (fixed: control.mode off)" in line for line in control), control
     access = [rec for rec in caplog.records if rec.name == "specgate.router.access"]
     assert [rec.getMessage() for rec in access] == ["request done"]
     assert access[0].__dict__["status"] == 200
@@ -483,14 +484,13 @@ async def test_metrics_endpoint_lists_every_pod_gauge(http: httpx.AsyncClient) -
         assert f"{name}{{engine_pod=" in resp.text, name
 
 
-async def test_a_pod_held_away_from_its_threshold_is_probed(
+async def test_a_pod_held_away_from_its_threshold_runs_a_trial(
     http: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Eight clients hold a pod at batch 8, plain under threshold 2: the router tries
-    speculation there (probe intervals of a second here), keeps it or goes back by what it
-    measured, counts both ends in specgate_probes_total and logs the verdict. The pod reports
-    no step profile: samples and probes are how the router learns from an engine that does
-    not."""
+    """Eight clients hold a pod at batch 8, plain under threshold 2. The pod reports no step
+    profile, so the law has only plain decoding's samples there: it tries speculation (a
+    trial), counts both ends in specgate_trials_total, logs the reading, and the threshold
+    changes are counted by rule."""
     caplog.set_level(logging.INFO, logger="specgate.router")
     async with sims(1, time_scale=10.0, threshold=2, model_inputs=False) as pods:
         settings = router_settings(pods.urls)
@@ -500,8 +500,6 @@ async def test_a_pod_held_away_from_its_threshold_is_probed(
             "maxThreshold": 64,
             "cooldownSeconds": 0.5,
             "minSamples": 3,
-            "probeIntervalSeconds": 1,
-            "probeSeconds": 0.5,
         }
         async with (
             run_router(settings) as r,
@@ -509,12 +507,12 @@ async def test_a_pod_held_away_from_its_threshold_is_probed(
         ):
             ended: list[str] = []
             view: dict[str, object] = {}
-            for _ in range(200):
+            for _ in range(300):
                 await asyncio.sleep(0.1)
                 metrics = (await http.get(r.url + "/metrics")).text
                 ended = [
                     o
-                    for o in ("kept", "back")
+                    for o in ("read", "ended")
                     if f'mode="speculation",outcome="{o}"}} 1.0' in metrics
                 ]
                 if ended:
@@ -522,17 +520,16 @@ async def test_a_pod_held_away_from_its_threshold_is_probed(
                     break
     assert 'mode="speculation",outcome="started"} 1.0' in metrics, metrics[-3000:]
     assert len(ended) == 1, metrics[-3000:]
-    verdicts = [
+    lines = [
         rec.getMessage()
         for rec in caplog.records
-        if rec.name == "specgate.router" and rec.getMessage().startswith("probe of ")
+        if rec.name == "specgate.router" and rec.getMessage().startswith("trial on ")
     ]
-    assert len(verdicts) == 1 and f" {ended[0]}: " in verdicts[0], verdicts
-    assert f"{ended[0]}: probe" in verdicts[0], verdicts  # the verdict's reason
-    # Kept: the pod speculates at batch 8 (threshold at least 8 and its band); back: 2 again.
-    threshold = view["decidedThreshold"]
-    assert isinstance(threshold, int)
-    assert threshold >= 10 if ended == ["kept"] else threshold == 2, view
+    assert len(lines) == 1 and f" {ended[0]}: " in lines[0], lines
+    assert 'rule="trial"' in metrics and 'rule="trial-return"' in metrics, metrics[-3000:]
+    assert view["rule"] in {r.value for r in Rule}, view
+    readings = view["prediction"]
+    assert readings is None or isinstance(readings, dict), view
 
 
 async def test_a_new_pod_gets_the_predicted_threshold_without_learning(
@@ -569,11 +566,13 @@ async def test_a_new_pod_gets_the_predicted_threshold_without_learning(
                     speculating = pods_core.speculating
                     break
     assert isinstance(view["threshold"], int) and view["threshold"] >= 32, view
-    assert str(view["reason"]).startswith("predicted: speculation pays up to"), view
+    assert view["rule"] in ("move", "hold", "no-gain"), view
+    assert str(view["reason"]).startswith("speculation pays up to"), view
     prediction = view["prediction"]
-    assert isinstance(prediction, dict) and prediction["confident"] is True
+    assert isinstance(prediction, dict) and prediction["correction"] is not None
     assert prediction["acceptLengthSource"] in ("measured", "estimated while off (uncalibrated)")
-    assert 'specgate_pod_predicted_threshold{engine_pod="' in metrics
+    assert 'specgate_pod_control_rule{engine_pod="' in metrics
+    assert 'specgate_threshold_changes_total{direction="raise",engine_pod="' in metrics
     assert speculating
 
 

@@ -298,7 +298,7 @@ def test_the_engine_times_decode_steps_without_the_prefills_between_them(
     right after a decode step adds its launch interval to the controller's uninterrupted-step
     counters (contract.STEP_TIME_COUNTERS); one launched after a prefill does not, while
     SGLang's decode moments keep counting it. The router's parser reads the result."""
-    from specgate_router import predict
+    from specgate_router import control
 
     scheduler = patched_site / "sglang" / "srt" / "managers" / "scheduler.py"
     moments: list[int] = []
@@ -366,7 +366,7 @@ def test_the_engine_times_decode_steps_without_the_prefills_between_them(
         "uninterrupted_decode_steps": ctrl.uninterrupted_decode_steps,
         "uninterrupted_decode_us": ctrl.uninterrupted_decode_us,
     }
-    assert predict.uninterrupted_step_seconds(before, after) == pytest.approx(0.010, rel=1e-3)
+    assert control.uninterrupted_step_seconds(before, after) == pytest.approx(0.010, rel=1e-3)
 
 
 def test_the_engine_takes_its_key_from_the_environment_and_never_logs_it(
@@ -1553,6 +1553,7 @@ def test_speed_script_orchestration_without_a_gpu(
 
     monkeypatch.setattr(speed, "start", fake_start)
     monkeypatch.setattr(speed, "wait_healthy", lambda port, proc, timeout: 1.0)
+    monkeypatch.setattr(speed, "wait_for_log", lambda path, text, proc, timeout=300: None)
     monkeypatch.setattr(speed, "closed_loop", fake_loop)
     monkeypatch.setattr(speed, "spec_loads", lambda port: {"accept_length": 1.0})
     monkeypatch.setattr(speed.time, "sleep", lambda s: None)
@@ -2052,7 +2053,7 @@ def test_the_engine_step_profile_is_what_the_router_parses(patched_site: Path) -
     """The profile the engine exports (/v1/loads `step_profile`) goes through the router's own
     parser: seeded points, live points that replace a seed after enough steps, and seeds
     shifted by the host time the live steps show (a graph replay leaves it out)."""
-    from specgate_router import predict
+    from specgate_router import control
 
     module = _step_profile_module(patched_site)
     table = module.StepProfileTable([1, 2, 4, 8, 16, 32])
@@ -2061,7 +2062,7 @@ def test_the_engine_step_profile_is_what_the_router_parses(patched_site: Path) -
         table.seed("on", batch, 0.004 + 0.0001 * batch)
         table.seed("off", batch, 0.002 + 0.0002 * batch)
     wire = table.to_wire()
-    profile = predict.StepProfile.from_wire(wire, off_step_tokens=4, num_steps=3)
+    profile = control.StepProfile.from_wire(wire, off_step_tokens=4, num_steps=3)
     assert profile is not None and profile.on[0] == (1.0, 0.0041)
     # Live off steps at batch 8 (bucketed from 5-8) with 1 ms of host time beyond the seed:
     for _ in range(module.LIVE_MIN_STEPS - 1):
@@ -2081,7 +2082,7 @@ def test_the_engine_step_profile_is_what_the_router_parses(patched_site: Path) -
         table.observe(False, 8, slow)
     assert dict(map(tuple, table.to_wire()["off"]))[8] == pytest.approx(0.0046)
     table.observe(True, 64, 0.01)  # beyond the largest graph: no point for it
-    assert predict.StepProfile.from_wire(table.to_wire(), off_step_tokens=4, num_steps=3)
+    assert control.StepProfile.from_wire(table.to_wire(), off_step_tokens=4, num_steps=3)
 
 
 def test_the_engine_profile_keeps_at_most_the_contracts_points(patched_site: Path) -> None:
@@ -2120,7 +2121,7 @@ def test_the_off_agreement_sampling_rate_is_checked(
 def test_the_engine_counts_acceptance_as_the_router_reads_it(patched_site: Path) -> None:
     """Speculating steps' per-request accept lengths become the contract's counters; the
     router's tracker turns two readings into the accept length those steps had."""
-    from specgate_router import predict
+    from specgate_router import control
 
     module = _module(patched_site)
 
@@ -2151,9 +2152,11 @@ def test_the_engine_counts_acceptance_as_the_router_reads_it(patched_site: Path)
     assert (after["spec_request_steps"], after["spec_accepted_tokens"]) == (80, 120)
     assert after["spec_first_agreed"] == 60
     assert ctrl.recent_accept_length == pytest.approx(2.5)
-    tracker = predict.AcceptanceTracker()
-    tracker.update(predict.counters_from_wire(before) or {}, at=0.0, num_steps=3)
-    tracker.update(predict.counters_from_wire(after) or {}, at=1.0, num_steps=3)
-    assert tracker.current(1.0) == (pytest.approx(2.5), "measured")
+    tracker = control.AcceptanceTracker()
+    tracker.update(control.counters_from_wire(before) or {}, at=0.0, num_steps=3)
+    tracker.update(control.counters_from_wire(after) or {}, at=1.0, num_steps=3)
+    current = tracker.current(1.0)
+    assert current is not None
+    assert (current.tau, current.source) == (pytest.approx(2.5), "measured")
     ctrl.count_speculating_step([])  # an empty step changes nothing
     assert ctrl.model_inputs()["spec_request_steps"] == 80

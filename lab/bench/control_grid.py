@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--without-prediction",
         action="store_true",
-        help="the pod reports no step profile or acceptance counters (the patched SGLang engine"
-        " today): the controller learns from samples and probes",
+        help="the pod reports no step profile or acceptance counters (an engine without the"
+        " patch's prediction inputs): the law runs on rates fitted from samples and trials",
     )
     args = parser.parse_args(argv)
     started = time.monotonic()
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     md = (
         f"Routed / better static mode, last 30 s of a minute at each load, arriving from"
         f" another level; profile {args.profile}, off steps of {args.off_step_tokens} tokens"
-        f"{'; the pod reports no step profile (samples and probes only)' if how else ''}."
+        f"{'; the pod reports no step profile (samples and trials only)' if how else ''}."
         f" Worst cell {worst:.3f}; {time.monotonic() - started:.0f} s.\n\n" + "\n".join(rows)
     )
     print("\n" + md)

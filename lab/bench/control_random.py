@@ -19,7 +19,7 @@ engine's running limit so that the bound does not decide.
 Prints each scenario as it ends, then the distribution of routed / better static and the
 worst scenarios with everything needed to rerun one (`--only SEED`); writes
 lab/results/control_random-sS-nN.{md,json,png}. `--without-prediction`: the engines report no
-step profile or acceptance while off, so the controller runs on samples and probes alone, as
+step profile or acceptance while off, so the controller runs on samples and trials alone, as
 it drives an engine without the patch's prediction inputs (files end `-without-prediction`).
 """
 
@@ -153,7 +153,7 @@ def run_scenario(scenario: dict[str, Any]) -> dict[str, Any]:
         model_inputs=scenario.get("model_inputs", True),
     )
     after = [t for at, t in routed.thresholds if at >= 60]
-    confident = [c for at, c in routed.confident if at >= 90 and c is not None]
+    trials = [at for at, d in routed.decisions if at >= 60 and d.trial is not None]
     decay = profile.acceptance.position_decay
     return {
         **{k: v for k, v in scenario.items() if k != "profile"},
@@ -166,7 +166,7 @@ def run_scenario(scenario: dict[str, Any]) -> dict[str, Any]:
         "ratio": round(ratio, 3),
         "threshold_after": routed.thresholds[-1][1] if routed.thresholds else 8,
         "pushes_after_change": len(after),
-        "confident_share": round(sum(confident) / len(confident), 2) if confident else None,
+        "trial_seconds_after_change": len(trials) / 2,
         "last_reason": routed.reasons[-1][1] if routed.reasons else None,
     }
 
@@ -252,7 +252,7 @@ def plot(
     ax.set_ylabel("routed / better static mode")
     title = "random engines and workloads, 30 s from a minute after the change"
     if results[0].get("model_inputs") is False:
-        title += "\n(engines reporting no profile: samples and probes only)"
+        title += "\n(engines reporting no profile: samples and trials only)"
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
     if points is not None:
@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--without-prediction",
         action="store_true",
-        help="engines that report no step profile: samples and probes only",
+        help="engines that report no step profile: samples and trials only",
     )
     args = parser.parse_args(argv)
     inputs = {"model_inputs": False} if args.without_prediction else {}

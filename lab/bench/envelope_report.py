@@ -1116,11 +1116,11 @@ benchmark counts tokens at its clients; and (2) lays the off step's KV slot indi
 contiguous row per forward, the same values, which a decode CUDA graph copies into its own
 buffer either way (only an eager decode's KV store reads them in place; the runs' batches
 all fit the graphs). Their figures stand for both. The patch of bf5b168 became the product
-patch without its four A/B environment switches (lab/gpu/patches/ab-toggles.patch keeps
-them): with the switches unset, as every run of the product's servers left them, the same
-steps. Checksums chain: a run of 3b32944 counts for the product patch of cc14c4f8. The patch
-after it samples the draft's first proposal on every 8th off step (acceptance while off), so
-no run of these counts for it."""
+patch without its four A/B environment switches (kept in git history as
+lab/gpu/patches/ab-toggles.patch): with the switches unset, as every run of the product's
+servers left them, the same steps. Checksums chain: a run of 3b32944 counts for the product
+patch of cc14c4f8. The patch after it samples the draft's first proposal on every 8th off
+step (acceptance while off), so no run of these counts for it."""
 
 
 def ran_patch(name: str, result: dict[str, Any], sha: str) -> bool:

@@ -925,10 +925,10 @@ def router_view(port: int, timeout: float = 10) -> dict[str, Any]:
 
 MAX_THRESHOLD = 128
 """specgate's router moves the threshold up to here; specgate-probes' to PROBES' maxThreshold."""
-PROBES = {"probeSeconds": 3, "maxThreshold": 256}
-"""specgate-probes' router: room to speculate at 128. Its probe interval is --probe-interval:
-60 s by default here, so that probes happen within a 10-minute job (the router's own default
-is 600 s, which makes the exploration cost at a steady load ten times smaller)."""
+PROBES = {"maxThreshold": 256}
+"""specgate-probes' router: room to speculate at 128. Its trials' readings stand for
+--probe-interval (60 s by default here, so that trials recur within a 10-minute job; the
+router's own default is 1800 s)."""
 
 
 def start_router(

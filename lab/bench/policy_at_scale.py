@@ -3,9 +3,10 @@ simulator in virtual time.
 
 A fleet of simulated pods (`specgate_sim.engine.EngineCore`, the same step machine the HTTP
 pods serve, on the `rtx-pro-6000-x8` profile) behind the router's own decision code: the
-pods' `PodState` views fed by scrapes every 0.5 s (`PodState.record`), the threshold
-controller (`control.decide` over samples pooled across pods), the latency/throughput pools
-(`control.plan_latency_pool`) and placement (`placement.choose`). Only the transport is left
+pods' `PodState` views fed by scrapes every 0.5 s (`PodState.record`), the router's control
+step (`control.step`: the pods report no step profile, so the law reads its rates from their
+pooled samples), the latency/throughput pools (`control.pools.plan_latency_pool`) and
+placement (`placement.choose`). Only the transport is left
 out: a scrape reads the engine's counters directly and a threshold push lands at once (pushes
 to different pods are still staggered as the router staggers them). Virtual time, so a
 30-minute trace takes minutes, not hours, and the result does not depend on this machine.
@@ -53,6 +54,7 @@ from typing import Any, cast
 from specgate.api import RouterPlugins, WeightedScorer
 from specgate.engine_client import EngineClient
 from specgate_router import control, placement
+from specgate_router.control import pools as pools_
 from specgate_router.pods import PodState, Scrape
 from specgate_router.settings import (
     ControlSettings,
@@ -88,7 +90,7 @@ class Policy:
     threshold: int | None  # what every pod starts with (None: always speculate)
     dynamic: bool  # specgate's threshold controller and class pools
     description: str
-    probe_interval: float = 0.0  # the controller's probeIntervalSeconds (0: no probes)
+    probe_interval: float = 0.0  # the controller's probeIntervalSeconds (0: no trials)
 
 
 POLICIES = (
@@ -264,7 +266,7 @@ class Fleet:
     def scrape_and_control(self, outcome: Outcome) -> None:
         now = self.now
         for core, view in zip(self.cores, self.views, strict=True):
-            # No step profile: the fleet measures the controller's sample fit and probes.
+            # No step profile: the law reads its rates from the pods' samples.
             load = engine_load(core)
             view.record(Scrape(at=now, load=load))
         if not self.policy.dynamic:
@@ -272,14 +274,8 @@ class Fleet:
         started = time.perf_counter()
         samples = control.pool_samples([view.samples for view in self.views])
         self._update_pools(now, samples)
-        decisions = control.decide_pods(
-            samples,
-            [
-                control.PodInput(
-                    view.decision, view.samples, True, view.pool, serving=view.serving()
-                )
-                for view in self.views
-            ],
+        decisions = control.step(
+            [view.control_input(now, self.control) for view in self.views],
             now=now,
             params=self.control,
         )
@@ -304,7 +300,7 @@ class Fleet:
             self.class_load[cls] += alpha * (self.in_flight[cls] - self.class_load[cls])
         pools = self.settings.pools
         thresholds = [c.threshold for c in self.cores if c.threshold is not None]
-        pool = control.plan_latency_pool(
+        pool = pools_.plan_latency_pool(
             [v.name for v in self.views],
             thresholds,
             latency_load=self.class_load["latency"],
@@ -314,7 +310,7 @@ class Fleet:
             min_fraction=pools.min_latency_fraction,
             max_fraction=pools.max_latency_fraction,
             throughput_batch_per_pod=pools.throughput_batch_per_pod,
-            latency_batch=control.latency_batch_for_target(
+            latency_batch=pools_.latency_batch_for_target(
                 samples,
                 thresholds,
                 target_ms=pools.latency_tpot_target_ms,
@@ -473,7 +469,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--probe-interval",
         type=float,
         default=ControlSettings().probe_interval_seconds,
-        help="specgate's probeIntervalSeconds (0: no probes; default: the router's)",
+        help="specgate's probeIntervalSeconds (0: no trials; default: the router's)",
     )
     args = parser.parse_args(argv)
     policies = [

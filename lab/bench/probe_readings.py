@@ -1,10 +1,11 @@
-"""How far measuring probes read from the modes as they run steadily, on random engines.
+"""How far trials read from the modes as they run steadily, on random engines.
 
 For each scenario of `control_random.py` (an engine, a workload and one change, drawn from
-its seed), the routed run's measuring verdicts after the change (each probe's last reading,
-speculation over plain decoding) against the ratio of the two static runs over the measured
-30 s: the mean of log(reading / steady), its mean absolute value, and how many readings put
-the slower mode ahead where the steady runs differ by more than 3%.
+its seed), the routed run's trial readings after the change (speculation over plain decoding
+as each trial's samples read it, before it is weighed against the model) against the ratio
+of the two static runs over the measured 30 s: the mean of log(reading / steady), its mean
+absolute value, and how many readings put the slower mode ahead where the steady runs differ
+by more than 3%.
 
     .venv/bin/python lab/bench/probe_readings.py [--seed S] [--scenarios N] [--jobs J]
 
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
@@ -26,7 +26,6 @@ from specgate_router.settings import ControlSettings
 from specgate_sim.profile import Profile
 from specgate_sim.virtual import Change, run
 
-VERDICT = re.compile(r"measured (speculation|plain decoding) at batch \d+: ([\d.]+)x")
 CHANGE_AT = 60.0
 WINDOW = (90.0, 120.0)
 
@@ -50,12 +49,14 @@ def readings(seed: int) -> tuple[int, list[float], float]:
     }
     routed = run(profile, changes, **kw)
     found = []
-    for at, why in routed.reasons:
-        match = VERDICT.match(why)
-        # A verdict, not a round that runs another: its last reading.
-        if match and at > CHANGE_AT and ("rounds" in why or "within its" not in why):
-            ratio = float(match.group(2))
-            found.append(ratio if match.group(1) == "speculation" else 1 / ratio)
+    seen: set[float] = set()
+    for _, decision in routed.decisions:
+        for reading in decision.readings:
+            if reading.tried and reading.at > CHANGE_AT and reading.at not in seen:
+                seen.add(reading.at)
+                assert decision.model is not None
+                model = decision.model.corrected(reading.measured, reading.between)
+                found.append(model.ratio(reading.batch) or 1.0)
     if not found:
         return seed, [], math.nan
     on = run(profile, changes, threshold=None, dynamic=False, **kw).tokens_between(*WINDOW)
@@ -81,12 +82,12 @@ def main(argv: list[str] | None = None) -> int:
                 shown = ", ".join(f"{r:.2f}" for r in found)
                 print(f"seed {seed}: read {shown}; steady {steady:.3f}", flush=True)
     if not errors:
-        print("no measuring verdict after the change")
+        print("no trial reading after the change")
         return 0
     mean = sum(errors) / len(errors)
     absolute = sum(map(abs, errors)) / len(errors)
     print(
-        f"\n{len(errors)} verdicts in {args.scenarios} scenarios from seed {args.seed}:"
+        f"\n{len(errors)} readings in {args.scenarios} scenarios from seed {args.seed}:"
         f" mean log(reading / steady) {mean:+.4f}, mean absolute {absolute:.4f};"
         f" the slower mode read ahead where the steady runs differ by over 3%: {wrong}"
     )

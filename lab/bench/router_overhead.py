@@ -2,13 +2,15 @@
 take no time, at fixed request rates, streaming and not; then how many concurrent streams the
 router holds without errors.
 
-Three processes on loopback: `specgate sim` (profile lab/bench/profiles/instant.json), `specgate
+Processes on loopback: `specgate sim` (profile lab/bench/profiles/instant.json), `specgate
 router` in front of it, and this load generator (aiohttp, open loop: requests are sent on a
 fixed schedule whatever the answers do). Direct and routed runs alternate at each rate, so the
-ratio is measured side by side in one run.
+ratio is measured side by side in one run. With `--baseline REF`, a second router from the git
+revision REF (checked out into a temporary worktree, run from its sources) serves the same pod,
+and its runs alternate with the others, `--repeat` rounds of each.
 
     .venv/bin/python lab/bench/router_overhead.py [--seconds 10] [--streams 1000]
-        [--out lab/results]
+        [--baseline REF] [--repeat 3] [--rates 50,200,500] [--out lab/results]
 """
 
 from __future__ import annotations
@@ -53,12 +55,46 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start(args: list[str]) -> subprocess.Popen[bytes]:
+def start(args: list[str], tree: Path | None = None) -> subprocess.Popen[bytes]:
+    """`specgate ARGS`, from `tree`'s sources where given (a worktree of another revision)."""
+    env = None
+    if tree is not None:
+        paths = [tree, tree / "router", tree / "operator", tree / "sim"]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in paths)}
     return subprocess.Popen(
         [sys.executable, "-m", "specgate.cli", *args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env=env,
     )
+
+
+def router(port: int, pod_port: int, key: str, tree: Path | None = None) -> subprocess.Popen[bytes]:
+    """A router on `port` in front of the pod on `pod_port`."""
+    return start(
+        [
+            "router", "--port", str(port), "--host", "127.0.0.1",
+            "--backend", f"http://127.0.0.1:{pod_port}", "--engine-api-key", key,
+            "--model", "bench", "--log-level", "warning",
+        ],
+        tree,
+    )  # fmt: skip
+
+
+def worktree(ref: str) -> Path:
+    """A detached checkout of `ref` beside this one's sources (made once, reused)."""
+    repo = HERE.parent.parent
+    sha = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "--short", ref],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"specgate-baseline-{sha}"
+    if not path.exists():
+        subprocess.run(
+            ["git", "-C", str(repo), "worktree", "add", "--detach", str(path), sha],
+            check=True, capture_output=True,
+        )  # fmt: skip
+    return path
 
 
 def stack(
@@ -81,23 +117,7 @@ def stack(
                 threshold,
             ]
         ),
-        start(
-            [
-                "router",
-                "--port",
-                str(router_port),
-                "--host",
-                "127.0.0.1",
-                "--backend",
-                f"http://127.0.0.1:{pod_port}",
-                "--engine-api-key",
-                key,
-                "--model",
-                "bench",
-                "--log-level",
-                "warning",
-            ]
-        ),
+        router(router_port, pod_port, key),
     ]
 
 
@@ -186,53 +206,75 @@ async def main() -> int:
     parser.add_argument("--rates", default="50,200,500")
     parser.add_argument("--streams", type=int, default=1000)
     parser.add_argument("--out", default=str(HERE.parent / "results"))
+    parser.add_argument("--baseline", help="a git revision whose router runs beside this one's")
+    parser.add_argument("--repeat", type=int, default=1, help="interleaved rounds per point")
     args = parser.parse_args()
     key = "bench-key"
-    pod_port, router_port, slow_port, slow_router_port = (free_port() for _ in range(4))
+    pod_port, router_port, slow_port, slow_router_port, base_port = (free_port() for _ in range(5))
     procs = stack(key, pod_port, router_port, "instant.json", "none")
+    routers = {"this": (f"http://127.0.0.1:{router_port}", procs[1])}
+    if args.baseline:
+        base = router(base_port, pod_port, key, worktree(args.baseline))
+        procs.append(base)
+        routers[args.baseline] = (f"http://127.0.0.1:{base_port}", base)
     try:
         direct = f"http://127.0.0.1:{pod_port}"
-        router = f"http://127.0.0.1:{router_port}"
         await wait_up(direct + "/health")
-        await wait_up(router + "/readyz")
+        for url, _ in routers.values():
+            await wait_up(url + "/readyz")
         auth = {"Authorization": f"Bearer {key}"}
         rows = []
         for rate in (float(r) for r in args.rates.split(",")):
             for stream in (False, True):
-                d, d_err = await open_loop(
-                    direct + "/v1/chat/completions", rate, args.seconds, stream, auth
-                )
-                cpu_before = cpu_seconds(procs[1].pid)
-                r, r_err = await open_loop(
-                    router + "/v1/chat/completions", rate, args.seconds, stream, {}
-                )
-                cpu_after = cpu_seconds(procs[1].pid)
-                # The router's own CPU per request: steadier than latency on a shared machine.
-                cpu_ms = (
-                    None
-                    if cpu_before is None or cpu_after is None
-                    else (cpu_after - cpu_before) * 1e3 / max(1, len(r) + r_err)
-                )
-                row: dict[str, Any] = {
-                    "rate": rate,
-                    "stream": stream,
-                    "direct_p50_ms": pct(d, 50) * 1e3,
-                    "direct_p99_ms": pct(d, 99) * 1e3,
-                    "router_p50_ms": pct(r, 50) * 1e3,
-                    "router_p99_ms": pct(r, 99) * 1e3,
-                    "router_cpu_ms_per_request": cpu_ms,
-                    "errors": d_err + r_err,
-                }
-                row["added_p50_ms"] = row["router_p50_ms"] - row["direct_p50_ms"]
-                row["added_p99_ms"] = row["router_p99_ms"] - row["direct_p99_ms"]
-                rows.append(row)
-                print(
-                    f"rate {rate:>5.0f}/s stream={stream!s:<5} "
-                    f"added p50 {row['added_p50_ms']:6.2f} ms  p99 {row['added_p99_ms']:6.2f} ms"
-                    f"  router CPU {fmt_ms(row['router_cpu_ms_per_request'])}/request"
-                    f"  errors {row['errors']}",
-                    flush=True,
-                )
+                samples: dict[str, list[float]] = {"direct": []}
+                cpu: dict[str, list[float]] = {}
+                errors = 0
+                for _ in range(args.repeat):
+                    d, d_err = await open_loop(
+                        direct + "/v1/chat/completions", rate, args.seconds, stream, auth
+                    )
+                    samples["direct"] += d
+                    errors += d_err
+                    for name, (url, proc) in routers.items():
+                        cpu_before = cpu_seconds(proc.pid)
+                        r, r_err = await open_loop(
+                            url + "/v1/chat/completions", rate, args.seconds, stream, {}
+                        )
+                        cpu_after = cpu_seconds(proc.pid)
+                        samples.setdefault(name, []).extend(r)
+                        errors += r_err
+                        # The router's own CPU per request: steadier than latency on a shared
+                        # machine.
+                        if cpu_before is not None and cpu_after is not None:
+                            per = (cpu_after - cpu_before) * 1e3 / max(1, len(r) + r_err)
+                            cpu.setdefault(name, []).append(per)
+                d = samples["direct"]
+                for name in routers:
+                    r = samples[name]
+                    row: dict[str, Any] = {
+                        "rate": rate,
+                        "stream": stream,
+                        "router": name,
+                        "direct_p50_ms": pct(d, 50) * 1e3,
+                        "direct_p99_ms": pct(d, 99) * 1e3,
+                        "router_p50_ms": pct(r, 50) * 1e3,
+                        "router_p99_ms": pct(r, 99) * 1e3,
+                        "router_cpu_ms_per_request": statistics.mean(cpu[name])
+                        if cpu.get(name)
+                        else None,
+                        "errors": errors,
+                    }
+                    row["added_p50_ms"] = row["router_p50_ms"] - row["direct_p50_ms"]
+                    row["added_p99_ms"] = row["router_p99_ms"] - row["direct_p99_ms"]
+                    rows.append(row)
+                    print(
+                        f"rate {rate:>5.0f}/s stream={stream!s:<5} router {name:<10}"
+                        f" added p50 {row['added_p50_ms']:6.2f} ms"
+                        f"  p99 {row['added_p99_ms']:6.2f} ms"
+                        f"  router CPU {fmt_ms(row['router_cpu_ms_per_request'])}/request"
+                        f"  errors {row['errors']}",
+                        flush=True,
+                    )
         # Only now the second stack, so it adds no background work to the sweep above.
         # A paced pod (20 ms steps at any batch) for the held-streams test: ~4 s per stream.
         procs += stack(key, slow_port, slow_router_port, "paced.json", "0")
@@ -241,12 +283,13 @@ async def main() -> int:
     finally:
         stop_all(procs)
     header = (
-        "| req/s | stream | direct p50 | direct p99 | router p50 | router p99 | added p50 |"
-        " added p99 | router CPU per request | errors |"
-        "\n|---|---|---|---|---|---|---|---|---|---|"
+        "| req/s | stream | router | direct p50 | direct p99 | router p50 | router p99 |"
+        " added p50 | added p99 | router CPU per request | errors |"
+        "\n|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [header] + [
-        f"| {r['rate']:.0f} | {'yes' if r['stream'] else 'no'} | {r['direct_p50_ms']:.2f} ms "
+        f"| {r['rate']:.0f} | {'yes' if r['stream'] else 'no'} | {r['router']} "
+        f"| {r['direct_p50_ms']:.2f} ms "
         f"| {r['direct_p99_ms']:.2f} ms | {r['router_p50_ms']:.2f} ms "
         f"| {r['router_p99_ms']:.2f} ms | {r['added_p50_ms']:.2f} ms "
         f"| {r['added_p99_ms']:.2f} ms | {fmt_ms(r['router_cpu_ms_per_request'])} "
@@ -267,6 +310,8 @@ async def main() -> int:
         "machine": platform.machine(),
         "python": platform.python_version(),
         "seconds_per_point": args.seconds,
+        "repeat": args.repeat,
+        "baseline": args.baseline,
     }
     streams = {"opened": args.streams, "ok": ok, "errors": errors, "seconds": secs}
     (out / "router_overhead.json").write_text(
@@ -274,8 +319,10 @@ async def main() -> int:
     )
     (out / "router_overhead.md").write_text(
         f"Router overhead, {meta['date']}, {meta['cpus']} CPUs ({meta['machine']}), "
-        f"{args.seconds:.0f} s per point; command: "
-        "`.venv/bin/python lab/bench/router_overhead.py`\n\n" + table + "\n"
+        f"{args.seconds:.0f} s per point, {args.repeat} interleaved rounds; command: "
+        f"`.venv/bin/python lab/bench/router_overhead.py {' '.join(sys.argv[1:])}`\n\n"
+        + table
+        + "\n"
     )
     return 0
 

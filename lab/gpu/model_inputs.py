@@ -11,7 +11,7 @@ temperature (accept length about 3.8 and about 2.3 by construction):
        acceptance;
   off  threshold 0, the same load: the first-position agreement of the sampled proposals, the
        accept length it predicts for a chain of 3 drafts (1 + p + p^2 + p^3) and the router's
-       calibrated estimate (specgate_router.predict.AcceptanceTracker fed the same counters);
+       calibrated estimate (specgate_router.control.AcceptanceTracker fed the same counters);
        /v1/loads' accept_length (must be null while off), the decode log's accept length and
        each request's meta_info.spec_accept_length (must not be the off step's token count).
 
@@ -54,7 +54,7 @@ from verify import (
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "router")]
-from specgate_router import predict  # noqa: E402
+from specgate_router.control import acceptance as tracking  # noqa: E402
 
 NEW_TOKENS = (128, 384)
 """Each request's max_new_tokens (ignore_eos), uniform in this range, after a 32-token prompt."""
@@ -85,7 +85,7 @@ def decode_log_accept(log_path: Path) -> float | None:
 
 
 def phase(port: int, threshold: object, clients: int, temperature: float, seconds: float,
-          tracker: predict.AcceptanceTracker) -> dict[str, Any]:  # fmt: skip
+          tracker: tracking.AcceptanceTracker) -> dict[str, Any]:  # fmt: skip
     status, body = set_threshold(port, threshold)
     assert status == 200, body
     load = ClosedLoopClients(port, clients, temperature, NEW_TOKENS)
@@ -121,7 +121,7 @@ def phase(port: int, threshold: object, clients: int, temperature: float, second
     if d["draft_first_proposed"] > 0:
         p1 = d["draft_first_agreed"] / d["draft_first_proposed"]
         out["first_position_agreement_off"] = round(p1, 4)
-        out["chain_estimate"] = round(predict.chain_accept_length(p1, 3), 3)
+        out["chain_estimate"] = round(tracking.chain_accept_length(p1, 3), 3)
         current = tracker.current(time.monotonic())
         out["router_estimate"] = None if current is None else [round(current[0], 3), current[1]]
     return out
@@ -209,7 +209,7 @@ def main() -> int:
         log(f"start-up profile: {results['startup_profile_seconds']} s; {profile_log}")
         save()
         for t in (float(x) for x in args.temperatures.split(",")):
-            tracker = predict.AcceptanceTracker()
+            tracker = tracking.AcceptanceTracker()
             predicted = round(acceptance(args.c, t, 3)[1], 3)
             level: dict[str, Any] = {"predicted_accept_length": predicted}
             results["levels"][str(t)] = level

@@ -15,13 +15,7 @@ SITE=${SPECGATE_SITE:-/tmp/site}  # tests point it elsewhere
 mkdir -p "$OUTDIR"
 # The marker holds the patches' checksum: a machine kept warm between calls re-patches when the
 # patches changed (a bare marker once left the previous call's patch in place).
-# SPECGATE_LAB_PATCH=ab applies lab/gpu/patches/ab-toggles.patch instead of the product patch:
-# the same engine with the environment switches the A/B experiments use
-# (SGLANG_SPEC_LEAN_OFF_DRAFT_EXTEND, SGLANG_SPEC_LAGGED_DRAFT_KV,
-# SGLANG_SPEC_DRAFT_KV_ONLY_PREFILL, SGLANG_SPEC_PROMPT_KV_GRAPHS; gpu_envelope.py's
-# patched-off-upstream-extend, -lean, -full-prefill and -eager-prompt-kv servers need it).
 PATCHES=(worker-image/patches/*.patch)
-if [ "${SPECGATE_LAB_PATCH:-}" = ab ]; then PATCHES=(lab/gpu/patches/ab-toggles.patch); fi
 PATCHES_SUM=$(cat "${PATCHES[@]}" | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$SITE/.specgate-patched" 2>/dev/null)" != "$PATCHES_SUM" ]; then
   rm -rf "$SITE" && mkdir -p "$SITE"

@@ -36,12 +36,15 @@ from typing import Any
 
 from verify import (
     EAGLE,
+    MEMORY_SIZED,
     UPSTREAM_EXTEND_ENV,
     call,
     log,
+    off_step_flags,
     server_flags,
     spec_loads,
     start,
+    wait_for_log,
     wait_healthy,
 )
 
@@ -73,6 +76,9 @@ DRAFT = {
 
 
 HERE = Path(__file__).resolve().parent
+UNSAMPLED_ENV = {"SGLANG_SPEC_OFF_AGREEMENT_EVERY": "0"}
+"""The patched engine's off steps without the draft's agreement sampling (the estimate of
+the accept length while off; step_profile.py)."""
 ADAPTIVE_OFF_ABOVE_8 = {"1": {"candidate_steps": [3]}, "9": {"candidate_steps": [0]}}
 """Upstream's --speculative-adaptive-config for the no-patch baseline: 3 draft steps up to
 batch 8, drafting off above."""
@@ -186,7 +192,9 @@ def main() -> int:
         "--only",
         default="plain,patched-off,upstream-0step",
         help="comma-separated servers: plain, always-on, patched-8, patched-off, upstream-0step, "
-        "and patched-off-upstream-extend (off steps run upstream's draft extend)",
+        "patched-off-upstream-extend (off steps run upstream's draft extend), patched-off-4 "
+        "and patched-off-4-unsampled (four tokens a step, with and without the agreement "
+        "sampling)",
     )
     parser.add_argument(
         "--weights",
@@ -253,6 +261,22 @@ def main() -> int:
             "--speculative-adaptive-config",
             str(adaptive_cfg),
         ],
+        # The off mode as the single-GPU example deploys it (four tokens a request a step),
+        # with and without the draft's agreement sampled every eighth off step.
+        "patched-off-4": [
+            *common,
+            *eagle,
+            "--speculative-disable-batch-threshold",
+            "0",
+            *off_step_flags(4),
+        ],
+        "patched-off-4-unsampled": [
+            *common,
+            *eagle,
+            "--speculative-disable-batch-threshold",
+            "0",
+            *off_step_flags(4),
+        ],
     }
     servers = {k: v for k, v in servers.items() if k in args.only.split(",")}
     if args.interleave:
@@ -281,10 +305,19 @@ def main() -> int:
             accept = spec_loads(ports[name]).get("accept_length")
             results.setdefault("accept_length", {}).setdefault(name, {})[str(c)] = accept
 
-    def launch(name: str) -> subprocess.Popen[bytes]:
+    def launch(name: str, wait: bool = True) -> subprocess.Popen[bytes]:
+        """Start one server; with `wait`, until it is healthy, else until it has sized its
+        KV pool (the next may then start: its memory profile sees this one's)."""
         env = UPSTREAM_EXTEND_ENV if name.endswith("-upstream-extend") else None
+        if name.endswith("-unsampled"):
+            env = UNSAMPLED_ENV
         proc = start(name, servers[name], ports[name], out, env)
-        results[f"startup_seconds_{name}"] = round(wait_healthy(ports[name], proc, timeout=480), 1)
+        if wait:
+            results[f"startup_seconds_{name}"] = round(
+                wait_healthy(ports[name], proc, timeout=480), 1
+            )
+        else:
+            wait_for_log(out / f"{name}.log", MEMORY_SIZED, proc)
         return proc
 
     def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -302,7 +335,12 @@ def main() -> int:
         procs = []
         try:
             for name in servers:
-                procs.append(launch(name))
+                procs.append(launch(name, wait=False))
+            # Their CUDA graphs captured side by side.
+            for name, proc in zip(servers, procs, strict=True):
+                results[f"startup_seconds_{name}"] = round(
+                    wait_healthy(ports[name], proc, timeout=480), 1
+                )
             for c in levels:
                 for _ in range(args.repeat):
                     for name in servers:

@@ -178,8 +178,8 @@ def spec_loads(port: int) -> dict:
     return {"running": load.get("num_running_reqs"), **(load.get("speculative") or {})}
 
 
-# The four variables below switch the engine's off path to an alternative in
-# lab/gpu/patches/ab-toggles.patch only (run-on-gpu.sh with SPECGATE_LAB_PATCH=ab); the product
+# The four variables below switched the engine's off path to an alternative in an A/B copy of
+# the patch (git history: lab/gpu/patches/ab-toggles.patch, removed once stale); the product
 # patch has no such switches, and under it these runs measure the product's path.
 UPSTREAM_EXTEND_ENV = {"SGLANG_SPEC_LEAN_OFF_DRAFT_EXTEND": "0"}
 """Speculation-off steps run their draft extend through upstream's generic path, not the

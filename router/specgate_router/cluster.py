@@ -195,6 +195,7 @@ def status_patch(state: RouterState, current: dict[str, Any]) -> dict[str, Any]:
             "threshold": v["threshold"],
             "batchSize": v["batch"] or 0,
             "acceptLength": v["acceptLength"],
+            "rule": v["rule"],
             "reason": v["reason"][:200],
         }
         for v in views

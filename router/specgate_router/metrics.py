@@ -39,26 +39,26 @@ POD_GAUGES: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "Output tokens/s the engine reports (its own recent average).",
         (),
     ),
-    "predicted": (
-        "specgate_pod_predicted_threshold",
-        "The threshold the step profile and acceptance predict (-1: no prediction).",
-        (),
+    "rule": (
+        "specgate_pod_control_rule",
+        "1 for the control rule behind the pod's current decision (control.Rule).",
+        ("rule",),
     ),
     "expected_accept": (
         "specgate_pod_expected_accept_length",
-        "Accept length the prediction uses: measured while speculating, estimated while off"
+        "Accept length the control law uses: measured while speculating, estimated while off"
         " (0: none).",
         (),
     ),
-    "model_ratio": (
-        "specgate_pod_model_ratio",
-        "Profiled over measured decode step time, by mode (1: the profile holds; 0: no data).",
-        ("mode",),
+    "correction": (
+        "specgate_pod_correction",
+        "The law's measured correction: speculating over off delivered-over-predicted (1: none).",
+        (),
     ),
     "between_steps": (
         "specgate_pod_between_steps_seconds_per_token",
-        "Time between decode steps (prefills) per generated token, by mode (0: no data).",
-        ("mode",),
+        "Time between decode steps (prefills) per generated token (0: no data).",
+        (),
     ),
 }
 """Per engine pod gauges: key -> (metric name, help, labels beyond engine_pod)."""
@@ -98,13 +98,12 @@ class PodCollector(Collector):
             families["circuit"].add_metric(name, 0.0 if state == "closed" else 1.0)
             families["in_flight"].add_metric(name, pod.in_flight)
             families["gen"].add_metric(name, load.gen_throughput if load else 0.0)
-            prediction = pod.prediction
-            families["predicted"].add_metric(name, prediction.threshold if prediction else -1)
-            families["expected_accept"].add_metric(name, prediction.tau if prediction else 0.0)
-            for mode, ratio in pod.residuals.view().items():
-                families["model_ratio"].add_metric([pod.name, mode], ratio or 0.0)
-            for mode, micros in pod.residuals.between_view().items():
-                families["between_steps"].add_metric([pod.name, mode], (micros or 0.0) / 1e6)
+            families["rule"].add_metric([pod.name, str(pod.decision.rule)], 1.0)
+            model = pod.decision.model
+            tau = model.tau if model is not None and not model.profile.fitted else 0.0
+            families["expected_accept"].add_metric(name, tau)
+            families["correction"].add_metric(name, model.correction if model else 1.0)
+            families["between_steps"].add_metric(name, model.between if model else 0.0)
         yield from families.values()
 
 
@@ -164,13 +163,15 @@ class RouterMetrics:
         )
         self.threshold_changes = Counter(
             "specgate_threshold_changes",
-            "Thresholds pushed to pods, by direction.",
-            ["engine_pod", "direction"],
+            "Thresholds pushed to pods, by direction and the control rule that decided them"
+            " (move, trial, trial-return, trial-ended, fixed).",
+            ["engine_pod", "direction", "rule"],
             registry=r,
         )
-        self.probes = Counter(
-            "specgate_probes",
-            "Probes of the other mode at a batch held away from the threshold.",
+        self.trials = Counter(
+            "specgate_trials",
+            "Trials of the other mode at a pod's batch, by the mode tried and how they ended"
+            " (started, read, ended without a reading).",
             ["engine_pod", "mode", "outcome"],
             registry=r,
         )

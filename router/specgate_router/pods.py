@@ -10,13 +10,13 @@ from typing import Any, Literal
 
 from specgate import contract
 from specgate.engine_client import EngineClient, EngineLoad
-from specgate_router import control, predict
+from specgate_router import control
 from specgate_router.settings import ControlSettings, ResilienceSettings
 
 Pool = Literal["latency", "throughput", "mixed"]
 MAX_SAMPLES = 1200
 SAMPLE_SPAN_SECONDS = 5.0
-"""A learning sample spans consecutive scrapes until they hold `control.SAMPLE_MIN_STEPS`
+"""A learning sample spans consecutive scrapes until they hold `control.samples.SAMPLE_MIN_STEPS`
 decode steps, at most this long. Dropping an interval with a long prefill and no step instead
 would leave samples that read a mode as fast as its steps alone: the slower a mode's steps,
 the more of its prefills go missing, and a probe reads it faster than it runs (BENCHMARKS.md,
@@ -109,20 +109,6 @@ def outside_steps(prev: Scrape, scrape: Scrape, step_seconds: float) -> float | 
     return min(1.0, max(0.0, 1.0 - steps * step_seconds / seconds))
 
 
-def between_steps(prev: Scrape, scrape: Scrape, step_seconds: float) -> float | None:
-    """Seconds the pod spent between decode steps per token it generated over an interval:
-    the decode cycles less what the steps themselves took (`step_seconds` each, from the
-    steps that followed another directly), at most the interval itself. None when nothing was
-    generated. Shown per mode (`Residuals.between_view`), not modelled."""
-    cycles = decode_cycles(prev, scrape)
-    tokens = scrape.load.decode_tokens - prev.load.decode_tokens
-    if cycles is None or tokens <= 0:
-        return None
-    steps, seconds = cycles
-    between = seconds - steps * step_seconds
-    return min(max(0.0, between), max(0.0, scrape.at - prev.at)) / tokens
-
-
 @dataclass
 class PodState:
     name: str
@@ -150,13 +136,10 @@ class PodState:
     push_failures: int = 0
     next_push_at: float = 0.0
     rejected_logged_at: float = -math.inf
-    profile: predict.StepProfile | None = None
+    profile: control.StepProfile | None = None
     """The engine's step-cost profile (None: it reports none)."""
     profile_error: str | None = None
-    acceptance: predict.AcceptanceTracker = field(default_factory=predict.AcceptanceTracker)
-    residuals: predict.Residuals = field(default_factory=predict.Residuals)
-    prediction: predict.Prediction | None = None
-    """The model's last word on this pod (set by the control loop)."""
+    acceptance: control.AcceptanceTracker = field(default_factory=control.AcceptanceTracker)
     _profile_wire: Any = None
     _sample_start: Scrape | None = None
     """Where the next learning sample starts, when the scrapes since held too few steps."""
@@ -213,53 +196,55 @@ class PodState:
         if load.threshold_known:
             self.confirmed_threshold = load.threshold
         self._read_model_inputs(scrape, speculating_fraction(prev, scrape))
+        start = self._interval_start(prev, scrape)
+        sample = _sample_between_scrapes(start, scrape) if start is not None else None
+        if start is not None and sample is not None:
+            self.samples.append(self._annotated(sample, start, scrape))
+
+    def _interval_start(self, prev: Scrape | None, scrape: Scrape) -> Scrape | None:
+        """The scrape a sample ending at `scrape` starts from, or None while the interval
+        holds too few decode steps to time (the next scrape's sample then covers it too)."""
         start, self._sample_start = self._sample_start, None
         if start is None or scrape.at - start.at > SAMPLE_SPAN_SECONDS:
             start = prev
-        if start is None or load.decode_steps_on is None or load.decode_steps_off is None:
-            return
-        if start.load.decode_steps_on is None or start.load.decode_steps_off is None:
-            return
-        taken = (load.decode_steps_on - start.load.decode_steps_on) + (
-            load.decode_steps_off - start.load.decode_steps_off
-        )
-        if 0 <= taken < control.SAMPLE_MIN_STEPS and load.decode_tokens >= start.load.decode_tokens:
-            self._sample_start = start  # the next scrape's sample covers this interval too
-            return
-        steps = load.decode_steps - start.load.decode_steps
-        sample = control.sample_between(
-            t0=start.at,
-            t1=scrape.at,
-            batch0=start.load.running,
-            batch1=load.running,
-            tokens0=start.load.decode_tokens,
-            tokens1=load.decode_tokens,
-            steps_on0=start.load.decode_steps_on,
-            steps_on1=load.decode_steps_on,
-            steps_off0=start.load.decode_steps_off,
-            steps_off1=load.decode_steps_off,
-            mean_batch=(load.decode_batch_sum - start.load.decode_batch_sum) / steps
-            if steps > 0
-            else None,
-            cycle_seconds=cycles[1] if (cycles := decode_cycles(start, scrape)) else None,
-        )
-        if sample is None:
-            return
+        if start is None or not _counts_steps(start) or not _counts_steps(scrape):
+            return None
+        load = scrape.load
+        taken = (load.decode_steps_on or 0) - (start.load.decode_steps_on or 0)
+        taken += (load.decode_steps_off or 0) - (start.load.decode_steps_off or 0)
+        if (
+            0 <= taken < control.samples.SAMPLE_MIN_STEPS
+            and load.decode_tokens >= start.load.decode_tokens
+        ):
+            self._sample_start = start
+            return None
+        return start
+
+    def _annotated(self, sample: control.Sample, start: Scrape, scrape: Scrape) -> control.Sample:
+        """`sample` with the accept length it ran at and its share of time between steps."""
         acceptance = self.acceptance.current(scrape.at)
         if acceptance is not None:
-            sample = replace(sample, accept_length=acceptance[0])
+            tau = acceptance.tau
+            if sample.speculating and acceptance.source == "measured":
+                # As measured now, not smoothed: a trial reads each sample against its own
+                # accept length, and a smoothed one lags a change of workload by seconds.
+                now_tau, behind = self.acceptance.recent_measured()
+                tau = now_tau if behind > 0 else tau
+            sample = replace(sample, accept_length=tau)
         try:
-            step_seconds = predict.uninterrupted_step_seconds(
-                start.load.speculative, load.speculative
+            step_seconds = control.uninterrupted_step_seconds(
+                start.load.speculative, scrape.load.speculative
             )
         except ValueError as exc:
             self.profile_error = str(exc)[:300]
             step_seconds = None
-        if step_seconds is not None:
-            sample = replace(sample, outside_steps=outside_steps(start, scrape, step_seconds))
-        self.samples.append(sample)
-        if step_seconds is not None:
-            self._check_model(sample, step_seconds, between_steps(start, scrape, step_seconds))
+        if step_seconds is None and self.profile is not None:
+            # A prefill between every two decode steps leaves none timed alone: the profile
+            # says what such a step takes.
+            step_seconds = self.profile.step_seconds(sample.batch, sample.speculating)
+        if step_seconds is None:
+            return sample
+        return replace(sample, outside_steps=outside_steps(start, scrape, step_seconds))
 
     def _read_model_inputs(self, scrape: Scrape, speculating: float | None) -> None:
         """The step profile (parsed when it changes) and the acceptance counters. A malformed
@@ -269,40 +254,19 @@ class PodState:
         try:
             if wire != self._profile_wire:
                 self._profile_wire = wire
-                self.profile = predict.StepProfile.from_wire(
+                self.profile = control.StepProfile.from_wire(
                     wire,
                     off_step_tokens=spec.get("off_step_tokens", 1),
                     num_steps=spec.get("num_steps", 3),
                 )
                 self.profile_error = None
-            counters = predict.counters_from_wire(spec)
+            counters = control.counters_from_wire(spec)
         except ValueError as exc:
             self.profile, self.profile_error = None, str(exc)[:300]
             return
         if counters is not None:
             steps = self.profile.num_steps if self.profile else 3
             self.acceptance.update(counters, scrape.at, steps, speculating)
-
-    def _check_model(
-        self, sample: control.Sample, step_seconds: float, between: float | None
-    ) -> None:
-        """The profile against the decode steps the pod ran in the sample's interval (those
-        that directly followed another decode step: prefills and idle time do not blur it),
-        and what the pod spent between its decode steps per token, in that mode."""
-        if self.profile is None or not step_seconds > 0:
-            return
-        speculating = sample.speculating_fraction >= control.STEADY_MODE_FRACTION
-        self.residuals.add(
-            batch=sample.batch,
-            speculating=speculating,
-            step_seconds=step_seconds,
-            profile=self.profile,
-            at=sample.at,
-        )
-        if between is not None:
-            self.residuals.add_between(
-                speculating=speculating, seconds_per_token=between, at=sample.at
-            )
 
     def scrape_failed(self, error: str, *, unreachable: bool) -> None:
         """A failed scrape leaves the metrics to go stale (the pod is then de-prioritised and
@@ -333,16 +297,9 @@ class PodState:
             "speculating": self.speculating() if load else None,
             "threshold": self.threshold,
             "decidedThreshold": self.decision.threshold,
-            "reason": self.decision.reason,
-            "probe": None
-            if self.decision.probe is None
-            else {
-                "batch": self.decision.probe.batch,
-                "mode": "speculation" if self.decision.probe.speculating else "plain",
-                "threshold": self.decision.probe.threshold,
-                "returnsTo": self.decision.probe.previous,
-            },
-            "probeWait": self.decision.probe_wait,
+            "rule": str(self.decision.rule),
+            "reason": self.decision.detail,
+            "trial": _trial_view(self.decision.trial),
             "lastChange": None
             if math.isinf(self.decision.changed_at)
             else self.decision.changed_at,
@@ -358,14 +315,73 @@ class PodState:
         if self.profile is None:
             return None if self.profile_error is None else {"error": self.profile_error}
         acceptance = self.acceptance.current(now)
-        out: dict[str, Any] = {
+        model = self.decision.model
+        readings = self.decision.readings
+        return {
             "profiledUpTo": self.profile.top(),
-            "acceptLength": None if acceptance is None else round(acceptance[0], 3),
-            "acceptLengthSource": None if acceptance is None else acceptance[1],
-            "observedOverPredicted": self.residuals.view(),
-            "betweenStepsUsPerToken": self.residuals.between_view(),
+            "acceptLength": None if acceptance is None else round(acceptance.tau, 3),
+            "acceptLengthSource": None if acceptance is None else acceptance.source,
+            "correction": None if model is None else round(model.correction, 3),
+            "readings": [
+                {
+                    "batch": round(r.batch, 1),
+                    "correction": round(r.correction, 3),
+                    "measured": round(r.measured, 3),
+                    "error": round(r.error, 3),
+                    "ageSeconds": round(now - r.at, 1),
+                }
+                for r in readings
+            ],
         }
-        if self.prediction is not None:
-            out["threshold"] = self.prediction.threshold
-            out["confident"] = self.prediction.confident
-        return out
+
+    def control_input(self, now: float, params: ControlSettings) -> control.PodInput:
+        """What the control step needs of this pod now."""
+        return control.PodInput(
+            self.decision,
+            self.samples,
+            fresh=self.fresh(now, params),
+            pool=self.pool,
+            profile=self.profile,
+            acceptance=self.acceptance.current(now),
+            settled=self.acceptance.settled(now, control.TUNING.workload_band),
+            group=self.hardware,
+        )
+
+
+def _trial_view(trial: control.Trial | None) -> dict[str, Any] | None:
+    if trial is None:
+        return None
+    return {
+        "batch": trial.batch,
+        "mode": "speculation" if trial.speculating else "plain",
+        "threshold": trial.threshold,
+        "returnsTo": trial.back,
+        "round": len(trial.rounds),
+    }
+
+
+def _counts_steps(scrape: Scrape) -> bool:
+    """Whether the engine reports its decode steps per mode (a patched engine does)."""
+    return scrape.load.decode_steps_on is not None and scrape.load.decode_steps_off is not None
+
+
+def _sample_between_scrapes(start: Scrape, end: Scrape) -> control.Sample | None:
+    """The learning sample of the decode steps between two scrapes, or None where they
+    cannot give one (counters reset, no steps)."""
+    a, b = start.load, end.load
+    steps = b.decode_steps - a.decode_steps
+    cycles = decode_cycles(start, end)
+    return control.sample_between(
+        t0=start.at,
+        t1=end.at,
+        batch0=a.running,
+        batch1=b.running,
+        tokens0=a.decode_tokens,
+        tokens1=b.decode_tokens,
+        steps_on0=a.decode_steps_on or 0,
+        steps_on1=b.decode_steps_on or 0,
+        steps_off0=a.decode_steps_off or 0,
+        steps_off1=b.decode_steps_off or 0,
+        mean_batch=(b.decode_batch_sum - a.decode_batch_sum) / steps if steps > 0 else None,
+        cycle_seconds=cycles[1] if cycles else None,
+    )

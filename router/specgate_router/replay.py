@@ -1,10 +1,12 @@
 """The threshold controller replayed over recorded samples, offline.
 
 The router exports what its controller decides from (`GET /specgate/samples`: every pod's
-learning samples and the control settings). `replay` runs `control.decide` over one pod's
-samples as the router would have: one control step every `scrapeIntervalSeconds`, each seeing
-the samples taken by then. A recorded run then answers "why did the threshold go to 13?" and
-"what would `minSamples: 6` have done?" without the GPU it was measured on.
+learning samples and the control settings). `replay` runs the control step over one pod's
+samples as the router would have: one step every `scrapeIntervalSeconds`, each seeing the
+samples taken by then. The export holds no step profile or acceptance, so the replayed law
+reads its rates from the samples, as it does for an engine that reports no profile. A
+recorded run then answers "why did the threshold go to 13?" and "what would `minSamples: 6`
+have done?" without the GPU it was measured on.
 
 Under other settings a replay still reads the samples the recorded thresholds produced: where
 it would have run the other mode at a batch, it reads the mode that ran, which is no
@@ -61,6 +63,7 @@ class Change:
     at: float
     threshold: int | None
     reason: str
+    """The decision's rule and its figures (control.Decision.reason)."""
 
 
 def replay(
@@ -88,12 +91,12 @@ def replay(
         visible.extend(ordered[len(visible) : seen])
         fresh = now - times[seen - 1] <= params.stale_after_seconds
         if not fresh and seen < len(times):
-            # Stale until the next sample: no decision (control.decide changes nothing while
+            # Stale until the next sample: no decision (the control law changes nothing while
             # stale), so go straight there; a pod idle for a day is not 170k steps.
             step = max(step + 1, math.ceil((times[seen] - first) / interval))
             continue
-        decision = control.decide(
-            samples=visible, previous=decision, now=now, fresh=fresh, params=params, own=visible
+        (decision,) = control.step(
+            [control.PodInput(decision, visible, fresh=fresh)], now=now, params=params
         )
         if decision.threshold != changes[-1].threshold:
             changes.append(Change(now, decision.threshold, decision.reason))

@@ -49,8 +49,6 @@ class ControlSettings(api.SpeculationControl):
     push_retries: int = Field(default=3, ge=0, le=10)
     min_samples: int = Field(default=4, ge=2)
     """Observations per mode needed before the estimate replaces the initial threshold."""
-    probe_seconds: float = Field(default=5.0, gt=0)
-    """How long a probe runs, at least."""
 
     @model_validator(mode="after")
     def _bounds(self) -> ControlSettings:

@@ -21,8 +21,9 @@ from typing import Any
 
 from specgate.engine_client import EngineClient, EngineError
 from specgate.engine_http import EngineHttp
-from specgate_router import control, predict, replay
+from specgate_router import control, replay
 from specgate_router import settings as settings_mod
+from specgate_router.control import pools
 from specgate_router.errors import PodNotFound
 from specgate_router.metrics import RouterMetrics
 from specgate_router.pods import PodState, Scrape
@@ -202,11 +203,11 @@ class RouterState:
             initial = control.initial_decision(params, self.clock())
             value = load.threshold
             if value is not None and params.min_threshold <= value <= params.max_threshold:
-                pod.decision = replace(initial, threshold=value, reason="adopted from the pod")
+                pod.decision = replace(initial, threshold=value, detail="adopted from the pod")
             else:
                 pod.decision = replace(
                     initial,
-                    reason=f"the pod reported threshold {value}, outside the resource's bounds"
+                    detail=f"the pod reported threshold {value}, outside the resource's bounds"
                     f" [{params.min_threshold}, {params.max_threshold}]: not adopted",
                 )
 
@@ -214,7 +215,7 @@ class RouterState:
 
     def update_class_load(self, now: float) -> None:
         """Smoothed in-flight requests per class across the router replicas (the class mix
-        the pools are sized from; control.fleet_class_load)."""
+        the pools are sized from; pools.fleet_class_load)."""
         tau = self.settings.pools.class_mix_window_seconds
         alpha = min(1.0, max(0.0, now - self._class_load_at) / tau)
         self._class_load_at = now
@@ -223,40 +224,40 @@ class RouterState:
             for p in self.live_pods()
             if p.last is not None and p.fresh(now, self.settings.control)
         ]
-        fleet = control.fleet_class_load(self.in_flight_by_class, float(sum(others)))
+        fleet = pools.fleet_class_load(self.in_flight_by_class, float(sum(others)))
         for cls, current in fleet.items():
             self.class_load[cls] += alpha * (current - self.class_load[cls])
 
     def update_pools(self, now: float, samples: Sequence[control.Sample]) -> None:
         self.update_class_load(now)
         live = [p for p in self.live_pods() if not p.draining]
-        pools = self.settings.pools
+        settings = self.settings.pools
         thresholds = [p.threshold for p in live if p.threshold is not None]
         models = [
-            (p.prediction, between)
+            (p.decision.model, between)
             for p in live
-            if p.prediction is not None
-            and (between := p.residuals.between_seconds_per_token(speculating=True)) is not None
+            if p.decision.model is not None
+            and (between := between_steps_per_token(p.samples, now)) is not None
         ]
-        latency_batch = control.latency_batch_for_target(
+        latency_batch = pools.latency_batch_for_target(
             samples,
             thresholds,
-            target_ms=pools.latency_tpot_target_ms,
+            target_ms=settings.latency_tpot_target_ms,
             now=now,
             min_samples=self.settings.control.min_samples,
             models=models,
         )
         self.latency_batch = latency_batch
-        pool = control.plan_latency_pool(
+        pool = pools.plan_latency_pool(
             [p.name for p in live],
             thresholds,
             latency_load=self.class_load["latency"],
             throughput_load=self.class_load["throughput"],
             previous=self.latency_pool,
             default_threshold=self.settings.control.threshold,
-            min_fraction=pools.min_latency_fraction,
-            max_fraction=pools.max_latency_fraction,
-            throughput_batch_per_pod=pools.throughput_batch_per_pod,
+            min_fraction=settings.min_latency_fraction,
+            max_fraction=settings.max_latency_fraction,
+            throughput_batch_per_pod=settings.throughput_batch_per_pod,
             latency_batch=latency_batch,
         )
         if pool is None:
@@ -266,12 +267,12 @@ class RouterState:
             self.metrics.latency_pool_size.set(len(live) if len(live) <= 1 else 0)
             return
         self.latency_pool = pool
-        pool_batch = control.latency_pool_batch(
+        pool_batch = pools.latency_pool_batch(
             thresholds,
             default_threshold=self.settings.control.threshold,
             latency_batch=latency_batch,
         )
-        room = control.throughput_room(
+        room = pools.throughput_room(
             pool_batch, latency_load=self.class_load["latency"], pool_size=len(pool)
         )
         for pod in self.live_pods():
@@ -284,45 +285,18 @@ class RouterState:
     async def control_step(self) -> None:
         now = self.clock()
         params = self.settings.control
-        samples = control.pool_samples([pod.samples for pod in self.live_pods()])
-        self.update_pools(now, samples)
         live = self.live_pods()
-        for pod, prediction in zip(live, predictions(live, now, params), strict=True):
-            pod.prediction = prediction
-        # Pods of one deployment run the same model; on the same accelerators, what one pod
-        # measured at a batch size holds for its siblings, so they learn from each other's
-        # samples. A deployment without a node selector can land on several GPU models:
-        # each learns only from its own kind.
-        groups: dict[tuple[str | None, int | None], list[PodState]] = {}
-        for pod in live:
-            groups.setdefault(pod.hardware, []).append(pod)
-        decided: dict[str, control.Decision] = {}
-        for group in groups.values():
-            group_decisions = control.decide_pods(
-                control.pool_samples([pod.samples for pod in group]),
-                [
-                    control.PodInput(
-                        pod.decision,
-                        pod.samples,
-                        pod.fresh(now, params),
-                        pod.pool,
-                        pod.prediction,
-                        serving=pod.serving(),
-                    )
-                    for pod in group
-                ],
-                now=now,
-                params=params,
-            )
-            decided |= {pod.name: d for pod, d in zip(group, group_decisions, strict=True)}
-        decisions = [decided[pod.name] for pod in live]
+        self.update_pools(now, control.pool_samples([pod.samples for pod in live]))
+        decisions = control.step(
+            [pod.control_input(now, params) for pod in live], now=now, params=params
+        )
         for pod, decision in zip(live, decisions, strict=True):
-            if self.is_leader and (event := control.probe_outcome(pod.decision, decision)):
-                self.metrics.probes.labels(pod.name, *event).inc()
+            if self.is_leader and (event := control.trial_event(pod.decision, decision)):
+                self.metrics.trials.labels(pod.name, *event).inc()
                 if event[1] != "started":
-                    # The verdict, also where it leaves the threshold as it was (no push,
+                    # The reading, also where it leaves the threshold as it was (no push,
                     # so no change to log): what the pod measured is worth a line either way.
-                    log.info("probe of %s %s: %s", pod.name, event[1], decision.reason)
+                    log.info("trial on %s %s: %s", pod.name, event[1], decision.reason)
             pod.decision = decision
         if not self.is_leader:
             return
@@ -359,8 +333,13 @@ class RouterState:
         pod.push_failures = 0
         pod.confirmed_threshold, pod.threshold_known = confirmed, True
         direction = _direction(previous, target)
-        self.metrics.threshold_changes.labels(pod.name, direction).inc()
-        log.info("threshold of %s: %s -> %s (%s)", pod.name, previous, target, pod.decision.reason)
+        rule = str(pod.decision.rule)
+        self.metrics.threshold_changes.labels(pod.name, direction, rule).inc()
+        log.info(
+            "threshold of %s: %s -> %s (%s)",
+            pod.name, previous, target, pod.decision.reason,
+            extra={"rule": rule, "pod": pod.name},
+        )  # fmt: skip
 
     # ---- configuration ----
 
@@ -419,41 +398,16 @@ class RouterState:
         ]
 
 
-def predictions(
-    pods: Sequence[PodState], now: float, params: settings_mod.ControlSettings
-) -> list[predict.Prediction | None]:
-    """Each pod's predicted crossover. A pod whose engine has not reported a step profile or a
-    current acceptance yet (a new pod) borrows its siblings': pods of one deployment run the
-    same model on the same hardware. Its own samples alone check the model."""
-    profiles = [p.profile for p in pods if p.profile is not None]
-    acceptances = [a for p in pods if (a := p.acceptance.current(now)) is not None]
-    shared_tau = (
-        (sum(a[0] for a in acceptances) / len(acceptances), "siblings'") if acceptances else None
+def between_steps_per_token(samples: Sequence[control.Sample], now: float) -> float | None:
+    """The seconds a pod spends between decode steps (prefills, mostly) per token it
+    generates, over its recent speculating samples (None: none): a speculating batch of b
+    requests waits for its successors' prefills, so a latency target reads it times b."""
+    values = sorted(
+        s.outside_steps / s.tokens_per_second
+        for s in control.samples.newest_within(samples, now=now, seconds=30.0)
+        if s.speculating and s.outside_steps is not None and s.tokens_per_second > 0
     )
-    out: list[predict.Prediction | None] = []
-    for pod in pods:
-        profile = pod.profile or (profiles[0] if profiles else None)
-        acceptance = pod.acceptance.current(now) or shared_tau
-        out.append(
-            predict.predict(
-                profile,
-                acceptance,
-                pod.residuals,
-                min_threshold=params.min_threshold,
-                max_threshold=params.max_threshold,
-                batch=recent_batch(pod.samples, now),
-                estimate=pod.acceptance.estimate(now),
-            )
-        )
-    return out
-
-
-RECENT_BATCH_SECONDS = 3.0
-
-
-def recent_batch(samples: Sequence[control.Sample], now: float) -> float | None:
-    """The median decode batch of a pod's samples of the last few seconds (None: idle)."""
-    return control.median_batch(samples, now=now, seconds=RECENT_BATCH_SECONDS)
+    return values[len(values) // 2] if values else None
 
 
 def _static_endpoints(backends: list[str]) -> dict[str, str]:

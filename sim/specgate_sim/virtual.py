@@ -4,7 +4,7 @@ measured across them (lab/bench/control_grid.py).
 
 The pod is the simulator's `EngineCore`; the router side is what the router runs every scrape
 interval: `PodState.record` of a scrape (as `/v1/loads` reports it, the step profile and the
-acceptance counters included), `state.predictions`, `control.decide_pods`, and a push of the
+acceptance counters included), `control.step` (the router's control step), and a push of the
 decided threshold. Closed-loop clients keep `concurrency` requests in flight; tests change the
 concurrency and the workload's acceptance at chosen times and compare the tokens delivered
 with the same run under a static mode (threshold None: always speculate; 0: never).
@@ -24,7 +24,6 @@ from specgate.engine_client import EngineClient, EngineLoad
 from specgate_router import control
 from specgate_router.pods import PodState, Scrape
 from specgate_router.settings import ControlSettings
-from specgate_router.state import predictions
 from specgate_sim.engine import EngineCore, SimRequest
 from specgate_sim.profile import Profile
 
@@ -46,11 +45,16 @@ class Run:
     tokens: list[tuple[float, int]] = field(default_factory=list)  # (time, tokens) per step
     thresholds: list[tuple[float, int | None]] = field(default_factory=list)
     speculating: list[tuple[float, bool]] = field(default_factory=list)  # per scrape
-    reasons: list[tuple[float, str]] = field(default_factory=list)
-    confident: list[tuple[float, bool | None]] = field(default_factory=list)
-    """Per scrape: whether the prediction agreed with the pod's steps (None: no prediction)."""
-    observed_over_predicted: dict[str, float | None] = field(default_factory=dict)
-    """The pod's residuals at the end of the run (/specgate/pods' observedOverPredicted)."""
+    decisions: list[tuple[float, control.Decision]] = field(default_factory=list)
+    """Per scrape, the controller's decision (its rule, detail, trial and readings)."""
+
+    @property
+    def reasons(self) -> list[tuple[float, str]]:
+        return [(t, d.reason) for t, d in self.decisions]
+
+    def rules(self, start: float = 0.0, end: float = float("inf")) -> list[control.Rule]:
+        """The rules of the decisions made in [start, end), in order."""
+        return [d.rule for t, d in self.decisions if start <= t < end]
 
     def tokens_between(self, start: float, end: float) -> int:
         return sum(n for t, n in self.tokens if start <= t < end)
@@ -75,6 +79,7 @@ def run(
     model_inputs: bool = True,
     profile_error: tuple[float, float] = (1.0, 1.0),
     off_agreement_factor: float = 1.0,
+    tuning: control.Tuning = control.TUNING,
 ) -> Run:
     """`seconds` of virtual time; `changes` (sorted) set the load and the workload.
 
@@ -160,7 +165,7 @@ def run(
             out.tokens.append((now, after - before))
             step = None
         else:
-            _scrape_and_decide(core, view, step_profile, params, now, dynamic, out)
+            _scrape_and_decide(core, view, step_profile, params, now, dynamic, out, tuning)
             schedule(now + SCRAPE_SECONDS, "scrape")
     return out
 
@@ -204,23 +209,18 @@ def _scrape_and_decide(
     now: float,
     dynamic: bool,
     out: Run,
+    tuning: control.Tuning = control.TUNING,
 ) -> None:
     load = engine_load(core, step_profile)
     view.record(Scrape(at=now, load=load))
     out.speculating.append((now, core.speculating))
     if not dynamic:
         return
-    (view.prediction,) = predictions([view], now, params)
-    out.confident.append((now, view.prediction.confident if view.prediction else None))
-    out.observed_over_predicted = view.residuals.view()
-    (decision,) = control.decide_pods(
-        list(view.samples),
-        [control.PodInput(view.decision, view.samples, True, view.pool, view.prediction)],
-        now=now,
-        params=params,
+    (decision,) = control.step(
+        [view.control_input(now, params)], now=now, params=params, tuning=tuning
     )
     view.decision = decision
-    out.reasons.append((now, decision.reason))
+    out.decisions.append((now, decision))
     if decision.threshold != core.threshold:
         core.set_threshold(decision.threshold)
         out.thresholds.append((now, decision.threshold))

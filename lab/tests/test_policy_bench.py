@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-from .conftest import ROOT, load_module
+from tests.conftest import ROOT, load_module
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 
 from specgate_sim import profile as profiles
-
-from .conftest import ROOT, free_port_base, load_module
+from tests.conftest import ROOT, free_port_base, load_module
 
 
 @pytest.fixture(scope="module")
