@@ -105,10 +105,9 @@ def latency_pool_size(
     small, the pool takes the pods that hold the latency traffic at or under
     `speculating_up_to` a pod, if the room has them (the pods' threshold: the traffic misses a
     TPOT target's batch but is still speculated on, which mixing it into throughput batches
-    would not do); else there
-    is no pool (beyond `min_fraction`): a pool over its threshold speculates nothing and only
-    costs the throughput pods capacity. With no throughput traffic every pod the bounds allow
-    serves latency first."""
+    would not do); else there is no pool (beyond `min_fraction`): a pool over its threshold
+    speculates nothing and only costs the throughput pods capacity. With no throughput traffic
+    every pod the bounds allow serves latency first."""
     if pods <= 1:
         return pods
     lo = math.ceil(min_fraction * pods - 1e-9)
