@@ -167,7 +167,7 @@ def _cel_errors(obj: dict[str, Any], schema: dict[str, Any]) -> list[FieldError]
 
 API_VERSION = "specgate.io/v1alpha1"
 KIND = "SpecDecodeDeployment"
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 CHILD_SUFFIXES = ("-engine", "-router", "-engine-key", "-router-leader")
 """What the operator appends to a resource's name for its children (render.names)."""
 MAX_NAME = 63 - max(len(s) for s in CHILD_SUFFIXES)
@@ -191,7 +191,7 @@ def identity_errors(obj: Any) -> list[FieldError]:
         errors.append(FieldError("metadata.name", "Required value: name the resource"))
         return errors
     name = meta["name"]
-    if not isinstance(name, str) or not _DNS_LABEL.match(name):
+    if not isinstance(name, str) or not DNS_LABEL.match(name):
         errors.append(
             FieldError(
                 "metadata.name",
@@ -209,9 +209,7 @@ def identity_errors(obj: Any) -> list[FieldError]:
             )
         )
     namespace = meta.get("namespace")
-    if namespace is not None and (
-        not isinstance(namespace, str) or not _DNS_LABEL.match(namespace)
-    ):
+    if namespace is not None and (not isinstance(namespace, str) or not DNS_LABEL.match(namespace)):
         errors.append(
             FieldError("metadata.namespace", f"Invalid value: {namespace!r}: a DNS label")
         )

@@ -11,6 +11,7 @@ the same expressions in tests and in `specgate render`.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -33,14 +34,64 @@ SHORT_NAMES = ["sdd"]
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"
 
 # Flags the operator renders itself; letting extraArgs repeat them would silently fight the spec.
-# --trust-remote-code runs code from the model repository and --enable-custom-logit-processor
-# runs pickled code from requests: each needs the resource to say so in its own field.
+# --trust-remote-code runs code from the model repository, --enable-custom-logit-processor runs
+# pickled code from requests and --config reads further flags from a file: each needs the
+# resource to say so in its own field, or is refused. "speculative-" stands for every flag that
+# starts with it.
 RESERVED_ENGINE_FLAGS = (
-    "model-path|served-model-name|revision|dtype|context-length|tp|tp-size|tensor-parallel-size"
-    "|host|port|api-key|admin-api-key|enable-metrics|speculative-[a-z-]+|mem-fraction-static"
-    "|max-running-requests|cuda-graph-max-bs(-decode)?|trust-remote-code"
-    "|enable-custom-logit-processor"
+    "model-path",
+    "model",
+    "served-model-name",
+    "revision",
+    "dtype",
+    "context-length",
+    "tp",
+    "tp-size",
+    "tensor-parallel-size",
+    "host",
+    "port",
+    "api-key",
+    "admin-api-key",
+    "enable-metrics",
+    "speculative-",
+    "mem-fraction-static",
+    "max-running-requests",
+    "cuda-graph-max-bs",
+    "cuda-graph-max-bs-decode",
+    "trust-remote-code",
+    "enable-custom-logit-processor",
+    "config",
 )
+
+
+def _prefixes_pattern(words: tuple[str, ...]) -> str:
+    """A regex matching every non-empty prefix of any of `words`, built on their trie so that
+    shared prefixes are written once (the API server charges a rule by its regex's length)."""
+    trie: dict[str, Any] = {}
+    for word in words:
+        if not re.fullmatch(r"[a-z0-9-]+", word):
+            raise ValueError(f"reserved flag {word!r}: lowercase letters, digits and '-' only")
+        node = trie
+        for char in word:
+            node = node.setdefault(char, {})
+
+    def alternatives(node: dict[str, Any]) -> str:
+        branches = [
+            char + (f"({alternatives(child)})?" if child else "")
+            for char, child in sorted(node.items())
+        ]
+        return branches[0] if len(branches) == 1 else "|".join(branches)
+
+    return alternatives(trie)
+
+
+RESERVED_FLAG_PATTERN = (
+    "^--?(speculative-[a-z0-9-]*|" + _prefixes_pattern(RESERVED_ENGINE_FLAGS) + ")(=.*)?$"
+)
+"""An argument that names a reserved flag as SGLang's parser reads it: Python's argparse takes
+any unambiguous prefix of a long option (`--trust-remote` is `--trust-remote-code`) and the
+`=VALUE` form, so a prefix of a reserved name is refused too (SGLang refuses an ambiguous one
+itself, so nothing usable is lost). Every speculative flag is reserved."""
 
 KubeObject = Annotated[
     dict[str, Any],
@@ -307,14 +358,12 @@ class EngineSpec(_Model):
                     "gpusPerPod must be a multiple of tensorParallelSize",
                 ),
                 _cel(
-                    "self.extraArgs.all(a, !a.matches('^--("
-                    + RESERVED_ENGINE_FLAGS
-                    + ")(=.*)?$'))",
+                    "self.extraArgs.all(a, !a.matches('" + RESERVED_FLAG_PATTERN + "'))",
                     "extraArgs may not set flags the operator renders from the spec (model,"
                     " parallelism, host/port, API key, metrics, speculative, memory and batch"
-                    " flags) or that run foreign code (--trust-remote-code: set"
-                    " spec.model.trustRemoteCode; --enable-custom-logit-processor): use the"
-                    " matching spec field instead",
+                    " flags, or a prefix of one) or that run foreign code (--trust-remote-code:"
+                    " set spec.model.trustRemoteCode; --enable-custom-logit-processor, --config):"
+                    " use the matching spec field instead",
                 ),
             ]
         }

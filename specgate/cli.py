@@ -31,16 +31,16 @@ def _cmd_crd(args: argparse.Namespace) -> int:
 
 
 MAX_INPUT_BYTES = 4 * 1024 * 1024
-"""A resource file larger than this is refused (the API server's own request limit is 3 MiB)."""
+"""A resource file larger than this is refused (bounded_yaml.MAX_BYTES)."""
 
 
 def load_resources(path: str) -> list[dict[str, Any]]:
     """SpecDecodeDeployments from a YAML file (several documents allowed; '-' is stdin)."""
+    from specgate import bounded_yaml
+
     source = "stdin" if path == "-" else path
-    text = sys.stdin.read(MAX_INPUT_BYTES + 1) if path == "-" else _read_bounded(path)
-    if len(text) > MAX_INPUT_BYTES:
-        raise ValueError(f"{source}: larger than {MAX_INPUT_BYTES // 2**20} MiB")
-    docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    text = sys.stdin.read(MAX_INPUT_BYTES + 1) if path == "-" else bounded_yaml.read_text(path)
+    docs = [d for d in bounded_yaml.load_all(text, source) if d is not None]
     if not docs:
         raise ValueError(f"{source}: no SpecDecodeDeployment in it (the file is empty)")
     for i, doc in enumerate(docs):
@@ -53,14 +53,9 @@ def load_resources(path: str) -> list[dict[str, Any]]:
     return docs
 
 
-def _read_bounded(path: str) -> str:
-    with open(path, encoding="utf-8") as f:
-        return f.read(MAX_INPUT_BYTES + 1)
-
-
 def _cmd_render(args: argparse.Namespace) -> int:
     from specgate import admission, api, crd
-    from specgate_operator import render
+    from specgate_operator import policy, render
 
     schema = admission.crd_schema(crd.crd())
     opts = render.RenderOptions(
@@ -68,15 +63,21 @@ def _cmd_render(args: argparse.Namespace) -> int:
         router_image=args.router_image or render.RenderOptions.router_image,
         service_monitor=args.service_monitor,
     )
-    out: list[dict[str, Any]] = []
     try:
+        if not admission.DNS_LABEL.match(args.namespace):
+            raise ValueError(
+                f"--namespace: {args.namespace!r} is not a namespace name (lowercase letters,"
+                " digits and '-')"
+            )
+        rules = policy.from_arguments(args)
         docs = load_resources(args.filename)
-    except (OSError, ValueError, yaml.YAMLError) as exc:
-        print(
-            f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
-            file=sys.stderr,
-        )
+    except (OSError, ValueError) as exc:
+        message = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        where = f"{args.filename}: " if isinstance(exc, OSError) else ""
+        first_line = message.splitlines()[0] if message else type(exc).__name__
+        print(f"error: {where}{first_line}", file=sys.stderr)
         return 2
+    out: list[dict[str, Any]] = []
     failed = False
     for doc in docs:
         meta = doc.get("metadata")
@@ -90,6 +91,20 @@ def _cmd_render(args: argparse.Namespace) -> int:
             continue
         admitted.setdefault("metadata", {}).setdefault("namespace", args.namespace)
         sdd = api.SpecDecodeDeployment.model_validate(admitted)
+        # The operator refuses what its policy refuses, so render does too, with its options.
+        refused = policy.violations(sdd, rules, (opts.engine_image, opts.router_image))
+        if refused:
+            failed = True
+            for line in refused:
+                print(f"error: SpecDecodeDeployment {name!r}: {line}", file=sys.stderr)
+            continue
+        if not rules.allow_unlabelled_secrets:
+            for field, secret in policy.secret_references(sdd):
+                print(
+                    f"note: SpecDecodeDeployment {name!r}: {field} names Secret {secret!r}: the"
+                    f" operator uses it only if it carries the label {policy.REFERABLE_LABEL}=true",
+                    file=sys.stderr,
+                )
         # The real operator generates a random key once; render shows where it would go.
         out += render.render(sdd, opts, api_key="<generated-by-operator>")
     if failed:
@@ -294,6 +309,9 @@ def _render_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine-image")
     p.add_argument("--router-image")
     p.add_argument("--service-monitor", action="store_true", help="include ServiceMonitors")
+    from specgate_operator import policy
+
+    policy.add_arguments(p)
 
 
 def _client_key_arguments(p: argparse.ArgumentParser) -> None:

@@ -135,14 +135,15 @@ class Credentials:
     @classmethod
     def from_kubeconfig(cls, path: str) -> Credentials:
         """The current context of a kubeconfig file: server, CA, token or client certificate."""
-        import yaml
+        from specgate import bounded_yaml
 
         try:
-            with open(path) as f:
-                config = yaml.safe_load(f) or {}
-        except (OSError, yaml.YAMLError) as exc:
+            config = bounded_yaml.load_file(path) or {}
+        except (OSError, bounded_yaml.YamlError) as exc:
             why = f"no in-cluster account and no kubeconfig: {exc}"
-            raise KubeError(0, "NoCredentials", why) from exc
+            raise KubeError(0, "NoCredentials", why) from None
+        if not isinstance(config, dict):
+            raise KubeError(0, "NoCredentials", f"{path}: a kubeconfig is a mapping")
 
         def named(section: str, name: str | None) -> dict[str, Any]:
             for entry in config.get(section) or []:

@@ -169,3 +169,66 @@ def test_client_key_prints_the_key_once_and_an_entry_the_router_accepts(tmp_path
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert admin.returncode == 0 and yaml.safe_load(admin.stdout)[0]["admin"] is True
+
+
+HOST_ROOT = (
+    "apiVersion: specgate.io/v1alpha1\nkind: SpecDecodeDeployment\nmetadata: {name: x}\n"
+    "spec:\n  model: {path: m, source: {type: hostPath, hostPath: {path: /}}}\n"
+    "  speculative: {draftModel: {path: d}}\n"
+)
+
+
+def test_render_applies_the_operators_policy_with_its_options(tmp_path: Path) -> None:
+    """What render prints is what the operator creates: a resource its policy refuses prints
+    nothing and names the field; the operator's option that allows it lets render print it."""
+    resource = tmp_path / "root.yaml"
+    resource.write_text(HOST_ROOT)
+    refused = specgate("render", "-f", str(resource))
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr.startswith("error: SpecDecodeDeployment 'x': spec.model.source.hostPath")
+    allowed = specgate("render", "-f", str(resource), "--allowed-host-path-prefix=/")
+    assert allowed.returncode == 0, allowed.stderr
+    assert "hostPath" in allowed.stdout
+
+
+def test_render_notes_the_secrets_the_operator_needs_labelled(tmp_path: Path) -> None:
+    resource = tmp_path / "key.yaml"
+    resource.write_text(
+        HOST_ROOT.replace("hostPath, hostPath: {path: /}", "image")
+        + "  apiKeySecretRef: {name: team-key}\n"
+    )
+    result = specgate("render", "-f", str(resource))
+    assert result.returncode == 0, result.stderr
+    assert "Secret 'team-key'" in result.stderr and "specgate.io/referable=true" in result.stderr
+    quiet = specgate("render", "-f", str(resource), "--allow-unlabelled-secrets")
+    assert quiet.returncode == 0 and quiet.stderr == ""
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("a: " + "[" * 20_000, "line 1, column 67: nested deeper than 64 levels"),
+        (
+            "a: &a ["
+            + ",".join(["x"] * 9)
+            + "]\n"
+            + "".join(
+                f"{chr(98 + i)}: &{chr(98 + i)} [" + ",".join([f"*{chr(97 + i)}"] * 9) + "]\n"
+                for i in range(8)
+            ),
+            "expands to more than",
+        ),
+        ("kind: SpecDecodeDeployment\nspec: [1,\n b: c: d\n", "line 3, column"),
+    ],
+)
+def test_render_refuses_hostile_yaml_in_one_line(tmp_path: Path, text: str, expected: str) -> None:
+    path = tmp_path / "hostile.yaml"
+    path.write_text(text)
+    result = specgate("render", "-f", str(path))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"error: {path}: ") and expected in result.stderr
+
+
+def test_render_refuses_a_namespace_that_is_not_a_name() -> None:
+    result = specgate("render", "-f", str(EXAMPLES[0]), "-n", "Bad NS!")
+    assert result.returncode == 2 and result.stderr.startswith("error: --namespace: 'Bad NS!'")

@@ -354,11 +354,27 @@ async def test_unrealisable_resource_is_degraded_until_fixed(
     )
     assert resp.status_code == 201
 
+    # The Secret exists but nobody who may write it let resources use it.
+    async def unreferable() -> dict[str, Any] | None:
+        cond = await cluster.condition("Degraded")
+        return cond if cond and cond["reason"] == "PolicyViolation" else None
+
+    cond = await wait_for(unreferable, timeout=30, what="PolicyViolation for the Secret")
+    assert "spec.apiKeySecretRef" in cond["message"]
+    assert "specgate.io/referable=true" in cond["message"]
+    assert await cluster.get("/apis/apps/v1/namespaces/default/deployments", "demo-engine") is None
+    resp = await cluster.api.patch(
+        "/api/v1/namespaces/default/secrets/missing",
+        json={"metadata": {"labels": {"specgate.io/referable": "true"}}},
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
+    assert resp.status_code == 200, resp.text
+
     async def healed() -> bool:
         cond = await cluster.condition("Degraded")
         return bool(cond and cond["status"] == "False")
 
-    await wait_for(healed, timeout=30, what="Degraded=False")
+    await wait_for(healed, timeout=60, what="Degraded=False")
     assert await cluster.get("/apis/apps/v1/namespaces/default/deployments", "demo-engine")
 
 

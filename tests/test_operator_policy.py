@@ -4,14 +4,30 @@ condition naming the field, before it renders anything."""
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 import pytest
 
-from specgate import api
-from specgate_operator.policy import Policy, host_path_allowed, image_allowed, violations
+from specgate import admission, api, crd
+from specgate_operator.policy import (
+    REFERABLE_LABEL,
+    Policy,
+    add_arguments,
+    from_arguments,
+    host_path_allowed,
+    hub_endpoint_problem,
+    image_allowed,
+    quantity_bytes,
+    reserved_engine_arg,
+    secret_references,
+    secret_violations,
+    violations,
+)
 
 from .conftest import minimal_resource
+
+SCHEMA = admission.crd_schema(crd.crd())
 
 
 def _sdd(**spec: Any) -> api.SpecDecodeDeployment:
@@ -98,3 +114,213 @@ def test_engine_env_reads_only_the_secrets_the_resource_names_unless_allowed() -
     assert refused.startswith("spec.engine.env[1].valueFrom.secretKeyRef:")
     assert "--allow-env-secrets" in refused and "tokenSecretRef" in refused
     assert violations(sdd, Policy(allow_env_secrets=True)) == []
+
+
+@pytest.mark.parametrize(
+    "arg",
+    [
+        "--trust-remote",
+        "--trust-remote-code",
+        "--enable-custom-logit",
+        "--api-ke=x",
+        "--api-key",
+        "--config",
+        "--conf=/etc/x.yaml",
+        "--tp=2",
+        "--spec",
+        "--speculative-num-steps=5",
+        "--speculative-anything-new",
+        "--mem-frac=0.5",
+        "--model=/x",
+        "--context-len",
+        "-tp",
+    ],
+)
+def test_reserved_flags_are_refused_in_every_spelling_sglang_parses(arg: str) -> None:
+    """SGLang's argparse takes unique prefixes and the =VALUE form: each of these sets a flag
+    the operator renders or refuses, so the policy and the CRD's rule refuse it."""
+    assert reserved_engine_arg(arg)
+    (refused,) = violations(_sdd(engine={"extraArgs": ["--log-level=info", arg]}), Policy())
+    assert refused.startswith("spec.engine.extraArgs[1]:")
+    with pytest.raises(admission.AdmissionError, match="extraArgs may not set"):
+        admission.admit(minimal_resource(engine={"extraArgs": [arg]}), SCHEMA)
+
+
+@pytest.mark.parametrize(
+    "arg",
+    [
+        "--disable-radix-cache",
+        "--chunked-prefill-size=512",
+        "--enable-metrics-for-all-schedulers",
+        "--kv-cache-dtype=fp8_e5m2",
+        "--model-impl=sglang",
+        "--attention-backend",
+        "fa3",
+        "--log-level=info",
+    ],
+)
+def test_other_engine_flags_pass(arg: str) -> None:
+    assert not reserved_engine_arg(arg)
+    assert violations(_sdd(engine={"extraArgs": [arg]}), Policy()) == []
+    admission.admit(minimal_resource(engine={"extraArgs": [arg]}), SCHEMA)
+
+
+@pytest.mark.parametrize(
+    ("name", "refused"),
+    [
+        ("LD_PRELOAD", True),
+        ("LD_LIBRARY_PATH", True),
+        ("PYTHONPATH", True),
+        ("PYTHONSTARTUP", True),
+        ("SGLANG_API_KEY", True),
+        ("HF_HUB_OFFLINE", False),
+        ("NCCL_DEBUG", False),
+    ],
+)
+def test_engine_env_may_not_load_code_or_set_the_engine_key(name: str, refused: bool) -> None:
+    found = violations(_sdd(engine={"env": [{"name": name, "value": "x"}]}), Policy())
+    assert bool(found) is refused
+    if refused:
+        assert found[0].startswith("spec.engine.env[0].name:") and name in found[0]
+
+
+def test_scheduling_privileges_are_refused_unless_the_policy_grants_them() -> None:
+    sdd = _sdd(
+        placement={
+            "tolerations": [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                {"operator": "Exists"},
+                {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"},
+            ],
+            "runtimeClassName": "kata",
+            "priorityClassName": "system-node-critical",
+        },
+    )
+    refused = violations(sdd, Policy())
+    assert [line.split(":")[0] for line in refused] == [
+        "spec.placement.tolerations[1]",
+        "spec.placement.tolerations[2]",
+        "spec.placement.runtimeClassName",
+        "spec.placement.priorityClassName",
+    ]
+    assert "every taint" in refused[0] and "--allowed-toleration-key" in refused[0]
+    generous = Policy(
+        allowed_toleration_keys=("*",),
+        allowed_runtime_classes=("kata",),
+        allowed_priority_classes=("system-node-critical",),
+    )
+    assert violations(sdd, generous) == []
+    # A non-system class passes when no list is set; with a list, only the list does.
+    ordinary = _sdd(placement={"priorityClassName": "llm-high"})
+    assert violations(ordinary, Policy()) == []
+    assert violations(ordinary, Policy(allowed_priority_classes=("llm-low",)))
+
+
+def test_sizes_are_bounded_by_the_policy() -> None:
+    sdd = _sdd(
+        engine={"shmSize": "999Ei"},
+        model={"path": "o/m", "source": {"type": "hub", "hub": {"cacheSize": "5Ti"}}},
+        speculative={"draftModel": {"path": "o/d"}},
+    )
+    refused = violations(sdd, Policy())
+    assert [line.split(":")[0] for line in refused] == [
+        "spec.engine.shmSize",
+        "spec.model.source.hub.cacheSize",
+    ]
+    assert violations(sdd, Policy(max_shm_size="1000Ei", max_cache_size="5Ti")) == []
+    assert quantity_bytes("16Gi") == 16 * 2**30 and quantity_bytes("1.5k") == 1500
+    with pytest.raises(ValueError):
+        quantity_bytes("12Q")
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "allowed"),
+    [
+        ("https://huggingface.co", True),
+        ("https://HuggingFace.co/", True),
+        ("https://huggingface.co:443/api", False),  # another origin than the one allowed
+        ("http://huggingface.co", False),
+        ("https://evil.example.com", False),
+        ("http://169.254.169.254/latest/meta-data", False),
+        ("http://[fe80::1]", False),
+        ("http://127.0.0.1:8080", False),
+        ("http://localhost", False),
+        ("http://[::1]", False),
+        ("http://0.0.0.0", False),
+        ("http://metadata.google.internal", False),
+    ],
+)
+def test_hub_endpoints_come_from_the_allow_list_never_internal_addresses(
+    endpoint: str, allowed: bool
+) -> None:
+    assert (hub_endpoint_problem(endpoint, Policy().allowed_hub_endpoints) is None) is allowed
+    # Loopback and link-local stay refused even where an administrator lists them.
+    if "169.254" in endpoint or "127.0.0.1" in endpoint:
+        assert hub_endpoint_problem(endpoint, (endpoint,)) is not None
+
+
+def test_a_hub_source_sends_its_token_only_to_an_allowed_hub() -> None:
+    sdd = _sdd(
+        model={
+            "path": "o/m",
+            "source": {
+                "type": "hub",
+                "hub": {"endpoint": "http://169.254.169.254", "tokenSecretRef": {"name": "t"}},
+            },
+        },
+        speculative={"draftModel": {"path": "o/d"}},
+    )
+    (refused,) = violations(sdd, Policy())
+    assert refused.startswith("spec.model.source.hub.endpoint:") and "link-local" in refused
+    mirror = Policy(allowed_hub_endpoints=("https://hf-mirror.internal",))
+    ok = _sdd(
+        model={
+            "path": "o/m",
+            "source": {"type": "hub", "hub": {"endpoint": "https://hf-mirror.internal/"}},
+        },
+        speculative={"draftModel": {"path": "o/d"}},
+    )
+    assert violations(ok, mirror) == [] and violations(ok, Policy())
+
+
+def test_a_resource_may_name_only_secrets_labelled_for_it() -> None:
+    sdd = _sdd(
+        apiKeySecretRef={"name": "engine-key"},
+        router={"clientAuth": {"secretName": "client-keys"}},
+        model={
+            "path": "o/m",
+            "source": {"type": "hub", "hub": {"tokenSecretRef": {"name": "other-team"}}},
+        },
+        speculative={"draftModel": {"path": "o/d"}},
+    )
+    assert secret_references(sdd) == [
+        ("spec.apiKeySecretRef", "engine-key"),
+        ("spec.model.source.hub.tokenSecretRef", "other-team"),
+        ("spec.router.clientAuth.secretName", "client-keys"),
+    ]
+    labels = {
+        "engine-key": {REFERABLE_LABEL: "true"},
+        "client-keys": {REFERABLE_LABEL: "yes"},  # only "true" lets it
+        "other-team": {},
+    }
+    refused = secret_violations(sdd, Policy(), labels)
+    assert [line.split(":")[0] for line in refused] == [
+        "spec.model.source.hub.tokenSecretRef",
+        "spec.router.clientAuth.secretName",
+    ]
+    assert "kubectl label secret other-team specgate.io/referable=true" in refused[0]
+    assert secret_violations(sdd, Policy(allow_unlabelled_secrets=True), labels) == []
+
+
+def test_the_command_line_gives_the_default_policy_and_refuses_a_bad_one() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert from_arguments(parser.parse_args([])) == Policy()
+    custom = from_arguments(
+        parser.parse_args(["--allowed-hub-endpoint=https://m.internal", "--max-shm-size=8Gi"])
+    )
+    assert custom.allowed_hub_endpoints == ("https://m.internal",)
+    assert custom.max_shm_size == "8Gi"
+    for bad in (["--max-shm-size=lots"], ["--allowed-hub-endpoint=ftp://x"]):
+        with pytest.raises(ValueError):
+            from_arguments(parser.parse_args(bad))

@@ -21,7 +21,7 @@ from specgate import api
 from specgate.kube import Credentials, KubeClient, KubeError, adopt
 from specgate_operator import render, status
 from specgate_operator.metrics import OperatorMetrics
-from specgate_operator.policy import Policy, violations
+from specgate_operator.policy import Policy, secret_references, secret_violations, violations
 
 log = logging.getLogger("specgate.operator")
 
@@ -38,7 +38,7 @@ class OperatorConfig:
 
     render: render.RenderOptions = field(default_factory=render.RenderOptions)
     policy: Policy = field(default_factory=Policy)
-    """What resources may do beyond their schema: images, node directories."""
+    """What resources may do beyond their schema (specgate_operator.policy)."""
     resync_seconds: float = 30.0
     """How often every resource is re-applied (drift correction) and its status refreshed."""
     detect_monitoring: bool = True
@@ -48,7 +48,21 @@ class OperatorConfig:
 
 
 class MissingSecret(Exception):
-    """The spec names an engine API-key Secret that does not exist (yet)."""
+    """The spec names a Secret that does not exist (yet)."""
+
+
+async def _unreferable_secrets(
+    kube: KubeClient, sdd: api.SpecDecodeDeployment, policy: Policy
+) -> list[str]:
+    """The policy's refusals of the Secrets the resource names (their labels are read here);
+    MissingSecret for one that does not exist."""
+    labels: dict[str, dict[str, str]] = {}
+    for field_name, name in secret_references(sdd):
+        secret = await kube.get_or_none("v1", "Secret", sdd.namespace, name)
+        if secret is None:
+            raise MissingSecret(f"Secret {name!r} ({field_name}) not found")
+        labels[name] = dict((secret.get("metadata") or {}).get("labels") or {})
+    return secret_violations(sdd, policy, labels)
 
 
 def _now() -> str:
@@ -185,7 +199,16 @@ async def _reconcile(body: Any, patch: Any, memo: Any, logger: Logger) -> None:
                 **{**opts.__dict__, "service_monitor": memo.service_monitor}
             )
         try:
-            await apply_children(kube, sdd, _owner(body), opts)
+            unreferable = await _unreferable_secrets(kube, sdd, config.policy)
+            if unreferable:
+                # Retried: labelling the Secret later is the fix, and changes no resource.
+                message = "; ".join(unreferable)
+                problem, error = (
+                    ("PolicyViolation", message),
+                    kopf.TemporaryError(message, delay=30),
+                )
+            else:
+                await apply_children(kube, sdd, _owner(body), opts)
         except MissingSecret as exc:
             problem, error = ("SecretNotFound", str(exc)), kopf.TemporaryError(str(exc), delay=10)
         except KubeError as exc:

@@ -8,8 +8,7 @@ import logging
 import sys
 
 from specgate import logs
-from specgate_operator import render
-from specgate_operator.policy import Policy
+from specgate_operator import policy, render
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,26 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="let pods in namespaces with this label scrape engine /metrics (NetworkPolicy)",
     )
-    parser.add_argument(
-        "--allowed-image-prefix",
-        action="append",
-        default=[],
-        metavar="PREFIX",
-        help="images resources may name start with one of these (repeatable; none: any image)",
-    )
-    parser.add_argument(
-        "--allowed-host-path-prefix",
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="node directories hostPath weights may mount (repeatable; none: no hostPath)",
-    )
-    parser.add_argument(
-        "--allow-env-secrets",
-        action="store_true",
-        help="let spec.engine.env read Secrets (secretKeyRef); off: only the Secrets a "
-        "resource's own fields name",
-    )
+    policy.add_arguments(parser)
     parser.add_argument(
         "--resync-seconds",
         type=float,
@@ -118,11 +98,7 @@ def run(args: argparse.Namespace) -> int:
     # One line per API call is noise at INFO; kopf logs each handler outcome already.
     logging.getLogger("httpx").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     try:
-        policy = Policy(
-            allowed_image_prefixes=tuple(args.allowed_image_prefix),
-            allowed_host_path_prefixes=tuple(args.allowed_host_path_prefix),
-            allow_env_secrets=args.allow_env_secrets,
-        )
+        operator_policy = policy.from_arguments(args)
         if not 0 <= args.metrics_port <= 65535:
             raise ValueError(f"--metrics-port: a port 1-65535 (0: off), got {args.metrics_port}")
         metrics_labels = _labels(args.metrics_namespace_label, "--metrics-namespace-label")
@@ -131,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     config = handlers.OperatorConfig(
-        policy=policy,
+        policy=operator_policy,
         render=render.RenderOptions(
             engine_image=args.engine_image,
             router_image=args.router_image,

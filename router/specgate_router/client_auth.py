@@ -24,11 +24,10 @@ import os
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import yaml
 from pydantic import TypeAdapter, ValidationError
 
+from specgate import bounded_yaml
 from specgate_router import oidc
 from specgate_router.errors import Forbidden, TooManyRequests, Unauthorized
 from specgate_router.identity import Client
@@ -179,10 +178,12 @@ class Limits:
 def read_keys_file(path: str) -> list[ClientKey]:
     """The keys in a YAML file; ValueError naming the file and the entry when malformed."""
     try:
-        data = yaml.safe_load(Path(path).read_text()) or []
+        data = bounded_yaml.load_file(path) or []
         return _KEYS.validate_python(data)
-    except (OSError, yaml.YAMLError) as exc:
-        raise ValueError(f"{path}: {exc}") from exc
+    except OSError as exc:
+        raise ValueError(f"{path}: {exc.strerror or exc}") from None
+    except bounded_yaml.YamlError as exc:
+        raise ValueError(str(exc)) from None
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])

@@ -7,11 +7,10 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-from specgate import api, contract
+from specgate import api, bounded_yaml, contract
 
 TrafficClass = Literal["latency", "throughput"]
 CLASSES: tuple[TrafficClass, ...] = ("latency", "throughput")
@@ -234,9 +233,11 @@ def load(
     if path is not None:
         source = str(path)
         try:
-            loaded = yaml.safe_load(Path(path).read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise SettingsError(f"{path}: {exc}") from exc
+            loaded = bounded_yaml.load_file(path) or {}
+        except OSError as exc:
+            raise SettingsError(f"{path}: {exc.strerror or exc}") from None
+        except bounded_yaml.YamlError as exc:  # names the line, never echoes it (keys live here)
+            raise SettingsError(str(exc)) from None
         if not isinstance(loaded, dict):
             raise SettingsError(f"{path}: expected a mapping at the top level")
         data.update(loaded)

@@ -64,6 +64,23 @@ app.kubernetes.io/component: operator
 {{- if .Values.operator.policy.allowEnvSecrets }}
 - --allow-env-secrets
 {{- end }}
+{{- if .Values.operator.policy.allowUnlabelledSecrets }}
+- --allow-unlabelled-secrets
+{{- end }}
+{{- range .Values.operator.policy.allowedHubEndpoints }}
+- --allowed-hub-endpoint={{ . }}
+{{- end }}
+{{- range .Values.operator.policy.allowedTolerationKeys }}
+- --allowed-toleration-key={{ . }}
+{{- end }}
+{{- range .Values.operator.policy.allowedRuntimeClasses }}
+- --allowed-runtime-class={{ . }}
+{{- end }}
+{{- range .Values.operator.policy.allowedPriorityClasses }}
+- --allowed-priority-class={{ . }}
+{{- end }}
+- --max-shm-size={{ .Values.operator.policy.maxShmSize }}
+- --max-cache-size={{ .Values.operator.policy.maxCacheSize }}
 - --resync-seconds={{ .Values.operator.resyncSeconds }}
 - --liveness=http://0.0.0.0:8080/healthz
 - --metrics-port=8081
