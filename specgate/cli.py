@@ -12,6 +12,8 @@ from typing import Any
 
 import yaml
 
+from specgate import argtypes
+
 
 def _cmd_crd(args: argparse.Namespace) -> int:
     from specgate import crd, docs
@@ -192,6 +194,14 @@ def _cmd_up(args: argparse.Namespace) -> int:
     import asyncio
 
     from specgate_sim import local
+    from specgate_sim import profile as profiles
+
+    if args.engine == "sim":
+        try:
+            profiles.load(args.profile)
+        except ValueError as exc:
+            print(f"error: --profile: {exc}", file=sys.stderr)
+            return 2
 
     cfg = local.StackConfig(
         pods=args.pods,
@@ -231,18 +241,21 @@ def _sim_arguments(p: argparse.ArgumentParser) -> None:
 def _up_arguments(p: argparse.ArgumentParser) -> None:
     from specgate_sim import cli as sim_cli
 
-    p.add_argument("--pods", type=_count_arg("--pods", 1, 64), default=4)
+    p.add_argument("--pods", type=argtypes.count("--pods", 1, 64), default=4)
     p.add_argument("--engine", choices=["sim", "sglang"], default="sim")
-    p.add_argument("--port", type=_count_arg("--port", 1, 65535), default=8000, help="router port")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=argtypes.port("--port"), default=8000, help="router port")
+    p.add_argument("--host", type=argtypes.host("--host"), default="127.0.0.1")
     p.add_argument("--profile", default="rtx-pro-6000-x8", help="simulator profile")
     p.add_argument("--model", default="sim-model", help="served model name")
     p.add_argument(
-        "--threshold", type=_count_arg("--threshold", 0, 4096), default=8, help="initial threshold"
+        "--threshold",
+        type=argtypes.count("--threshold", 0, 4096),
+        default=8,
+        help="initial threshold",
     )
     p.add_argument(
         "--time-scale",
-        type=_positive_float_arg("--time-scale"),
+        type=argtypes.positive_float("--time-scale"),
         default=1.0,
         help="simulator time scale",
     )
@@ -255,35 +268,6 @@ def _up_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--model-path", help="--engine sglang: target model")
     p.add_argument("--draft-model-path", help="--engine sglang: EAGLE-3 draft model")
-
-
-def _count_arg(flag: str, low: int, high: int) -> Callable[[str], int]:
-    """An argparse type: an integer in [low, high], or one line naming the flag and the range
-    (argparse turns it into exit code 2, no traceback)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} takes a whole number, got {text!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{flag} must be {low}-{high}, got {value}")
-        return value
-
-    return parse
-
-
-def _positive_float_arg(flag: str) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} takes a number, got {text!r}") from None
-        if not (value > 0 and value < float("inf")):
-            raise argparse.ArgumentTypeError(f"{flag} must be a number > 0, got {text}")
-        return value
-
-    return parse
 
 
 def _demo_arguments(p: argparse.ArgumentParser) -> None:
@@ -323,11 +307,11 @@ def _client_key_arguments(p: argparse.ArgumentParser) -> None:
         help="traffic classes the key may send, comma-separated (default: both)",
     )
     p.add_argument(
-        "--max-concurrent", type=_count_arg("--max-concurrent", 1, 100_000), default=None
+        "--max-concurrent", type=argtypes.count("--max-concurrent", 1, 100_000), default=None
     )
     p.add_argument(
         "--requests-per-minute",
-        type=_count_arg("--requests-per-minute", 1, 10_000_000),
+        type=argtypes.count("--requests-per-minute", 1, 10_000_000),
         default=None,
     )
     p.add_argument(
@@ -426,7 +410,14 @@ def _named_command(argv: Sequence[str]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(only=_named_command(argv)).parse_args(argv)
-    code: int = args.func(args)
+    try:
+        code: int = args.func(args)
+    except OSError as exc:  # a file or folder a command was given: one line, no traceback
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
     return code
 
 

@@ -174,6 +174,12 @@ MAX_REPLY_BYTES = 4 * 1024 * 1024
 that much memory every scrape."""
 
 
+MAX_JSON_REPLY_BYTES = 256 * 1024
+"""The most the router reads of an engine's JSON answer (/v1/loads, /server_info, a push's
+answer): the contract's largest, a 64-point step profile per mode on every data-parallel
+rank, is a few tens of KiB; parsing more on every scrape would cost the event loop."""
+
+
 class ReplyTooLarge(Exception):
     pass
 
@@ -208,7 +214,11 @@ class EngineReply:
         return self.body.decode(errors="replace")
 
     def json(self) -> Any:
-        return json.loads(self.body)
+        """The body as JSON; ValueError for anything else, a nesting too deep included."""
+        try:
+            return json.loads(self.body)
+        except RecursionError:
+            raise ValueError("JSON nested too deep") from None
 
 
 class EngineClient:
@@ -248,11 +258,13 @@ class EngineClient:
             raise EngineError(self.base_url, reply.status, reply.text[:500])
         return reply
 
-    async def _get(self, path: str, timeout: float | None = None) -> EngineReply:
-        return await self._call("GET", path, timeout)
+    async def _get(
+        self, path: str, timeout: float | None = None, max_bytes: int = MAX_REPLY_BYTES
+    ) -> EngineReply:
+        return await self._call("GET", path, timeout, max_bytes=max_bytes)
 
     async def loads(self, timeout: float | None = None) -> EngineLoad:
-        resp = await self._get("/v1/loads?include=core,spec", timeout)
+        resp = await self._get("/v1/loads?include=core,spec", timeout, MAX_JSON_REPLY_BYTES)
         try:
             return EngineLoad.from_response(resp.json())
         except (ValueError, TypeError) as exc:
@@ -274,11 +286,13 @@ class EngineClient:
             raise EngineError(self.base_url, resp.status, f"bad /metrics: {exc}") from exc
 
     async def server_info(self, timeout: float | None = None) -> dict[str, Any]:
-        resp = await self._get("/server_info", timeout)
+        resp = await self._get("/server_info", timeout, MAX_JSON_REPLY_BYTES)
         try:
-            data: dict[str, Any] = resp.json()
+            data = resp.json()
         except ValueError as exc:
             raise EngineError(self.base_url, resp.status, f"bad /server_info: {exc}") from exc
+        if not isinstance(data, dict):
+            raise EngineError(self.base_url, resp.status, "bad /server_info: not an object")
         return data
 
     async def threshold(self) -> int | None:
@@ -290,13 +304,15 @@ class EngineClient:
 
     async def set_threshold(self, threshold: int | None, timeout: float | None = None) -> None:
         request = json.dumps(contract.set_request(threshold)).encode()
-        resp = await self._call("POST", "/set_internal_state", timeout, body=request)
+        resp = await self._call(
+            "POST", "/set_internal_state", timeout, body=request, max_bytes=MAX_JSON_REPLY_BYTES
+        )
         try:
             body = resp.json()
         except ValueError as exc:
             raise EngineError(self.base_url, resp.status, f"bad answer: {exc}") from exc
         if not (isinstance(body, list) and body and all(body)):
-            raise EngineError(self.base_url, resp.status, f"engine refused: {body!r}")
+            raise EngineError(self.base_url, resp.status, f"engine refused: {body!r:.200}")
 
     async def healthy(self, timeout: float = 2.0) -> bool:
         try:

@@ -232,3 +232,57 @@ def test_render_refuses_hostile_yaml_in_one_line(tmp_path: Path, text: str, expe
 def test_render_refuses_a_namespace_that_is_not_a_name() -> None:
     result = specgate("render", "-f", str(EXAMPLES[0]), "-n", "Bad NS!")
     assert result.returncode == 2 and result.stderr.startswith("error: --namespace: 'Bad NS!'")
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["crd", "--check", "/nonexistent/crd.yaml"], "/nonexistent/crd.yaml"),
+        (["install-manifests", "--check", "/nonexistent/op.yaml"], "/nonexistent/op.yaml"),
+        (["dashboards", "--out", "/proc/specgate/dashboards"], "/proc/specgate"),
+        (["sim", "--port", "99999"], "--port must be 1-65535"),
+        (["sim", "--max-running-requests", "-1"], "--max-running-requests must be"),
+        (["sim", "--profile", "nope"], "unknown profile 'nope'"),
+        (["router", "--port", "99999"], "--port must be 1-65535"),
+        (
+            ["router", "--backend", "http://a:1", "--engine-api-key-file", "/nonexistent"],
+            "key-file",
+        ),
+        (["up", "--profile", "nope"], "unknown profile 'nope'"),
+        (["demo", "--profile", "nope", "--no-plot"], "unknown profile 'nope'"),
+        (["up", "--host", "999.1.1.1"], "--host takes an IP address or host name"),
+        (["demo", "--duration", "-5"], "--duration must be a number > 0"),
+    ],
+)
+def test_a_malformed_invocation_is_one_line_and_a_non_zero_exit(
+    args: list[str], expected: str
+) -> None:
+    result = specgate(*args)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert expected in last and "error" in last, result.stderr
+
+
+def test_a_profile_file_of_the_wrong_shape_is_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "profile.json"
+    bad.write_text('{"name": "x", "target": 5}')
+    for command in ("sim", "up"):
+        result = specgate(command, "--profile", str(bad))
+        assert result.returncode != 0 and "Traceback" not in result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: --profile: "), result.stderr
+
+
+def test_the_operator_without_a_cluster_is_one_line(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "specgate.cli", "operator"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "KUBECONFIG": str(tmp_path / "no")},
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: no in-cluster account and no kubeconfig")
+    assert result.stderr.count("\n") == 1

@@ -193,11 +193,17 @@ async def test_with_client_keys_the_routers_own_endpoints_and_docs_need_an_admin
                 assert ok.status_code == 200, (path, ok.text)
             for path in ("/metrics", "/healthz"):
                 assert (await client.get(router.url + path)).status_code == 200
-            # Alice's API calls are not affected.
+            # Alice's API calls are not affected; the model list needs a key like them.
             models = await client.get(
                 router.url + "/v1/models", headers={"Authorization": f"Bearer {ALICE}"}
             )
             assert models.status_code == 200
+            anonymous = await client.get(router.url + "/v1/models")
+            assert anonymous.status_code == 401 and "data" not in anonymous.json()
+            wrong = await client.get(
+                router.url + "/v1/models", headers={"Authorization": "Bearer sg-not-a-key"}
+            )
+            assert wrong.status_code == 401
 
 
 async def test_without_client_keys_the_admin_endpoints_stay_open() -> None:

@@ -19,6 +19,7 @@ from specgate.engine_client import EngineClient
 from specgate.engine_http import EngineHttp
 from specgate_router import replay
 from specgate_router.control import Rule
+from specgate_router.pods import public_id
 from specgate_router.settings import ControlSettings
 from specgate_sim import profile as profiles
 from specgate_sim.cluster import SimCluster
@@ -221,7 +222,7 @@ async def test_latency_and_throughput_traffic_go_to_their_pools(http: httpx.Asyn
             await asyncio.sleep(3.0)  # read the pools while the load stands
             view = (await http.get(r.url + "/specgate/pods")).json()
             await asyncio.gather(*clients)
-            pools = {p["name"]: p["pool"] for p in view["pods"]}
+            pools = {p["id"]: p["pool"] for p in view["pods"]}
             assert sorted(pools.values()) == ["latency", "throughput"]
             late = [(cls, pod) for at, cls, pod in placed if at > stop_at - 2.0]
             assert late and {cls for cls, _ in late} == {"latency", "throughput"}
@@ -245,7 +246,7 @@ async def test_stale_metrics_stop_pushes_and_deprioritise_the_pod(
             for _ in range(6):
                 resp = await http.post(r.url + CHAT, json=chat(4))
                 assert resp.status_code == 200
-                assert resp.headers["x-specgate-pod"] == pods.urls[1].split("://")[1]
+                assert resp.headers["x-specgate-pod"] == public_id(pods.urls[1].split("://")[1])
             assert (
                 await EngineClient(blind, engine_http, api_key=KEY).threshold() == 8
             )  # never pushed
@@ -671,7 +672,7 @@ async def test_a_frozen_pod_costs_one_first_byte_timeout_and_leaves_rotation(
                     resp = await http.post(r.url + CHAT, json=chat(max_tokens=4))
                     took.append(asyncio.get_running_loop().time() - started)
                     assert resp.status_code == 200, resp.text
-                    assert resp.headers["x-specgate-pod"] != frozen.split("://")[1]
+                    assert resp.headers["x-specgate-pod"] != public_id(frozen.split("://")[1])
                 metrics = (await http.get(r.url + "/metrics")).text
                 view = (await http.get(r.url + "/specgate/pods")).json()["pods"]
         finally:

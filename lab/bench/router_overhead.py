@@ -55,12 +55,14 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start(args: list[str], tree: Path | None = None) -> subprocess.Popen[bytes]:
+def start(
+    args: list[str], tree: Path | None = None, extra_env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     """`specgate ARGS`, from `tree`'s sources where given (a worktree of another revision)."""
-    env = None
+    env = {**os.environ, **(extra_env or {})}
     if tree is not None:
         paths = [tree, tree / "router", tree / "operator", tree / "sim"]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in paths)}
+        env["PYTHONPATH"] = os.pathsep.join(str(p) for p in paths)
     return subprocess.Popen(
         [sys.executable, "-m", "specgate.cli", *args],
         stdout=subprocess.DEVNULL,
@@ -74,10 +76,11 @@ def router(port: int, pod_port: int, key: str, tree: Path | None = None) -> subp
     return start(
         [
             "router", "--port", str(port), "--host", "127.0.0.1",
-            "--backend", f"http://127.0.0.1:{pod_port}", "--engine-api-key", key,
+            "--backend", f"http://127.0.0.1:{pod_port}",
             "--model", "bench", "--log-level", "warning",
         ],
         tree,
+        {"SPECGATE_ENGINE_API_KEY": key},  # every revision reads the key from there
     )  # fmt: skip
 
 

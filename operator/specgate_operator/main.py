@@ -8,6 +8,7 @@ import logging
 import sys
 
 from specgate import logs
+from specgate.kube import Credentials, KubeError
 from specgate_operator import policy, render
 
 
@@ -105,6 +106,14 @@ def run(args: argparse.Namespace) -> int:
         monitor_labels = _labels(args.service_monitor_label, "--service-monitor-label")
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:  # kopf would retry a missing login forever, a traceback a minute
+        Credentials.discover()
+    except KubeError as exc:
+        print(
+            f"error: {exc.message}: run it in a cluster, or point KUBECONFIG at one",
+            file=sys.stderr,
+        )
         return 2
     config = handlers.OperatorConfig(
         policy=operator_policy,

@@ -200,7 +200,9 @@ def create_app(
     )
 
     @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    async def models(request: Request) -> dict[str, Any]:
+        if auth is not None:  # the model's name is the client API's business too
+            await auth.identify(request.headers.get("authorization"), current().clock())
         return {
             "object": "list",
             "data": [{"id": current().settings.model, "object": "model", "owned_by": "specgate"}],

@@ -8,7 +8,7 @@ import sys
 
 import uvicorn
 
-from specgate import logs
+from specgate import argtypes, logs
 from specgate_router import settings as settings_mod
 from specgate_router.app import create_app
 from specgate_router.http_limits import BoundedHttpToolsProtocol
@@ -16,8 +16,8 @@ from specgate_router.http_limits import BoundedHttpToolsProtocol
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML settings file (re-read when it changes)")
-    parser.add_argument("--host", default="0.0.0.0")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--host", type=argtypes.host("--host"), default="0.0.0.0")
+    parser.add_argument("--port", type=argtypes.port("--port"), default=8000)
     parser.add_argument(
         "--backend",
         action="append",
@@ -26,7 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="engine pod URL (repeatable); or discovery in --config",
     )
     parser.add_argument(
-        "--engine-api-key", help=f"engine API key (default: ${settings_mod.API_KEY_ENV})"
+        "--engine-api-key-file",
+        metavar="PATH",
+        help=f"file holding the engine API key (default: ${settings_mod.API_KEY_ENV}); never"
+        " the key itself on the command line, where every process list shows it",
     )
     parser.add_argument("--model", help="served model name")
     parser.add_argument("--default-class", choices=settings_mod.CLASSES)
@@ -40,9 +43,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def overrides(args: argparse.Namespace) -> dict[str, object]:
+    """The settings the flags give; OSError when the key file cannot be read."""
+    key = None
+    if args.engine_api_key_file:
+        with open(args.engine_api_key_file, encoding="utf-8") as f:
+            key = f.read(4096).strip() or None
     return {
         "backends": args.backend,
-        "engineApiKey": args.engine_api_key,
+        "engineApiKey": key,
         "model": args.model,
         "defaultClass": args.default_class,
     }
@@ -57,6 +65,9 @@ def run(args: argparse.Namespace) -> int:
         settings = settings_mod.load(args.config, overrides=overrides(args))
     except settings_mod.SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"error: --engine-api-key-file: {exc.strerror or exc}", file=sys.stderr)
         return 2
     try:
         app = create_app(settings, config_path=args.config)

@@ -3,6 +3,7 @@ decision, its pool, the router's own in-flight count and a circuit breaker."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import deque
 from dataclasses import dataclass, field, replace
@@ -109,6 +110,12 @@ def outside_steps(prev: Scrape, scrape: Scrape, step_seconds: float) -> float | 
     return min(1.0, max(0.0, 1.0 - steps * step_seconds / seconds))
 
 
+def public_id(pod_name: str) -> str:
+    """An opaque, stable name for a pod in answers (`x-specgate-pod`): pod names and
+    addresses are internal. /specgate/pods shows it beside the name."""
+    return "pod-" + hashlib.sha256(pod_name.encode()).hexdigest()[:12]
+
+
 @dataclass
 class PodState:
     name: str
@@ -134,6 +141,9 @@ class PodState:
     confirmed_threshold: int | None = None
     threshold_known: bool = False
     push_failures: int = 0
+    push_logged_at: float = -math.inf
+    scrape_failures: int = 0
+    """Failed scrapes since the router started (shown in /specgate/pods)."""
     next_push_at: float = 0.0
     rejected_logged_at: float = -math.inf
     profile: control.StepProfile | None = None
@@ -268,12 +278,17 @@ class PodState:
             steps = self.profile.num_steps if self.profile else 3
             self.acceptance.update(counters, scrape.at, steps, speculating)
 
+    @property
+    def public_id(self) -> str:
+        return public_id(self.name)
+
     def scrape_failed(self, error: str, *, unreachable: bool) -> None:
         """A failed scrape leaves the metrics to go stale (the pod is then de-prioritised and
         gets no threshold decisions); only an unreachable pod is taken out of rotation. A pod
         that is merely slow to answer its metrics under load still serves requests, and the
         circuit breaker judges those."""
         self.scrape_error = error
+        self.scrape_failures += 1
         self.healthy = not unreachable
 
     def view(
@@ -282,12 +297,15 @@ class PodState:
         load = self.last.load if self.last else None
         return {
             "name": self.name,
+            "id": self.public_id,
             "url": self.url,
             "healthy": self.healthy,
             "draining": self.draining,
             "fresh": self.fresh(now, params),
             "scrapeAgeSeconds": None if self.last is None else round(now - self.last.at, 3),
             "scrapeError": self.scrape_error,
+            "scrapeFailures": self.scrape_failures,
+            "pushFailures": self.push_failures,
             "pool": self.pool,
             "throughputRoom": self.throughput_room,
             "accelerator": {"name": self.hardware[0], "perEngine": self.hardware[1]},

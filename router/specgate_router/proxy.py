@@ -36,6 +36,12 @@ from specgate_router.state import RouterState
 log = logging.getLogger("specgate.router.proxy")
 
 _TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+MAX_BUFFERED_ANSWER_BYTES = 8 * 1024 * 1024
+"""A non-streamed answer is held whole up to this size (so an engine that breaks mid-body
+can be retried on another pod); a larger one is passed through as it arrives, so a hostile
+or enormous answer costs the router at most this much per request."""
+TAIL_BYTES = 4096
+"""What a passed-through answer keeps of its end, where the usage object is."""
 
 
 class _Retry(Exception):
@@ -115,9 +121,10 @@ async def _open(
         raise _Retry("upstream_5xx", f"HTTP {resp.status}: {detail}")
     if resp.status in (401, 403):
         resp.release()
+        log.error("engine pod %s refused the router's API key (HTTP %d)", pod.name, resp.status)
         raise UpstreamRejectedKey(
-            f"engine pod {pod.name} refused the router's API key (HTTP {resp.status}):"
-            " check the engine key Secret"
+            "an engine pod refused the router's API key: its administrator should check the"
+            " engine key Secret"
         )
     chunks = resp.content.iter_any()
     try:
@@ -213,27 +220,45 @@ async def forward(state: RouterState, req: RoutedRequest, request_id: str) -> Re
                 _relay(state, pod, req, resp, chunks, first, timing, release),
                 status_code=resp.status,
                 media_type=resp.headers.get("content-type", "text/event-stream"),
-                headers={"x-request-id": request_id, "x-specgate-pod": pod.name},
+                headers={"x-request-id": request_id, "x-specgate-pod": pod.public_id},
             )
+        headers = {"x-request-id": request_id, "x-specgate-pod": pod.public_id}
+        media_type = resp.headers.get("content-type", "application/json")
+        parts, size, whole = [first], len(first), True
         try:
-            body = first + b"".join([c async for c in chunks])
+            async for chunk in chunks:
+                parts.append(chunk)
+                size += len(chunk)
+                if size > MAX_BUFFERED_ANSWER_BYTES:
+                    whole = False
+                    break
         except RETRYABLE as exc:
+            resp.release()
+            release()
             pod.breaker.on_failure(state.clock(), res)
             last_error = f"{pod.name}: body cut: {exc}"
             if attempt + 1 < res.max_attempts:
                 state.metrics.retries.labels("body").inc()
             continue
-        finally:
+        except BaseException:
             resp.release()
             release()
+            raise
+        if not whole:
+            # Too large to hold: what is read goes out, the rest follows as it comes (no
+            # retry past this point, as for a stream).
+            return StreamingResponse(
+                _pass_through(state, pod, req, resp, chunks, parts, timing, release),
+                status_code=resp.status,
+                media_type=media_type,
+                headers=headers,
+            )
+        resp.release()
+        release()
+        body = b"".join(parts)
         pod.breaker.on_success()
         _account(state, req, pod, resp.status, timing, _tokens_of(body), streamed=False)
-        return Response(
-            body,
-            status_code=resp.status,
-            media_type=resp.headers.get("content-type", "application/json"),
-            headers={"x-request-id": request_id, "x-specgate-pod": pod.name},
-        )
+        return Response(body, status_code=resp.status, media_type=media_type, headers=headers)
     state.metrics.requests.labels(req.traffic_class, "", "502").inc()
     # Which pods failed and how goes to the log, not to clients: pod addresses are internal.
     log.warning(
@@ -288,7 +313,7 @@ async def _relay(
         pod.breaker.on_failure(state.clock(), state.settings.resilience)
         state.metrics.stream_errors.labels(pod.name).inc()
         log.warning("stream from %s broke after the first byte: %s", pod.name, exc)
-        message = f"engine pod {pod.name} failed mid-stream: {type(exc).__name__}"
+        message = f"an engine pod failed mid-stream ({type(exc).__name__}): retry the request"
         error = {"error": {"message": message, "type": "upstream_error", "code": 502}}
         yield b"data: " + json.dumps(error).encode() + b"\n\n"
         yield b"data: [DONE]\n\n"
@@ -297,6 +322,38 @@ async def _relay(
         resp.release()  # back to the pool when the body was read to its end, else closed
         release()  # type: ignore[operator]
         _account(state, req, pod, status, timing, tap.tokens, streamed=True)
+
+
+async def _pass_through(
+    state: RouterState,
+    pod: PodState,
+    req: RoutedRequest,
+    resp: aiohttp.ClientResponse,
+    chunks: AsyncIterator[bytes],
+    head: list[bytes],
+    timing: Timing,
+    release: object,
+) -> AsyncIterator[bytes]:
+    """A non-streamed answer too large to hold, relayed as it arrives; its token count is read
+    from its tail, where the usage object is."""
+    status: int | str = resp.status
+    tail = b""
+    try:
+        for part in head:
+            tail = (tail + part)[-TAIL_BYTES:]
+            yield part
+        async for chunk in chunks:
+            tail = (tail + chunk)[-TAIL_BYTES:]
+            yield chunk
+        pod.breaker.on_success()
+    except RETRYABLE as exc:
+        status = "body_cut"
+        pod.breaker.on_failure(state.clock(), state.settings.resilience)
+        log.warning("large answer from %s broke mid-body: %s", pod.name, exc)
+    finally:
+        resp.release()
+        release()  # type: ignore[operator]
+        _account(state, req, pod, status, timing, _tokens_of(tail), streamed=False)
 
 
 def _tokens_of(body: bytes) -> int:

@@ -119,6 +119,46 @@ def _nesting(raw: bytes) -> int:
     return deepest
 
 
+MAX_INT_DIGITS = 40
+"""Longest integer a request body may hold (Python refuses to convert more than 4,300 digits,
+and nothing an engine takes needs more than 20)."""
+
+
+class _HugeInt(str):
+    """An integer too long to convert, kept as its text so the error can name its field."""
+
+
+def _int(text: str, huge: list[_HugeInt]) -> int | _HugeInt:
+    if len(text.lstrip("-")) <= MAX_INT_DIGITS:
+        return int(text)
+    marker = _HugeInt(text)
+    huge.append(marker)
+    return marker
+
+
+def _path_of(value: Any, target: object, prefix: str = "") -> str | None:
+    """The dotted path of `target` in `value` (only walked for a body that holds one)."""
+    if value is target:
+        return prefix
+    items = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list)
+        else ()
+    )
+    for key, child in items:
+        where = (
+            f"{prefix}[{key}]"
+            if isinstance(key, int)
+            else (f"{prefix}.{key}" if prefix else str(key))
+        )
+        found = _path_of(child, target, where)
+        if found is not None:
+            return found
+    return None
+
+
 def parse(
     path: str,
     raw: bytes,
@@ -131,12 +171,19 @@ def parse(
     brackets = raw.count(b"[") + raw.count(b"{")
     if brackets > MAX_JSON_DEPTH and _nesting(raw) > MAX_JSON_DEPTH:
         raise BadRequest(f"request body is nested deeper than {MAX_JSON_DEPTH} levels")
+    huge: list[_HugeInt] = []
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_int=lambda text: _int(text, huge))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from exc
     except RecursionError as exc:
         raise BadRequest("request body is nested too deeply") from exc
+    if huge:
+        where = _path_of(body, huge[0]) or "the body"
+        raise BadRequest(
+            f"{where}: an integer of {len(huge[0])} digits; at most {MAX_INT_DIGITS}",
+            param=where if where != "the body" else None,
+        )
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     params_in = body.get("sampling_params") if kind == "generate" else None

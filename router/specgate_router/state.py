@@ -310,6 +310,20 @@ class RouterState:
             self._last_push_at = now
             await self.push(pod, now)
 
+    def _push_failed(self, pod: PodState, now: float, what: str) -> None:
+        """Back off exponentially (0.5 s doubling to 30 s, jittered) whatever the failure, and
+        log once per backoff step up to the longest, then once a minute at most."""
+        pod.push_failures += 1
+        self.metrics.push_failures.labels(pod.name).inc()
+        backoff = min(30.0, 0.5 * 2 ** min(pod.push_failures, 6))
+        pod.next_push_at = now + backoff * (0.5 + self.rng.random())
+        if pod.push_failures <= 7 or now - pod.push_logged_at >= 60:
+            pod.push_logged_at = now
+            log.warning(
+                "threshold push of %s to %s %s; retry in %.1fs",
+                pod.decision.threshold, pod.name, what, backoff,
+            )  # fmt: skip
+
     async def push(self, pod: PodState, now: float) -> None:
         target = pod.decision.threshold
         previous = pod.confirmed_threshold
@@ -319,16 +333,11 @@ class RouterState:
             )
             confirmed = await pod.client.threshold()
         except EngineError as exc:
-            pod.push_failures += 1
-            self.metrics.push_failures.labels(pod.name).inc()
-            backoff = min(30.0, 0.5 * 2 ** min(pod.push_failures, 6))
-            pod.next_push_at = now + backoff * (0.5 + self.rng.random())
-            log.warning("threshold push to %s failed (%s); retry in %.1fs", pod.name, exc, backoff)
+            self._push_failed(pod, now, f"failed ({exc.message[:200]})")
             return
         if confirmed != target:
-            pod.push_failures += 1
-            pod.next_push_at = now + 1.0
-            log.warning("pod %s reports threshold %s after push of %s", pod.name, confirmed, target)
+            # An engine that accepts a push and never applies it is a failure like any other.
+            self._push_failed(pod, now, f"not applied (the pod reports {confirmed})")
             return
         pod.push_failures = 0
         pod.confirmed_threshold, pod.threshold_known = confirmed, True

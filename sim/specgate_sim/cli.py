@@ -8,7 +8,7 @@ import contextlib
 import os
 import signal
 
-from specgate import contract
+from specgate import argtypes, contract
 from specgate_sim import profile as profiles
 from specgate_sim.cluster import SimCluster
 from specgate_sim.engine import HostSpells
@@ -47,9 +47,13 @@ def host_spells_arg(text: str) -> HostSpells:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--port", type=int, default=30000, help="port of the first pod")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--pods", type=int, default=1, help="pods on consecutive ports")
+    parser.add_argument(
+        "--port", type=argtypes.port("--port"), default=30000, help="port of the first pod"
+    )
+    parser.add_argument("--host", type=argtypes.host("--host"), default="127.0.0.1")
+    parser.add_argument(
+        "--pods", type=argtypes.count("--pods", 1, 256), default=1, help="pods on consecutive ports"
+    )
     parser.add_argument(
         "--api-key",
         default=os.environ.get("SGLANG_API_KEY") or None,
@@ -76,11 +80,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--time-scale",
-        type=float,
+        type=argtypes.positive_float("--time-scale"),
         default=1.0,
         help="simulated seconds per real second (>1: faster than real time)",
     )
-    parser.add_argument("--max-running-requests", type=int)
+    parser.add_argument(
+        "--max-running-requests", type=argtypes.count("--max-running-requests", 1, 65536)
+    )
     parser.add_argument(
         "--off-step-tokens",
         type=off_step_tokens_arg,
@@ -97,11 +103,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--gpus",
-        type=int,
+        type=argtypes.count("--gpus", 1, 4096),
         help="the pods share this many GPUs, pod i on GPU i mod N, as SGLang servers with split "
         "memory fractions do: one step at a time on each (default: a GPU each)",
     )
-    parser.add_argument("--seed", type=int)
+    parser.add_argument("--seed", type=argtypes.count("--seed", 0, 2**63 - 1))
     parser.add_argument(
         "--no-model-inputs",
         action="store_true",
@@ -111,20 +117,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.pods < 1:
-        raise SystemExit("--pods must be >= 1")
-    if args.time_scale <= 0:
-        raise SystemExit("--time-scale must be > 0")
-    if args.gpus is not None and args.gpus < 1:
-        raise SystemExit("--gpus must be >= 1 (leave it out for a GPU a pod)")
+    if args.port + args.pods - 1 > 65535:
+        raise SystemExit(f"error: --port {args.port} with --pods {args.pods} runs past port 65535")
     if args.thresholds is not None and len(args.thresholds) != args.pods:
         raise SystemExit(
-            f"--thresholds gives {len(args.thresholds)} values for {args.pods} pods: give one a pod"
+            f"error: --thresholds gives {len(args.thresholds)} values for {args.pods} pods:"
+            " give one a pod"
         )
     try:
         prof = profiles.load(args.profile)
     except (ValueError, OSError) as exc:
-        raise SystemExit(f"--profile: {exc}") from exc
+        raise SystemExit(f"error: --profile: {exc}") from exc
     settings = PodSettings(
         name="sim-0",
         model=args.model,

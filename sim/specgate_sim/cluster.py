@@ -8,6 +8,8 @@ import socket
 
 import uvicorn
 
+from specgate_router.http_limits import BoundedHttpToolsProtocol
+from specgate_router.settings import ResilienceSettings
 from specgate_sim.pod import PodSettings, SharedGpu, SimPod
 from specgate_sim.profile import Profile
 from specgate_sim.server import create_app
@@ -24,6 +26,12 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     finally:
         for s in sockets:
             s.close()
+
+
+def _bounded_http() -> type[BoundedHttpToolsProtocol]:
+    """The router's header bounds, for a simulated pod too."""
+    limits = ResilienceSettings()
+    return BoundedHttpToolsProtocol.with_limits(limits.max_header_bytes, limits.max_headers)
 
 
 class SimCluster:
@@ -70,6 +78,7 @@ class SimCluster:
                 log_level="warning",
                 lifespan="on",
                 timeout_graceful_shutdown=5,
+                http=_bounded_http(),
             )
             self.pods.append(pod)
             self.servers.append(uvicorn.Server(config))

@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from specgate import argtypes
 from specgate_sim.cluster import free_ports
 from specgate_sim.loadgen import LoadGenerator, Phase, Result, percentile
 from specgate_sim.local import StackConfig, running_stack
@@ -45,11 +46,16 @@ def phases(duration: float) -> list[Phase]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--duration", type=float, default=60.0, help="seconds of load")
-    parser.add_argument("--pods", type=int, default=3)
+    parser.add_argument(
+        "--duration",
+        type=argtypes.positive_float("--duration"),
+        default=60.0,
+        help="seconds of load",
+    )
+    parser.add_argument("--pods", type=argtypes.count("--pods", 1, 64), default=3)
     parser.add_argument(
         "--threshold",
-        type=int,
+        type=argtypes.count("--threshold", 0, 4096),
         default=16,
         help="initial threshold (deliberately high, so the controller's learning shows)",
     )
@@ -379,6 +385,8 @@ def plot(
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.duration <= 0 or args.pods < 1:
-        raise SystemExit("--duration must be > 0 and --pods >= 1")
+    try:
+        load_profile(args.profile)
+    except ValueError as exc:
+        raise SystemExit(f"error: --profile: {exc}") from None
     return asyncio.run(run_demo(args))

@@ -19,6 +19,7 @@ import httpx
 import uvicorn
 
 from specgate_router.app import create_app
+from specgate_router.http_limits import BoundedHttpToolsProtocol
 from specgate_router.settings import RouterSettings
 from specgate_router.state import RouterState
 from specgate_sim import profile as profiles
@@ -161,7 +162,15 @@ async def running_stack(cfg: StackConfig) -> AsyncIterator[Stack]:
     app = create_app(settings_obj, identity="local")
     server = uvicorn.Server(
         uvicorn.Config(
-            app, host=cfg.host, port=cfg.port, log_level="warning", timeout_graceful_shutdown=10
+            app,
+            host=cfg.host,
+            port=cfg.port,
+            log_level="warning",
+            timeout_graceful_shutdown=10,
+            # The bounds `specgate router` serves with: a local stack is a router like it.
+            http=BoundedHttpToolsProtocol.with_limits(
+                settings_obj.resilience.max_header_bytes, settings_obj.resilience.max_headers
+            ),
         )
     )
     task = asyncio.create_task(server.serve())

@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import json
 from importlib import resources
-from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 PROFILE_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
@@ -179,13 +178,32 @@ def available() -> list[str]:
     )
 
 
+MAX_PROFILE_BYTES = 1024 * 1024
+
+
 def load(name: str) -> Profile:
-    """A packaged profile by name, or a path to a profile JSON file."""
+    """A packaged profile by name, or a path to a profile JSON file; ValueError in one line
+    (the file, the field, what is wrong) for an unknown name or a malformed file."""
     if name.endswith(".json"):
-        with open(name) as f:
-            data: dict[str, Any] = json.load(f)
-        return Profile.model_validate(data)
-    path = resources.files("specgate_sim") / "profiles" / f"{name}.json"
-    if not path.is_file():
-        raise ValueError(f"unknown profile {name!r}; available: {', '.join(available())}")
-    return Profile.model_validate(json.loads(path.read_text()))
+        try:
+            with open(name, "rb") as f:
+                raw = f.read(MAX_PROFILE_BYTES + 1)
+        except OSError as exc:
+            raise ValueError(f"{name}: {exc.strerror or exc}") from None
+        if len(raw) > MAX_PROFILE_BYTES:
+            raise ValueError(f"{name}: larger than {MAX_PROFILE_BYTES} bytes")
+        source = name
+    else:
+        path = resources.files("specgate_sim") / "profiles" / f"{name}.json"
+        if not path.is_file():
+            raise ValueError(f"unknown profile {name!r}; available: {', '.join(available())}")
+        raw, source = path.read_bytes(), name
+    try:
+        return Profile.model_validate(json.loads(raw))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "<root>"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise ValueError(f"{source}: {where}: {first['msg']}{more}") from None
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"{source}: not a JSON profile ({type(exc).__name__})") from None

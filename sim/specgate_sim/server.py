@@ -272,10 +272,9 @@ def create_app(pod: SimPod) -> FastAPI:
 
     @app.api_route("/set_internal_state", methods=["POST", "PUT"])
     async def set_internal_state(request: Request) -> Response:
-        try:
-            body = await request.json()
-        except ValueError:
-            return _error(400, "body is not JSON")
+        body = await _json(request)
+        if isinstance(body, Response):
+            return body
         try:
             threshold = contract.parse_set_request(body)
         except contract.ThresholdError as exc:
@@ -490,11 +489,29 @@ async def _count(tokens: AsyncIterator[int]) -> int:
     return sum([n async for n in tokens])
 
 
-async def _json_object(request: Request) -> dict[str, Any] | Response:
+MAX_BODY_BYTES = 4 * 1024 * 1024
+"""The router's own request-body limit: a simulated pod takes no more than it."""
+
+
+async def _json(request: Request) -> Any:
+    """The body as JSON, or an error Response: 413 past MAX_BODY_BYTES (read no further),
+    400 when it is not JSON (deep nesting and huge integers included)."""
+    size, parts = 0, []
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            return _error(413, f"request body exceeds {MAX_BODY_BYTES} bytes")
+        parts.append(chunk)
     try:
-        body = await request.json()
-    except ValueError:
+        return json.loads(b"".join(parts))
+    except (ValueError, RecursionError):
         return _error(400, "request body is not valid JSON")
+
+
+async def _json_object(request: Request) -> dict[str, Any] | Response:
+    body = await _json(request)
+    if isinstance(body, Response):
+        return body
     if not isinstance(body, dict):
         return _error(400, "request body must be a JSON object")
     return body
