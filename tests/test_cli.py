@@ -264,6 +264,13 @@ def test_a_malformed_invocation_is_one_line_and_a_non_zero_exit(
     assert expected in last and "error" in last, result.stderr
 
 
+def test_the_engine_key_is_never_taken_from_the_command_line() -> None:
+    """Every process list shows a command line: the router takes the key from a file or the
+    environment only, and a key given as a flag value is neither used nor echoed."""
+    result = specgate("router", "--backend", "http://a:1", "--engine-api-key", "sk-visible-key")
+    assert result.returncode == 2 and "sk-visible-key" not in result.stderr, result.stderr
+
+
 def test_a_profile_file_of_the_wrong_shape_is_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "profile.json"
     bad.write_text('{"name": "x", "target": 5}')

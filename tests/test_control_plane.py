@@ -84,6 +84,22 @@ def _example() -> dict[str, Any]:
     return doc
 
 
+def _hub_token(cluster: ControlPlane, namespace: str) -> None:
+    """The example's hub token Secret, labelled so resources may name it, as its comment says
+    a user creates it."""
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": "hf-token",
+            "namespace": namespace,
+            "labels": {"specgate.io/referable": "true"},
+        },
+        "stringData": {"token": "hf_test"},
+    }
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(secret))
+
+
 def _pod_security_warnings(cluster: ControlPlane, namespace: str, doc: dict[str, Any]) -> str:
     """What the API server's PodSecurity admission says about a workload in `namespace` (its
     warn level; a Deployment is warned about, its pods would be refused), by a server-side
@@ -220,6 +236,7 @@ def operator(cluster: ControlPlane) -> Iterator[LocalOperator]:
         "create", "token", "specgate", "-n", "specgate-system", "--duration=2h"
     ).stdout.strip()
     local = LocalOperator(cluster, cluster.kubeconfig_for(token, "operator"))
+    _hub_token(cluster, "default")
     local.start()
     try:
         yield local
@@ -356,6 +373,7 @@ def test_an_operator_limited_to_a_namespace_reconciles_there_and_can_do_nothing_
     local = LocalOperator(cluster, scoped, scope=("-n", "tenant-a"))
     local.start()
     try:
+        _hub_token(cluster, "tenant-a")
         doc = _example()
         doc["metadata"] = {"name": "scoped", "namespace": "tenant-a"}
         cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(doc))

@@ -248,6 +248,8 @@ def test_sizes_are_bounded_by_the_policy() -> None:
         ("http://[::1]", False),
         ("http://0.0.0.0", False),
         ("http://metadata.google.internal", False),
+        ("https://huggingface.co@evil.example.com", False),  # the host is evil.example.com
+        ("https://evil.example.com#@huggingface.co", False),
     ],
 )
 def test_hub_endpoints_come_from_the_allow_list_never_internal_addresses(

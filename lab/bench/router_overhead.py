@@ -71,12 +71,19 @@ def start(
     )
 
 
-def router(port: int, pod_port: int, key: str, tree: Path | None = None) -> subprocess.Popen[bytes]:
-    """A router on `port` in front of the pod on `pod_port`."""
+def router(
+    port: int,
+    pod_port: int,
+    key: str,
+    tree: Path | None = None,
+    extra_backends: list[int] | tuple[int, ...] = (),
+) -> subprocess.Popen[bytes]:
+    """A router on `port` in front of the pod on `pod_port` (and those on `extra_backends`)."""
+    backends = [a for p in (pod_port, *extra_backends)
+                for a in ("--backend", f"http://127.0.0.1:{p}")]  # fmt: skip
     return start(
         [
-            "router", "--port", str(port), "--host", "127.0.0.1",
-            "--backend", f"http://127.0.0.1:{pod_port}",
+            "router", "--port", str(port), "--host", "127.0.0.1", *backends,
             "--model", "bench", "--log-level", "warning",
         ],
         tree,
