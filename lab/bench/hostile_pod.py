@@ -1,14 +1,15 @@
 """A hostile engine pod beside a good one: the router's latency for requests the good pod serves,
 and the router's memory, against the same load with two good pods, measured side by side.
 
-The hostile pod (served by this script) answers its scrapes with a 3.7 MB /v1/loads carrying a
-220,000-point step profile (the contract allows 64) and every request with a 100 MB
-non-streamed answer. The good pods are `specgate sim` with an instant profile. Clients: eight
-closed-loop "legitimate" clients (short chat requests) and four "attackers" whose requests the
-router may send to the hostile pod. Runs alternate between the two fleets (two good pods; one
-good and the hostile), `--repeat` rounds each, each with its own router process, so the ratio
-hostile/good is read in one run. With `--baseline REF`, a router from the git revision REF
-runs the same rounds too.
+Two hostile pods (served by this script), one attack each: "profile" answers its scrapes with
+a /v1/loads of about 3.5 MB (under the router's former 4 MiB cap) carrying a 220,000-point step
+profile (the contract allows 64); "answer" reports itself idle, so the router sends it requests,
+and answers each with 100 MB, non-streamed. The good pods are `specgate sim` with an instant
+profile. Clients: eight closed-loop "legitimate" clients (short chat requests) and four
+"attackers" whose requests the router may send to the hostile pod. Rounds alternate between
+the fleets (two good pods; good + each hostile pod), `--repeat` rounds each, each with its own
+router process, so the ratio hostile/good is read in one run. With `--baseline REF`, a router
+from the git revision REF runs the same rounds too.
 
     .venv/bin/python lab/bench/hostile_pod.py [--seconds 10] [--repeat 2] [--baseline REF]
         [--out lab/results]
@@ -38,24 +39,23 @@ ATTACKERS = 4
 BODY = {"model": "bench", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
 
 
-def hostile_loads() -> bytes:
-    points = [[b, round(0.01 + b * 1e-7, 9)] for b in range(1, PROFILE_POINTS + 1)]
+def hostile_loads(attack: str) -> bytes:
+    speculative: dict[str, Any] = {"disable_batch_threshold": 8, "speculating": True}
+    if attack == "profile":
+        points = [[b, round(0.01 + b * 1e-7, 4)] for b in range(1, PROFILE_POINTS + 1)]
+        speculative["step_profile"] = {"on": points, "off": [[1, 0.01], [2, 0.011]]}
     load = {
         "num_running_reqs": 0,
         "num_waiting_reqs": 0,
         "max_running_requests": 256,
-        "speculative": {
-            "disable_batch_threshold": 8,
-            "speculating": True,
-            "step_profile": {"on": points, "off": points},
-        },
+        "speculative": speculative,
     }
-    return json.dumps({"loads": [load]}).encode()
+    return json.dumps({"loads": [load]}, separators=(",", ":")).encode()
 
 
-def serve_hostile(port: int) -> None:
-    """The hostile engine, in this process until killed."""
-    loads = hostile_loads()
+def serve_hostile(port: int, attack: str) -> None:
+    """A hostile engine ("profile" or "answer"), in this process until killed."""
+    loads = hostile_loads(attack)
     chunk = b"a" * (1 << 20)
 
     async def get_loads(request: web.Request) -> web.Response:
@@ -170,35 +170,37 @@ async def main() -> int:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--baseline", help="a git revision whose router runs the same rounds")
     parser.add_argument("--out", default=str(HERE.parent / "results"))
-    parser.add_argument("--serve-hostile", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.serve_hostile:
-        serve_hostile(args.serve_hostile)
-        return 0
     pods = [free_port() for _ in range(2)]
-    hostile = free_port()
+    hostile = {"profile": free_port(), "answer": free_port()}
     instant = str(HERE / "profiles" / "instant.json")
     procs = [
         start(["sim", "--port", str(p), "--api-key", KEY, "--model", "bench",
                "--profile", instant, "--threshold", "none"])
         for p in pods
     ]  # fmt: skip
-    procs.append(
+    procs += [
         subprocess.Popen(
-            [sys.executable, __file__, "--serve-hostile", str(hostile)],
+            [sys.executable, __file__, "--serve-hostile", str(port), attack],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-    )
+        for attack, port in hostile.items()
+    ]
     trees: dict[str, Path | None] = {"this": None}
     if args.baseline:
         trees[args.baseline] = worktree(args.baseline)
-    fleets = {"two good pods": [pods[0], pods[1]], "good + hostile": [pods[0], hostile]}
+    fleets = {
+        "two good pods": [pods[0], pods[1]],
+        "good + profile": [pods[0], hostile["profile"]],
+        "good + answer": [pods[0], hostile["answer"]],
+    }
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
     try:
         for p in pods:
             await wait_up(f"http://127.0.0.1:{p}/health")
-        await wait_up(f"http://127.0.0.1:{hostile}/health")
+        for port in hostile.values():
+            await wait_up(f"http://127.0.0.1:{port}/health")
         for i in range(args.repeat):
             for name, tree in trees.items():
                 for fleet, backends in fleets.items():
@@ -216,7 +218,8 @@ async def main() -> int:
                     results.setdefault((name, fleet), []).append(one)
                     print(
                         f"round {i + 1}/{args.repeat} {name:>10} {fleet:<15}"
-                        f" {len(one['good'])} good answers, peak RSS {one['peak_rss_mib']:.0f} MiB",
+                        f" {len(one['good'])} good answers, {one['to_hostile']} to the hostile"
+                        f" pod, peak RSS {one['peak_rss_mib']:.0f} MiB",
                         flush=True,
                     )
     finally:
@@ -226,27 +229,22 @@ async def main() -> int:
             proc.wait(timeout=30)
     rows: list[dict[str, Any]] = []
     for name in trees:
-        good, bad = (
-            summary(results[(name, "two good pods")]),
-            summary(results[(name, "good + hostile")]),
-        )
-        ratio = {
-            key: None if not good[key] or bad[key] is None else round(bad[key] / good[key], 2)
-            for key in ("p50_ms", "p99_ms", "peak_rss_mib")
-        }
-        rows.append({"router": name, "two_good": good, "good_hostile": bad, "ratio": ratio})
+        good = summary(results[(name, "two good pods")])
+        for fleet in fleets:
+            row = summary(results[(name, fleet)])
+            row["ratio"] = {
+                key: None if not good[key] or row[key] is None else round(row[key] / good[key], 2)
+                for key in ("p50_ms", "p99_ms", "peak_rss_mib")
+            }
+            rows.append({"router": name, "fleet": fleet, **row})
     print()
     print(f"{'router':>10} {'fleet':<15} {'answers':>8} {'p50':>9} {'p99':>9} {'peak RSS':>9}"
-          f" {'to hostile':>10} {'failed':>6}")  # fmt: skip
-    for row in rows:
-        for fleet, key in (("two good pods", "two_good"), ("good + hostile", "good_hostile")):
-            s = row[key]
-            print(f"{row['router']:>10} {fleet:<15} {s['requests']:>8} {s['p50_ms']!s:>7}ms"
-                  f" {s['p99_ms']!s:>7}ms {s['peak_rss_mib']:>6}MiB {s['to_hostile']:>10}"
-                  f" {s['failed']:>6}")  # fmt: skip
-        r = row["ratio"]
-        print(f"{row['router']:>10} {'hostile/good':<15} {'':>8} {r['p50_ms']!s:>8}x"
-              f" {r['p99_ms']!s:>8}x {r['peak_rss_mib']!s:>8}x")  # fmt: skip
+          f" {'to hostile':>10} {'failed':>6}   p99, RSS / two good")  # fmt: skip
+    for r in rows:
+        print(f"{r['router']:>10} {r['fleet']:<15} {r['requests']:>8} {r['p50_ms']!s:>7}ms"
+              f" {r['p99_ms']!s:>7}ms {r['peak_rss_mib']:>6}MiB {r['to_hostile']:>10}"
+              f" {r['failed']:>6}   {r['ratio']['p99_ms']}x,"
+              f" {r['ratio']['peak_rss_mib']}x")  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "hostile-pod.json"
@@ -270,4 +268,7 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--serve-hostile"]:  # a hostile engine's own process
+        serve_hostile(int(sys.argv[2]), sys.argv[3])
+        sys.exit(0)
     sys.exit(asyncio.run(main()))
