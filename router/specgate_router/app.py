@@ -5,22 +5,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import generate_latest
 from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from specgate.engine_http import EngineHttp
 from specgate_router import proxy, requests
 from specgate_router.client_auth import ClientAuth, is_admin_path, require_admin
-from specgate_router.errors import BadRequest, PayloadTooLarge, RouterError
+from specgate_router.errors import BadRequest, ModelNotFound, PayloadTooLarge, RouterError
 from specgate_router.identity import Client
 from specgate_router.settings import RouterSettings
 from specgate_router.state import RouterState
@@ -108,6 +111,24 @@ def create_app(
     @app.exception_handler(RouterError)
     async def router_error(request: Request, exc: RouterError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
+
+    # One error shape, OpenAI's, whatever produced the error: an unknown path or method, or
+    # a query parameter FastAPI refused, never answers {"detail": ...}.
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        error = RouterError(str(exc.detail))
+        error.status = exc.status_code
+        error.error_type = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return JSONResponse(
+            error.body(), status_code=exc.status_code, headers=dict(exc.headers or {})
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        error = BadRequest(f"{where or 'request'}: {first.get('msg', 'invalid')}", param=where)
+        return JSONResponse(error.body(), status_code=error.status)
 
     async def handle(request: Request) -> Response:
         state = current()
@@ -199,18 +220,43 @@ def create_app(
         summary="SGLang native generate",
     )
 
+    started = int(time.time())
+
+    def model_object() -> dict[str, Any]:
+        return {
+            "id": current().settings.model,
+            "object": "model",
+            "created": started,
+            "owned_by": "specgate",
+        }
+
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
         if auth is not None:  # the model's name is the client API's business too
             await auth.identify(request.headers.get("authorization"), current().clock())
-        return {
-            "object": "list",
-            "data": [{"id": current().settings.model, "object": "model", "owned_by": "specgate"}],
-        }
+        return {"object": "list", "data": [model_object()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(request: Request, model_id: str) -> dict[str, Any]:
+        if auth is not None:
+            await auth.identify(request.headers.get("authorization"), current().clock())
+        if model_id != current().settings.model:
+            raise ModelNotFound(
+                f"The model {model_id!r} does not exist; this router serves"
+                f" {current().settings.model!r}",
+                param="model",
+            )
+        return model_object()
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        """What OpenAI-compatible servers (vLLM, SGLang) answer and benchmark clients check
+        before they send: ready to serve, as /readyz."""
+        return await readyz()
 
     @app.get("/readyz")
     async def readyz() -> JSONResponse:

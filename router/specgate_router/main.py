@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         log_level=args.log_level.lower(),
+        log_config=None,  # uvicorn's own lines go through the JSON handler too
         access_log=False,
         timeout_graceful_shutdown=int(settings.resilience.drain_seconds),
         http=BoundedHttpToolsProtocol.with_limits(

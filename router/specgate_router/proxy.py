@@ -258,6 +258,8 @@ async def forward(state: RouterState, req: RoutedRequest, request_id: str) -> Re
         body = b"".join(parts)
         pod.breaker.on_success()
         _account(state, req, pod, resp.status, timing, _tokens_of(body), streamed=False)
+        if 400 <= resp.status < 500:
+            body, media_type = openai_error(body, resp.status), "application/json"
         return Response(body, status_code=resp.status, media_type=media_type, headers=headers)
     state.metrics.requests.labels(req.traffic_class, "", "502").inc()
     # Which pods failed and how goes to the log, not to clients: pod addresses are internal.
@@ -354,6 +356,30 @@ async def _pass_through(
         resp.release()
         release()  # type: ignore[operator]
         _account(state, req, pod, status, timing, _tokens_of(tail), streamed=False)
+
+
+def openai_error(body: bytes, status: int) -> bytes:
+    """An engine's error answer in OpenAI's shape ({"error": {message, type, param, code}}),
+    the one every error from the router has: SGLang answers {"object": "error", "message":
+    ...} and some paths plain text."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        data = None
+    if isinstance(data, dict) and isinstance(data.get("error"), dict):
+        return body  # already OpenAI's
+    message = (
+        data.get("message") or data.get("detail")
+        if isinstance(data, dict)
+        else body.decode(errors="replace").strip()
+    )
+    error = {
+        "message": str(message or f"the engine answered HTTP {status}")[:2000],
+        "type": "invalid_request_error",
+        "param": data.get("param") if isinstance(data, dict) else None,
+        "code": status,
+    }
+    return json.dumps({"error": error}).encode()
 
 
 def _tokens_of(body: bytes) -> int:
