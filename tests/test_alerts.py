@@ -22,7 +22,7 @@ def render_rules(folder: Path) -> Path:
 
 def test_rules_are_valid(tmp_path: Path) -> None:
     result = run(tool("promtool"), "check", "rules", str(render_rules(tmp_path)))
-    assert "SUCCESS: 5 rules found" in result.stdout
+    assert "SUCCESS: 6 rules found" in result.stdout
 
 
 def test_every_alert_fires_when_it_should_and_not_otherwise(tmp_path: Path) -> None:

@@ -188,6 +188,35 @@ def test_dashboards_ship_as_labelled_configmaps() -> None:
     assert not [d for d in by_kind(rendered(CHART / "ci" / "namespaced-values.yaml"), "ConfigMap")]
 
 
+def test_monitoring_works_with_kube_prometheus_stacks_defaults() -> None:
+    """Out of the box: every monitoring object carries the label kube-prometheus-stack selects,
+    the operator's metrics are scraped where the Prometheus Operator's API is served (and no
+    PodMonitor is rendered where it is not), scrapers in the monitoring namespace reach engine
+    pods, and PodMonitors select only the namespaces the operator watches."""
+    served = ("monitoring.coreos.com/v1/PodMonitor",)
+    docs = rendered(api_versions=served)
+    (own,) = by_kind(docs, "PodMonitor")
+    assert own["metadata"]["name"].endswith("-operator")
+    assert own["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    args = _operator_args(docs)
+    assert "--service-monitor-label=release=kube-prometheus-stack" in args
+    assert "--metrics-namespace-label=kubernetes.io/metadata.name=monitoring" in args
+    assert not by_kind(rendered(), "PodMonitor")  # the API not served: nothing to apply
+    mine = rendered(sets=("monitoring.labels.release=prom",), api_versions=served)
+    assert by_kind(mine, "PodMonitor")[0]["metadata"]["labels"]["release"] == "prom"
+    assert "--service-monitor-label=release=prom" in _operator_args(mine)
+    scoped = rendered(
+        sets=("monitoring.podMonitor.enabled=true", "operator.watchNamespaces={team-a,team-b}")
+    )
+    for monitor in by_kind(scoped, "PodMonitor"):
+        if not monitor["metadata"]["name"].endswith("-operator"):
+            assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
+    (rule,) = by_kind(rendered(sets=("monitoring.prometheusRule.enabled=true",)), "PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    exprs = [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]]
+    assert any("specgate_operator_reconciles_total" in e for e in exprs)
+
+
 def test_monitoring_objects_only_when_enabled() -> None:
     kinds = {d["kind"] for d in rendered()}
     assert not kinds & {"PodMonitor", "PrometheusRule"}
@@ -210,6 +239,7 @@ def test_monitoring_objects_only_when_enabled() -> None:
     alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
     assert alerts == {
         "SpecgateSpeculationNotPaying",
+        "SpecgateOperatorReconcileErrors",
         "SpecgateThresholdFlapping",
         "SpecgatePodMetricsStale",
         "SpecgateRouterErrors",
@@ -261,11 +291,15 @@ def test_every_value_is_documented_in_the_schema_and_beside_it() -> None:
     for path in _keys(values):
         if path.startswith("operator.resources."):
             continue  # a core/v1 ResourceRequirements passed through
-        node = schema
+        node, walked = schema, []
         for part in path.split("."):
+            if "properties" not in node and isinstance(node.get("additionalProperties"), dict):
+                break  # a key of a free map (labels): the map is what is documented
             node = node["properties"][part]
-        assert node.get("description"), f"{path} has no description in values.schema.json"
-        assert commented.get(path), f"{path} has no comment above it in values.yaml"
+            walked.append(part)
+        where = ".".join(walked)
+        assert node.get("description"), f"{where} has no description in values.schema.json"
+        assert commented.get(where), f"{where} has no comment above it in values.yaml"
 
 
 def test_package() -> None:

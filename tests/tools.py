@@ -35,8 +35,11 @@ def helm_template(
     sets: tuple[str, ...] = (),
     check: bool = True,
     namespace: str = "specgate-system",
+    api_versions: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess[str]:
     args = [tool("helm"), "template", "sg", str(CHART), "--namespace", namespace]
+    for api in api_versions:  # what the cluster serves, for .Capabilities
+        args += ["--api-versions", api]
     for f in values_files:
         args += ["-f", f]
     for s in sets:

@@ -60,7 +60,14 @@ def manifests(namespace: str = NAMESPACE, image: str = IMAGE) -> list[dict[str, 
     container = {
         "name": "operator",
         "image": image,
-        "command": ["specgate", "operator", "--all-namespaces", "--metrics-port=8081"],
+        "command": [
+            "specgate",
+            "operator",
+            "--all-namespaces",
+            "--metrics-port=8081",
+            # Scrapers in the monitoring namespace reach engine /metrics, as with the chart.
+            "--metrics-namespace-label=kubernetes.io/metadata.name=monitoring",
+        ],
         "ports": [
             {"name": "health", "containerPort": 8080},
             {"name": "metrics", "containerPort": 8081},

@@ -91,7 +91,7 @@ app.kubernetes.io/component: operator
 {{- if or (not .Values.operator.serviceMonitors) .Values.monitoring.podMonitor.enabled }}
 - --no-service-monitor
 {{- else }}
-{{- range $key, $value := .Values.operator.serviceMonitorLabels }}
+{{- range $key, $value := merge (dict) .Values.operator.serviceMonitorLabels .Values.monitoring.labels }}
 - --service-monitor-label={{ $key }}={{ $value }}
 {{- end }}
 {{- end }}
@@ -142,4 +142,16 @@ app.kubernetes.io/component: operator
 - apiGroups: [coordination.k8s.io]
   resources: [leases]
   verbs: [get, create, patch]
+{{- end }}
+
+{{/*
+Labels of a monitoring object: monitoring.labels, then the object's own (which win).
+Called with (list $ ownLabels).
+*/}}
+{{- define "specgate.monitoringLabels" -}}
+{{- $root := index . 0 -}}
+{{- $labels := merge (dict) (index . 1 | default dict) $root.Values.monitoring.labels -}}
+{{- with $labels }}
+{{- toYaml . }}
+{{- end }}
 {{- end }}
