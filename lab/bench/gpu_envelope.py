@@ -79,6 +79,7 @@ from __future__ import annotations
 
 import argparse
 import calendar
+import datetime
 import contextlib
 import http.client
 import json
@@ -997,7 +998,7 @@ def launch_router(config: Path, port: int, out: Path) -> subprocess.Popen[bytes]
 
 def threshold_changes(router_log: str, origin: float) -> list[dict[str, Any]]:
     """The router's threshold changes with their reasons, from its JSON log lines
-    (specgate.logs.JsonFormatter), as seconds since `origin` (to the second): the
+    (specgate.logs.JsonFormatter), as seconds since `origin`: the
     envelope polls the router once a window, and what it decided in between is only here."""
     changes = []
     for line in router_log.splitlines():
@@ -1009,7 +1010,9 @@ def threshold_changes(router_log: str, origin: float) -> list[dict[str, Any]]:
             continue  # a line of text that happens to parse as JSON (a bare number)
         message = entry.get("msg", "")
         if entry.get("logger") == "specgate.router" and message.startswith("threshold of "):
-            at = calendar.timegm(time.strptime(entry["ts"], "%Y-%m-%dT%H:%M:%S"))
+            # UTC, with or without milliseconds and the "Z" (older routers wrote neither).
+            stamp = datetime.datetime.fromisoformat(entry["ts"])
+            at = calendar.timegm(stamp.utctimetuple()) + stamp.microsecond / 1e6
             changes.append({"t": round(at - origin), "change": message})
     return changes
 

@@ -1444,7 +1444,7 @@ def test_threshold_changes_are_read_from_the_routers_own_log_lines() -> None:
 
     def line(logger: str, msg: str, *args: object, at: float) -> str:
         record = logging.LogRecord(logger, logging.INFO, __file__, 1, msg, args, None)
-        record.created = at
+        record.created, record.msecs = at, (at % 1) * 1000
         return formatter.format(record)
 
     origin = 1_800_000_000.0
