@@ -79,8 +79,8 @@ from __future__ import annotations
 
 import argparse
 import calendar
-import datetime
 import contextlib
+import datetime
 import http.client
 import json
 import os
