@@ -11,6 +11,7 @@ the same expressions in tests and in `specgate render`.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any, Literal
 
@@ -535,6 +536,11 @@ class RouterTimeouts(_Model):
     between_chunks_seconds: float = Field(default=30.0, gt=0.0, le=3600.0)
     """Longest silence between two chunks of an answer; past it a stream ends with an error
     event and `data: [DONE]`."""
+    answer_seconds: float = Field(default=600.0, gt=0.0, le=86400.0)
+    """Longest an answer may take from the request's arrival to its last byte; past it a
+    stream ends with an error event and `data: [DONE]`, and a non-streamed request gets 504.
+    It bounds what one client holds of a pod, and how long a drain waits
+    (`disruption.drainSeconds`). The default is the OpenAI client's own request timeout."""
 
 
 HOSTNAME_PATTERN = r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -724,6 +730,56 @@ class RouterSpec(_Model):
     reaches the engine)."""
 
 
+class DisruptionSpec(_Model):
+    """How engine pods are replaced in an update and stopped in a drain."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _cel(
+                    "self.maxSurge + self.maxUnavailable >= 1",
+                    "maxSurge and maxUnavailable cannot both be 0: an update could replace no pod",
+                ),
+            ]
+        }
+    )
+
+    drain_seconds: int | None = Field(default=None, ge=0, le=86400)
+    """How long a stopping pod serves the requests it already runs. An engine pod's preStop
+    hook waits until its engine runs and queues none (after the few seconds endpoints take to
+    drop the pod), at most this long, then SGLang gets SIGTERM; a router pod refuses new
+    requests and waits as long for its streams. Unset: the router's
+    `timeouts.answerSeconds`, the longest answer it lets run, so no answer is cut."""
+    max_surge: int = Field(default=1, ge=0, le=256)
+    """Engine pods started above `replicas` during an update. With 1, a new pod becomes Ready
+    before an old one stops, so a one-replica model serves through updates; it needs room for
+    one more pod's GPUs, and without it the update waits (the old pods keep serving). On a
+    cluster with no spare GPUs set 0 and `maxUnavailable: 1`."""
+    max_unavailable: int = Field(default=0, ge=0, le=256)
+    """Engine pods that may be down at once during an update."""
+    protect_last_pod: bool = False
+    """With one engine replica, a node drain (a voluntary eviction) waits until the pod is
+    deleted by hand or a second replica runs: the PodDisruptionBudget requires one pod
+    available. Off, a drain evicts it and the model is down until it starts elsewhere
+    (weights load and CUDA graphs capture again). With several replicas, drains take one pod
+    at a time either way."""
+
+    @model_validator(mode="after")
+    def _replaces_some_pod(self) -> DisruptionSpec:
+        # The same rule as the CEL one above, for `specgate render` and the operator.
+        if self.max_surge + self.max_unavailable < 1:
+            raise ValueError(
+                "maxSurge and maxUnavailable cannot both be 0: an update could replace no pod"
+            )
+        return self
+
+    def drain_for(self, timeouts: RouterTimeouts) -> int:
+        """The drain in whole seconds: the setting, or the longest answer the router allows."""
+        if self.drain_seconds is not None:
+            return self.drain_seconds
+        return math.ceil(timeouts.answer_seconds)
+
+
 class SecretKeyRef(_Model):
     """A key in a Secret in the resource's namespace."""
 
@@ -764,6 +820,8 @@ class SpecDecodeDeploymentSpec(_Model):
     """Scheduling of engine pods."""
     router: RouterSpec = Field(default_factory=RouterSpec)
     """The router."""
+    disruption: DisruptionSpec = Field(default_factory=DisruptionSpec)
+    """Updates and drains of engine pods: surge, drain time, the one-replica budget."""
     api_key_secret_ref: SecretKeyRef | None = None
     """Secret holding the engine API key; when unset the operator creates `<name>-engine-key`."""
 

@@ -416,13 +416,59 @@ def test_router_replicas_spread_over_nodes_and_drain_on_the_way_out(
     hook = container["lifecycle"]["preStop"]["exec"]["command"]
     assert hook[:2] == ["python3", "-c"] and f"sleep({render.ROUTER_PRESTOP_SECONDS})" in hook[2]
     assert pod["terminationGracePeriodSeconds"] > render.ROUTER_PRESTOP_SECONDS
-    engine = out[("Deployment", "demo-engine")]["spec"]["template"]["spec"]
-    engine_hook = engine["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
-    assert f"sleep({render.ENGINE_PRESTOP_SECONDS})" in engine_hook[2]
-    assert engine["terminationGracePeriodSeconds"] > render.ENGINE_PRESTOP_SECONDS
     assert ("policy/v1", "PodDisruptionBudget", "default", "demo-router") in render.child_refs(
         "demo", "default"
     )
+
+
+def _drain_of(pod: dict[str, Any]) -> tuple[list[str], int]:
+    hook = pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+    return hook, pod["terminationGracePeriodSeconds"]
+
+
+def test_pods_drain_for_the_longest_answer_the_router_allows(schema: dict[str, Any]) -> None:
+    """By default an engine pod's preStop waits for its requests up to the router's answer
+    limit, and both grace periods outlast their drains; the resource's drainSeconds and
+    answerSeconds move all of it together."""
+    for resource, drain in [
+        (minimal_resource(), 600),
+        (minimal_resource(router={"timeouts": {"answerSeconds": 90.5}}), 91),
+        (minimal_resource(disruption={"drainSeconds": 45}), 45),
+    ]:
+        out = _by_kind(render.render(_sdd(resource, schema)))
+        engine = out[("Deployment", "demo-engine")]["spec"]["template"]["spec"]
+        hook, grace = _drain_of(engine)
+        assert hook[:3] == ["python3", "-c", render.ENGINE_DRAIN_SCRIPT]
+        assert hook[3:] == ["30000", str(render.ENDPOINTS_SETTLE_SECONDS), str(drain)]
+        assert grace == drain + render.ENGINE_SHUTDOWN_SECONDS
+        router, config = _router_pod_and_config(resource, schema)
+        assert _drain_of(router)[1] > render.ROUTER_PRESTOP_SECONDS + drain
+        assert config["resilience"]["drainSeconds"] == drain
+
+
+def test_a_one_replica_model_serves_through_updates_and_drains_as_chosen(
+    schema: dict[str, Any],
+) -> None:
+    """Updates surge one pod by default (the old one serves until the new one is Ready); the
+    budget lets a drain evict a lone engine pod unless the resource protects it, and never
+    protects more than one pod of a larger model."""
+
+    def rendered(**spec: Any) -> dict[tuple[str, str], Any]:
+        return _by_kind(render.render(_sdd(minimal_resource(**spec), schema)))
+
+    out = rendered()
+    strategy = out[("Deployment", "demo-engine")]["spec"]["strategy"]["rollingUpdate"]
+    assert strategy == {"maxSurge": 1, "maxUnavailable": 0}
+    assert out[("PodDisruptionBudget", "demo-engine")]["spec"]["maxUnavailable"] == 1
+    out = rendered(disruption={"maxSurge": 0, "maxUnavailable": 1, "protectLastPod": True})
+    strategy = out[("Deployment", "demo-engine")]["spec"]["strategy"]["rollingUpdate"]
+    assert strategy == {"maxSurge": 0, "maxUnavailable": 1}
+    budget = out[("PodDisruptionBudget", "demo-engine")]["spec"]
+    assert budget["minAvailable"] == 1 and "maxUnavailable" not in budget
+    out = rendered(replicas=3, disruption={"protectLastPod": True})
+    assert out[("PodDisruptionBudget", "demo-engine")]["spec"]["maxUnavailable"] == 1
+    with pytest.raises(ValueError, match="maxSurge and maxUnavailable"):
+        _sdd(minimal_resource(disruption={"maxSurge": 0, "maxUnavailable": 0}), schema)
 
 
 def test_rendering_is_deterministic(full: api.SpecDecodeDeployment) -> None:

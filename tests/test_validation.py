@@ -245,6 +245,18 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "is not one of",
     ),
     (
+        "cel-update-replaces-no-pod",
+        {"disruption": {"maxSurge": 0, "maxUnavailable": 0}},
+        "spec.disruption",
+        "maxSurge and maxUnavailable cannot both be 0",
+    ),
+    (
+        "answer-limit-not-positive",
+        {"router": {"timeouts": {"answerSeconds": 0}}},
+        "spec.router.timeouts.answerSeconds",
+        "minimum",
+    ),
+    (
         "service-type-unknown",
         {"router": {"serviceType": "Ingress"}},
         "spec.router.serviceType",

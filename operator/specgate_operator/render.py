@@ -175,9 +175,32 @@ ENGINE_MEMORY_REQUEST_PER_GPU_GI = 16
 """Requested for an engine pod when the resource names no CPU or memory, per GPU: its
 scheduler, tokenizer and detokenizer processes and the weights' host-side loading."""
 ENGINE_HOME = "/home/specgate"
-ENGINE_PRESTOP_SECONDS = 30
-"""How long a terminating engine pod keeps serving its running requests (under the pod's
-60-s grace period)."""
+ENDPOINTS_SETTLE_SECONDS = 5
+"""How long a stopping pod keeps taking requests before it drains: endpoints take a few
+seconds to drop it everywhere, and requests sent meanwhile must still be served."""
+ENGINE_SHUTDOWN_SECONDS = 30
+"""The engine's grace period beyond its drain: SGLang's own shutdown after SIGTERM."""
+ROUTER_SHUTDOWN_SECONDS = 10
+"""The router's grace period beyond its preStop pause and drain."""
+ENGINE_DRAIN_SCRIPT = """\
+import re, sys, time, urllib.request
+port, settle, most = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+busy = re.compile(r"^sglang:num_(?:running|queue)_reqs(?:[{][^}]*[}])? (\\S+)$", re.M)
+start = time.monotonic()
+time.sleep(settle)
+while time.monotonic() - start < most:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            text = answer.read(1 << 22).decode(errors="replace")
+    except Exception:
+        break
+    if sum(float(n) for n in busy.findall(text)) == 0:
+        break
+    time.sleep(1)
+"""
+"""An engine pod's preStop hook (`python3 -c` in the engine image, which has no specgate):
+after `settle` seconds, poll the engine's /metrics (open without the key) until it runs and
+queues no request, or `most` seconds have passed, or the engine no longer answers."""
 RESTRICTED_USER = 65532
 """The user specgate's own containers run as (the image's nonroot user)."""
 
@@ -229,6 +252,14 @@ def pause(seconds: int) -> dict[str, Any]:
     return {"exec": {"command": ["python3", "-c", f"import time; time.sleep({seconds})"]}}
 
 
+def engine_drain(port: int, drain_seconds: int) -> dict[str, Any]:
+    """The engine's preStop hook: serve through the endpoints' settling, then wait for the
+    running requests to end (at most `drain_seconds`)."""
+    settle = min(ENDPOINTS_SETTLE_SECONDS, drain_seconds)
+    command = ["python3", "-c", ENGINE_DRAIN_SCRIPT, str(port), str(settle), str(drain_seconds)]
+    return {"exec": {"command": command}}
+
+
 def engine_container_security(engine: api.EngineSpec) -> dict[str, Any]:
     """The engine container's security context: no privilege escalation, no capabilities
     (GPU access comes from the device plugin's device nodes, not from a capability), and
@@ -261,6 +292,7 @@ def _weights_volume(source: api.WeightsSource) -> dict[str, Any] | None:
 
 def engine_deployment(sdd: api.SpecDecodeDeployment, opts: RenderOptions) -> Manifest:
     spec, engine, placement = sdd.spec, sdd.spec.engine, sdd.spec.placement
+    drain = spec.disruption.drain_for(spec.router.timeouts)
     n = names(sdd.name)
     key = api_key_ref(sdd)
     port = engine.port
@@ -327,9 +359,9 @@ def engine_deployment(sdd: api.SpecDecodeDeployment, opts: RenderOptions) -> Man
             "timeoutSeconds": 10,
             "failureThreshold": 4,
         },
-        # A terminating pod leaves the router's endpoints within seconds; the pause lets the
-        # requests it already runs finish before SGLang gets SIGTERM.
-        "lifecycle": {"preStop": pause(ENGINE_PRESTOP_SECONDS)},
+        # A terminating pod leaves the router's endpoints within seconds; the hook then waits
+        # for the requests it already runs before SGLang gets SIGTERM.
+        "lifecycle": {"preStop": engine_drain(port, drain)},
     }
     pod_spec: dict[str, Any] = {
         **({"initContainers": init_containers} if init_containers else {}),
@@ -337,7 +369,7 @@ def engine_deployment(sdd: api.SpecDecodeDeployment, opts: RenderOptions) -> Man
         "volumes": volumes,
         "nodeSelector": dict(placement.node_selector),
         "tolerations": [dict(t) for t in placement.tolerations],
-        "terminationGracePeriodSeconds": 60,
+        "terminationGracePeriodSeconds": drain + ENGINE_SHUTDOWN_SECONDS,
         "enableServiceLinks": False,
         # The pod reads no Kubernetes API: no token mounted.
         "automountServiceAccountToken": False,
@@ -363,10 +395,12 @@ def engine_deployment(sdd: api.SpecDecodeDeployment, opts: RenderOptions) -> Man
         "spec": {
             "replicas": spec.replicas,
             "selector": {"matchLabels": selector(sdd, "engine")},
-            # A GPU node has no room for a surge pod: replace one pod at a time.
             "strategy": {
                 "type": "RollingUpdate",
-                "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+                "rollingUpdate": {
+                    "maxSurge": spec.disruption.max_surge,
+                    "maxUnavailable": spec.disruption.max_unavailable,
+                },
             },
             "template": {
                 "metadata": {
@@ -432,6 +466,8 @@ def router_config(sdd: api.SpecDecodeDeployment) -> dict[str, Any]:
         "resilience": {
             "firstByteTimeoutSeconds": sdd.spec.router.timeouts.first_byte_seconds,
             "readTimeoutSeconds": sdd.spec.router.timeouts.between_chunks_seconds,
+            "answerTimeoutSeconds": sdd.spec.router.timeouts.answer_seconds,
+            "drainSeconds": sdd.spec.disruption.drain_for(sdd.spec.router.timeouts),
         },
         "pools": {
             "minLatencyFraction": sdd.spec.router.pools.min_latency_fraction,
@@ -641,8 +677,10 @@ def router_deployment(sdd: api.SpecDecodeDeployment, opts: RenderOptions) -> Man
                     ),
                     "containers": [container],
                     "volumes": volumes,
-                    # Long enough for in-flight streams to drain on shutdown.
-                    "terminationGracePeriodSeconds": 120,
+                    # The preStop pause, then the drain of in-flight streams, then exit.
+                    "terminationGracePeriodSeconds": ROUTER_PRESTOP_SECONDS
+                    + sdd.spec.disruption.drain_for(sdd.spec.router.timeouts)
+                    + ROUTER_SHUTDOWN_SECONDS,
                     "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
                 },
             },
@@ -713,15 +751,16 @@ def engine_api_key_secret(sdd: api.SpecDecodeDeployment, api_key: str) -> Manife
 
 def pod_disruption_budget(sdd: api.SpecDecodeDeployment, component: str) -> Manifest:
     """At most one of the component's pods down at a time through voluntary disruptions
-    (node drains)."""
+    (node drains); none for a one-replica model whose resource protects its last pod."""
+    protect = (
+        component == "engine" and sdd.spec.replicas == 1 and sdd.spec.disruption.protect_last_pod
+    )
+    budget = {"minAvailable": 1} if protect else {"maxUnavailable": 1}
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": _meta(sdd, names(sdd.name)[component], component),
-        "spec": {
-            "maxUnavailable": 1,
-            "selector": {"matchLabels": selector(sdd, component)},
-        },
+        "spec": {**budget, "selector": {"matchLabels": selector(sdd, component)}},
     }
 
 

@@ -10,7 +10,8 @@ RouterError                 500 server_error
 ├── TooManyRequests         429 rate_limit_error + Retry-After (the key's limits)
 ├── NoCapacity              503 server_error + Retry-After (no pod can take the request)
 ├── UpstreamFailed          502 upstream_error (every attempt failed before the first byte)
-└── UpstreamRejectedKey     502 upstream_error (engines refuse the router's API key)
+├── UpstreamRejectedKey     502 upstream_error (engines refuse the router's API key)
+└── AnswerTimeout           504 timeout (the answer ran past resilience.answerTimeoutSeconds)
 """
 
 from __future__ import annotations
@@ -113,3 +114,9 @@ class UpstreamFailed(RouterError):
 
 class UpstreamRejectedKey(UpstreamFailed):
     pass
+
+
+class AnswerTimeout(RouterError):
+    status = 504
+    error_type = "timeout"
+    code = "answer_timeout"

@@ -10,12 +10,17 @@ Failure handling, from the list of mistakes not to repeat:
   counts against that pod's circuit breaker, which takes a failing pod out of the retries;
 - after the first byte reached the client, a failure ends the stream with an SSE error event
   (and `data: [DONE]`), never a hang;
+- an answer ends within `answerTimeoutSeconds` of the request's arrival: a stream past it ends
+  with an error event, a non-streamed request gets 504. A non-streamed answer's first byte is
+  its whole body, so it is waited for as long while its pod answers scrapes; a pod silent to
+  both is frozen and the request is retried elsewhere;
 - no pod available is a 503 with Retry-After; a request is never dropped without an answer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -28,7 +33,7 @@ from starlette.responses import Response, StreamingResponse
 
 from specgate.engine_http import RETRYABLE
 from specgate_router import placement
-from specgate_router.errors import NoCapacity, UpstreamFailed, UpstreamRejectedKey
+from specgate_router.errors import AnswerTimeout, NoCapacity, UpstreamFailed, UpstreamRejectedKey
 from specgate_router.pods import PodState
 from specgate_router.requests import RoutedRequest
 from specgate_router.state import RouterState
@@ -42,6 +47,10 @@ can be retried on another pod); a larger one is passed through as it arrives, so
 or enormous answer costs the router at most this much per request."""
 TAIL_BYTES = 4096
 """What a passed-through answer keeps of its end, where the usage object is."""
+
+
+class _AnswerTooLong(Exception):
+    """The answer ran past its deadline (resilience.answerTimeoutSeconds)."""
 
 
 class _Retry(Exception):
@@ -137,12 +146,73 @@ async def _open(
     return resp, chunks, first
 
 
+async def _first_byte(
+    state: RouterState, pod: PodState, req: RoutedRequest, request_id: str, deadline: float
+) -> tuple[aiohttp.ClientResponse, AsyncIterator[bytes], bytes]:
+    """`_open`, bounded. A stream's first byte comes within `firstByteTimeoutSeconds`, else the
+    pod is frozen (TimeoutError). A non-streamed answer's first byte is its whole body: it is
+    waited for until the deadline while the pod makes progress (its scrapes show decode steps
+    in every `firstByteTimeoutSeconds`), and the pod is frozen once it shows none. A pod that
+    reports no decode steps is held to the first-byte limit as for a stream. AnswerTimeout
+    past the deadline."""
+    loop = asyncio.get_running_loop()
+    limit = state.settings.resilience.first_byte_timeout_seconds
+    steps = _decode_steps(pod)
+    opening = asyncio.ensure_future(_open(state, pod, req, request_id))
+    try:
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise AnswerTimeout(_too_long(state))
+            done, _ = await asyncio.wait({opening}, timeout=min(limit, remaining))
+            if done:
+                return opening.result()
+            if limit > remaining:
+                continue  # the deadline, not the pod, ended this wait
+            before, steps = steps, _decode_steps(pod)
+            if req.stream or steps <= before or pod.scrape_age(state.clock()) > limit:
+                raise TimeoutError
+    finally:
+        if not opening.done():
+            opening.cancel()
+            with contextlib.suppress(BaseException):
+                await opening
+
+
+def _decode_steps(pod: PodState) -> float:
+    """The pod's decode steps since it started, as last scraped (0 when unknown)."""
+    return pod.last.load.decode_steps if pod.last is not None else 0.0
+
+
+def _too_long(state: RouterState) -> str:
+    limit = state.settings.resilience.answer_timeout_seconds
+    return f"the answer took longer than the router's limit of {limit:g}s; ask for fewer tokens"
+
+
+async def _until(chunks: AsyncIterator[bytes], deadline: float) -> AsyncIterator[bytes]:
+    """`chunks` as they come, until the loop-time `deadline` (then _AnswerTooLong). A read
+    timeout of the engine's connection (also a TimeoutError) passes through as itself."""
+    while True:
+        bound = asyncio.timeout_at(deadline)
+        try:
+            async with bound:
+                chunk = await anext(chunks)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            if bound.expired():
+                raise _AnswerTooLong from None
+            raise
+        yield chunk
+
+
 async def forward(state: RouterState, req: RoutedRequest, request_id: str) -> Response:
     settings = state.settings  # this request keeps the settings it started with
     res = settings.resilience
     tried: set[str] = set()
     last_error = "no attempt made"
     timing = Timing(started=time.monotonic())
+    deadline = asyncio.get_running_loop().time() + res.answer_timeout_seconds
     for attempt in range(res.max_attempts):
         now = state.clock()
         ctx = placement.Context(req.traffic_class, now, settings, frozenset(tried))
@@ -182,8 +252,7 @@ async def forward(state: RouterState, req: RoutedRequest, request_id: str) -> Re
                 state.metrics.in_flight.dec()
 
         try:
-            async with asyncio.timeout(res.first_byte_timeout_seconds):
-                resp, chunks, first = await _open(state, pod, req, request_id)
+            resp, chunks, first = await _first_byte(state, pod, req, request_id, deadline)
         except (_Retry, TimeoutError) as failure:
             release()
             if isinstance(failure, TimeoutError):
@@ -211,10 +280,15 @@ async def forward(state: RouterState, req: RoutedRequest, request_id: str) -> Re
                 backoff = min(res.backoff_max_seconds, res.backoff_base_seconds * 2**attempt)
                 await asyncio.sleep(backoff * (0.5 + state.rng.random()))
             continue
+        except AnswerTimeout:
+            release()
+            state.metrics.requests.labels(req.traffic_class, pod.name, "504").inc()
+            raise
         except BaseException:
             release()
             raise
         timing.first = time.monotonic()
+        chunks = _until(chunks, deadline)
         if req.stream and resp.status == 200:
             return StreamingResponse(
                 _relay(state, pod, req, resp, chunks, first, timing, release),
@@ -232,6 +306,11 @@ async def forward(state: RouterState, req: RoutedRequest, request_id: str) -> Re
                 if size > MAX_BUFFERED_ANSWER_BYTES:
                     whole = False
                     break
+        except _AnswerTooLong:
+            resp.release()
+            release()
+            state.metrics.requests.labels(req.traffic_class, pod.name, "504").inc()
+            raise AnswerTimeout(_too_long(state)) from None
         except RETRYABLE as exc:
             resp.release()
             release()
@@ -303,6 +382,11 @@ async def _relay(
         if rest:
             yield rest
         pod.breaker.on_success()
+    except _AnswerTooLong:
+        status = "answer_timeout"
+        error = {"error": {"message": _too_long(state), "type": "timeout", "code": 504}}
+        yield b"data: " + json.dumps(error).encode() + b"\n\n"
+        yield b"data: [DONE]\n\n"
     except RETRYABLE as exc:
         if state.ending_streams is not None:  # the router's own doing, not the pod's
             status = "router_stopping"
@@ -348,6 +432,8 @@ async def _pass_through(
             tail = (tail + chunk)[-TAIL_BYTES:]
             yield chunk
         pod.breaker.on_success()
+    except _AnswerTooLong:
+        status = "answer_timeout"  # the client sees a cut body, as for any cut connection
     except RETRYABLE as exc:
         status = "body_cut"
         pod.breaker.on_failure(state.clock(), state.settings.resilience)

@@ -147,6 +147,11 @@ class ResilienceSettings(_Model):
     read_timeout_seconds: float = Field(default=30.0, gt=0)
     """Longest silence allowed between two chunks of an engine's answer; past it a stream
     ends with an error event and [DONE]."""
+    answer_timeout_seconds: float = Field(default=600.0, gt=0)
+    """Longest an answer may take from the request's arrival to its last byte; past it a
+    stream ends with an error event and [DONE] and a non-streamed request gets 504. A
+    non-streamed answer's first byte is its whole body, so this, not the first-byte limit,
+    bounds its wait."""
     max_attempts: int = Field(default=3, ge=1, le=10)
     """Attempts per request on different pods, for failures before the first byte."""
     backoff_base_seconds: float = Field(default=0.05, ge=0)
@@ -161,6 +166,7 @@ class ResilienceSettings(_Model):
     headers, 431 and the connection closes (http_limits.py)."""
     max_headers: int = Field(default=100, ge=16, le=1000)
     drain_seconds: float = Field(default=60.0, ge=0)
+    """On SIGTERM: how long the router refuses new requests and waits for those in flight."""
 
 
 class LeaderElection(_Model):
