@@ -54,6 +54,8 @@ RESERVED_ENGINE_FLAGS = (
     "api-key",
     "admin-api-key",
     "enable-metrics",
+    "enable-trace",
+    "otlp-traces-endpoint",
     "speculative-",
     "mem-fraction-static",
     "max-running-requests",
@@ -725,9 +727,11 @@ class RouterSpec(_Model):
     must be installed); none when unset."""
     tracing: RouterTracing | None = None
     """Export a span per request (class, pod, status, time to the last byte) to an
-    OpenTelemetry collector; the span continues the client's `traceparent`, and the engine's
-    trace continues the router's span. None when unset (a client's `traceparent` still
-    reaches the engine)."""
+    OpenTelemetry collector; the span continues the client's `traceparent`. The engine pods
+    export theirs to the same endpoint (SGLang's `--enable-trace`, over OTLP/HTTP), as
+    children of the router's span and sampled as it is; the engine image needs the
+    OpenTelemetry packages, which specgate's worker image has. None when unset (a client's
+    `traceparent` still reaches the engine)."""
 
 
 class DisruptionSpec(_Model):

@@ -134,6 +134,8 @@ def test_engine_env_reads_only_the_secrets_the_resource_names_unless_allowed() -
         "--model=/x",
         "--context-len",
         "-tp",
+        "--enable-trace",
+        "--otlp-traces-endpoint=collector.evil:4317",
     ],
 )
 def test_reserved_flags_are_refused_in_every_spelling_sglang_parses(arg: str) -> None:
@@ -157,6 +159,7 @@ def test_reserved_flags_are_refused_in_every_spelling_sglang_parses(arg: str) ->
         "--attention-backend",
         "fa3",
         "--log-level=info",
+        "--trace-modules=request",
     ],
 )
 def test_other_engine_flags_pass(arg: str) -> None:

@@ -647,3 +647,20 @@ def test_oidc_client_auth_renders_the_router_settings_and_mounts_the_ca(
     assert loaded is not None and loaded.oidc is not None
     assert loaded.oidc.admin_groups == ["platform"] and loaded.oidc.requests_per_minute == 600
     assert loaded.oidc.algorithms == ["RS256", "ES256"]
+
+
+def test_engines_trace_where_the_router_does(schema: dict[str, Any]) -> None:
+    """With spec.router.tracing, SGLang exports its spans to the router's collector over
+    OTLP/HTTP; without it, no tracing flag or variable reaches the engine."""
+    endpoint = "http://otel-collector.observability:4318/v1/traces"
+    traced = minimal_resource(router={"tracing": {"otlpEndpoint": endpoint}})
+    for resource, on in [(traced, True), (minimal_resource(), False)]:
+        out = _by_kind(render.render(_sdd(resource, schema)))
+        engine = out[("Deployment", "demo-engine")]["spec"]["template"]["spec"]["containers"][0]
+        args, env = engine["args"], engine["env"]
+        assert ("--enable-trace" in args) is on
+        assert (render.ENGINE_TRACING_ENV in env) is on
+        if on:
+            assert args[args.index("--otlp-traces-endpoint") + 1] == endpoint
+        else:
+            assert "--otlp-traces-endpoint" not in args

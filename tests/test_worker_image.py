@@ -11,6 +11,7 @@ import ast
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -419,6 +420,46 @@ def test_the_engine_takes_its_key_from_the_environment_and_never_logs_it(
     none = Args()
     none._handle_api_key_from_env()  # type: ignore[attr-defined]
     assert none.api_key is None and "api_key=None" in repr(none)
+
+
+def test_every_flag_the_operator_renders_is_one_the_engine_has(patched_site: Path) -> None:
+    """Each `--flag` of a resource that sets every engine option (tracing included) is a
+    field of the patched SGLang's ServerArgs, the dataclass its parser is built from: a flag
+    renamed upstream fails here, not in a pod's start-up."""
+    from specgate import api
+    from specgate_operator import render
+
+    from .conftest import minimal_resource
+
+    source = (patched_site / "sglang" / "srt" / "server_args.py").read_text()
+    (server_args,) = [
+        node
+        for node in ast.parse(source).body
+        if isinstance(node, ast.ClassDef) and node.name == "ServerArgs"
+    ]
+    fields = {
+        node.target.id
+        for node in server_args.body
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+    }
+    resource = minimal_resource(
+        model={"path": "/models/t", "revision": "v1", "contextLength": 8192,
+               "trustRemoteCode": True},
+        speculative={"draftModel": {"path": "/models/d", "revision": "v2"}, "offStepTokens": 4},
+        engine={"memFractionStatic": 0.8, "maxRunningRequests": 64, "cudaGraphMaxBs": 32},
+        router={"tracing": {"otlpEndpoint": "http://collector:4318/v1/traces"}},
+    )  # fmt: skip
+    args = render.engine_args(api.SpecDecodeDeployment.model_validate(resource))
+    flags = [a[2:].replace("-", "_") for a in args if a.startswith("--")]
+    assert len(flags) >= 20 and "enable_trace" in flags
+    assert [f for f in flags if f not in fields] == []
+
+
+def test_the_image_has_what_engine_tracing_imports() -> None:
+    """SGLang refuses --enable-trace without its `tracing` extra: the worker image installs it."""
+    dockerfile = (ROOT / "worker-image" / "Dockerfile").read_text()
+    for package in ("opentelemetry-sdk", "opentelemetry-exporter-otlp"):
+        assert re.search(rf"\b{package}==\d", dockerfile), package
 
 
 def test_off_step_tokens_are_checked_at_start_up_after_the_algorithm_defaults(

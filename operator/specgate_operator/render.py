@@ -167,7 +167,16 @@ def engine_args(sdd: api.SpecDecodeDeployment) -> list[str]:
     if engine.cuda_graph_max_bs is not None:
         # SGLang 0.5.17 keeps --cuda-graph-max-bs only as a deprecated alias of this one.
         args += ["--cuda-graph-max-bs-decode", str(engine.cuda_graph_max_bs)]
+    tracing = spec.router.tracing
+    if tracing is not None:
+        # The engine's spans continue the router's (its traceparent), to the same collector
+        # over OTLP/HTTP (ENGINE_TRACING_ENV); they follow the router's sampling decision.
+        args += ["--enable-trace", "--otlp-traces-endpoint", tracing.otlp_endpoint]
     return args + list(engine.extra_args)
+
+
+ENGINE_TRACING_ENV = {"name": "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "value": "http/protobuf"}
+"""SGLang exports over gRPC unless told otherwise; the router's endpoint is OTLP/HTTP."""
 
 
 ENGINE_CPU_REQUEST_PER_GPU = 2
@@ -324,6 +333,8 @@ def engine_deployment(sdd: api.SpecDecodeDeployment, opts: RenderOptions) -> Man
         mounts.append({"name": "home", "mountPath": ENGINE_HOME})
         env.insert(1, {"name": "HOME", "value": ENGINE_HOME})
     init_containers: list[dict[str, Any]] = []
+    if spec.router.tracing is not None:
+        env.append(dict(ENGINE_TRACING_ENV))
     if spec.model.source.type == "hub":
         init_containers.append(fetch_weights_container(sdd, opts))
         # The weights are in the cache: SGLang must not reach for the hub itself.
