@@ -9,6 +9,9 @@ import logging
 import time
 
 _STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+_FIELD_TYPES = (str, int, float, bool, type(None), dict, list, tuple)
+"""Extra fields logged as keys: data. Objects a library attaches to its records (kopf's whole
+settings object, on every line) are left out."""
 
 
 class JsonFormatter(logging.Formatter):
@@ -16,7 +19,7 @@ class JsonFormatter(logging.Formatter):
     headers are never logged: they carry API keys."""
 
     def format(self, record: logging.LogRecord) -> str:
-        out = {
+        out: dict[str, object] = {
             # UTC to the millisecond, as RFC 3339 with its zone: what collectors sort on.
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
             + f".{int(record.msecs):03d}Z",
@@ -24,7 +27,13 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        out.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD})
+        out.update(
+            {
+                k: v
+                for k, v in record.__dict__.items()
+                if k not in _STANDARD and isinstance(v, _FIELD_TYPES)
+            }
+        )
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out, default=str)

@@ -101,7 +101,16 @@ def test_cluster_role_is_the_operators_rules() -> None:
     docs = rendered()
     (role,) = by_kind(docs, "ClusterRole")
     assert role["rules"] == install.OPERATOR_RULES
-    assert by_kind(docs, "Role") == [] and by_kind(docs, "RoleBinding") == []
+    # Beyond it, only the Lease the replicas elect their leader with, in their namespace.
+    (election,) = by_kind(docs, "Role")
+    assert election["rules"] == install.LEADER_ELECTION_RULES
+    (binding,) = by_kind(docs, "RoleBinding")
+    assert binding["roleRef"]["name"] == election["metadata"]["name"]
+    assert binding["metadata"]["namespace"] == election["metadata"]["namespace"]
+    (dep,) = by_kind(docs, "Deployment")
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--leader-election-namespace=$(POD_NAMESPACE)" in args
+    assert dep["spec"]["replicas"] == 2 and dep["spec"]["strategy"]["type"] == "RollingUpdate"
     for rule in role["rules"]:
         assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
 
@@ -112,7 +121,8 @@ def test_an_operator_limited_to_namespaces_gets_its_rights_only_there() -> None:
     docs = rendered(CHART / "ci" / "namespaced-values.yaml")
     (cluster_role,) = by_kind(docs, "ClusterRole")
     assert cluster_role["rules"] == install.CLUSTER_RULES
-    roles, bindings = by_kind(docs, "Role"), by_kind(docs, "RoleBinding")
+    roles = [r for r in by_kind(docs, "Role") if r["rules"] != install.LEADER_ELECTION_RULES]
+    bindings = [b for b in by_kind(docs, "RoleBinding") if "leader" not in b["roleRef"]["name"]]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["llm-prod", "llm-staging"]
     assert all(r["rules"] == install.NAMESPACED_RULES for r in roles)
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["llm-prod", "llm-staging"]

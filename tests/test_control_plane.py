@@ -235,7 +235,10 @@ def operator(cluster: ControlPlane) -> Iterator[LocalOperator]:
     token = cluster.kubectl(
         "create", "token", "specgate", "-n", "specgate-system", "--duration=2h"
     ).stdout.strip()
-    local = LocalOperator(cluster, cluster.kubeconfig_for(token, "operator"))
+    # Elected through a Lease in the release namespace, as the chart runs it: its Role there
+    # must grant every call of the election.
+    scope = ("-A", "--leader-election-namespace", "specgate-system", "--identity", "test-0")
+    local = LocalOperator(cluster, cluster.kubeconfig_for(token, "operator"), scope)
     _hub_token(cluster, "default")
     local.start()
     try:
@@ -304,6 +307,9 @@ def test_the_operator_reconciles_with_the_charts_rights_and_children_go_with_the
     assert can.stdout.strip() == "no"
     refused = cluster.kubectl("get", "nodes", kubeconfig=as_operator, check=False)
     assert refused.returncode != 0 and "forbidden" in refused.stderr.lower()
+
+    lease = _get(cluster, "lease", "specgate-operator", "-n", "specgate-system")
+    assert lease is not None and lease["spec"]["holderIdentity"] == "test-0"
 
     # A restarted operator converges on what is there: one of each child, no conflicts.
     operator.stop()

@@ -91,6 +91,16 @@ def test_log_lines_carry_utc_milliseconds() -> None:
     assert line["ts"] == "2023-11-14T22:13:20.250Z"
 
 
+def test_extra_fields_are_data_and_objects_are_left_out() -> None:
+    """kopf attaches its settings object to every record: a repr of a kilobyte a line."""
+    record = logging.makeLogRecord(
+        {"msg": "x", "request_id": "r1", "k8s_ref": {"name": "demo"}, "settings": object()}
+    )
+    line = json.loads(logs.JsonFormatter().format(record))
+    assert line["request_id"] == "r1" and line["k8s_ref"] == {"name": "demo"}
+    assert "settings" not in line
+
+
 def test_every_line_the_router_logs_is_json() -> None:
     """uvicorn's own start-up and shutdown lines included."""
     proc = subprocess.Popen(

@@ -435,3 +435,89 @@ async def test_api_rejects_a_malformed_resource_naming_the_field(cluster: Cluste
     resp = await cluster.api.post(SDD_PATH, json=minimal_resource(replicas=-2))
     assert resp.status_code == 422
     assert "spec.replicas" in resp.json()["message"]
+
+
+LEASE_PATH = "/apis/coordination.k8s.io/v1/namespaces/default/leases"
+
+
+async def _holder(cluster: Cluster) -> str | None:
+    lease = await cluster.get(LEASE_PATH, "specgate-operator")
+    return ((lease or {}).get("spec") or {}).get("holderIdentity")
+
+
+async def _scrape(proc: OperatorProcess, path: str) -> str:
+    """The answer at `path` ("" while the process is not listening yet)."""
+    async with httpx.AsyncClient() as client:
+        port = proc.metrics_port if path == "/metrics" else proc.liveness_port
+        try:
+            return (await client.get(f"http://127.0.0.1:{port}{path}")).text
+        except httpx.ConnectError:
+            return ""
+
+
+async def _threshold_reaches_engine(cluster: Cluster, threshold: int) -> bool:
+    dep = await cluster.get("/apis/apps/v1/namespaces/default/deployments", "demo-engine")
+    args = (dep or {}).get("spec", {}).get("template", {}).get("spec", {}).get("containers")
+    return bool(args) and str(threshold) in args[0]["args"]  # type: ignore[index]
+
+
+async def _set_threshold(cluster: Cluster, threshold: int) -> float:
+    resp = await cluster.api.patch(
+        f"{SDD_PATH}/demo",
+        json={"spec": {"speculative": {"control": {"threshold": threshold}}}},
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
+    assert resp.status_code == 200, resp.text
+    return asyncio.get_running_loop().time()
+
+
+async def test_two_replicas_elect_one_that_reconciles_and_fail_over(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """With leader election, one of two operator processes holds the Lease and reconciles; the
+    other waits, alive (liveness 200) and serving metrics. A killed leader (no chance to
+    release) is replaced once its lease runs out; a stopped one releases it, and the standby
+    takes over at its next round. Each failover is timed from a spec change to its child."""
+    lease_seconds = 3.0
+    flags = ("--leader-election-namespace", "default",
+             "--leader-election-lease-seconds", str(lease_seconds))  # fmt: skip
+    procs = {
+        name: OperatorProcess(
+            cluster.kubeconfig, tmp_path / f"{name}.log", *flags, "--identity", name
+        )
+        for name in ("a", "b")
+    }
+    try:
+        for proc in procs.values():
+            await proc.start()
+        leader = await wait_for(lambda: _holder(cluster), what="a Lease holder")
+        standby = "b" if leader == "a" else "a"
+        await _create(cluster, minimal_resource())
+        await wait_for(lambda: _all_children(cluster), what="all children")
+        assert "specgate_operator_leader 1.0" in await _scrape(procs[leader], "/metrics")
+        assert "specgate_operator_leader 0.0" in await _scrape(procs[standby], "/metrics")
+        assert '"candidate"' in await _scrape(procs[standby], "/healthz")
+        assert "Starting Kopf" not in (tmp_path / f"{standby}.log").read_text()
+
+        await procs[leader].stop(signal.SIGKILL)
+        changed = await _set_threshold(cluster, 11)
+        await wait_for(lambda: _threshold_reaches_engine(cluster, 11), timeout=30,
+                       what="the standby to take over")  # fmt: skip
+        after_kill = asyncio.get_running_loop().time() - changed
+        assert await _holder(cluster) == standby
+        assert after_kill < lease_seconds + 5, after_kill
+
+        await procs[leader].start()  # back as a candidate
+        await wait_for(lambda: _scrape(procs[leader], "/healthz"), what="the candidate")
+        await procs[standby].stop(signal.SIGTERM)
+        changed = await _set_threshold(cluster, 13)
+        await wait_for(lambda: _threshold_reaches_engine(cluster, 13), timeout=30,
+                       what="the candidate to take over")  # fmt: skip
+        after_stop = asyncio.get_running_loop().time() - changed
+        assert await _holder(cluster) == leader
+        assert after_stop < lease_seconds, after_stop  # released: no wait for the lease
+        print(f"failover: killed leader {after_kill:.1f} s, stopped leader {after_stop:.1f} s")
+    finally:
+        for name, proc in procs.items():
+            await proc.stop()
+            print(name, (tmp_path / f"{name}.log").read_text()[-3000:])

@@ -43,7 +43,6 @@ class OperatorConfig:
     """How often every resource is re-applied (drift correction) and its status refreshed."""
     detect_monitoring: bool = True
     """Render ServiceMonitors when the monitoring.coreos.com/v1 API is served."""
-    metrics_port: int = 0
     """Serve the operator's own metrics (/metrics) on this port; 0: not served."""
 
 
@@ -324,8 +323,8 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
                 "no Kubernetes credentials: no service account, no kubeconfig"
             )
         memo.config = config
-        memo.metrics = OperatorMetrics()
-        memo.metrics.serve(config.metrics_port)
+        if getattr(memo, "metrics", None) is None:  # the process serves its own (main.py)
+            memo.metrics = OperatorMetrics()
         memo.kube = KubeClient(Credentials.from_kopf(info))
         memo.service_monitor = False
         if config.detect_monitoring:
@@ -336,15 +335,8 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
 
     @kopf.on.cleanup(registry=registry)
     async def close(memo: Any, **_: Any) -> None:
-        if getattr(memo, "metrics", None) is not None:
-            memo.metrics.stop()
         if getattr(memo, "kube", None) is not None:
             await memo.kube.aclose()
-
-    @kopf.on.probe(id="api", registry=registry)
-    async def api_reachable(memo: Any, **_: Any) -> bool:
-        kube: KubeClient = memo.kube
-        return await kube.serves(api.API_VERSION, api.PLURAL)
 
     @kopf.on.resume(*resource, registry=registry)
     @kopf.on.create(*resource, registry=registry)

@@ -1,15 +1,23 @@
-"""`specgate operator`: run the kopf operator in this process."""
+"""`specgate operator`: run the kopf operator in this process, alone or as the elected one of
+several replicas (election.py)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
+import os
+import socket
 import sys
+from typing import TYPE_CHECKING
 
 from specgate import logs
-from specgate.kube import Credentials, KubeError
-from specgate_operator import policy, render
+from specgate.kube import Credentials, KubeClient, KubeError
+from specgate_operator import election, health, policy, render
+from specgate_operator.metrics import OperatorMetrics
+
+if TYPE_CHECKING:
+    from specgate_operator import handlers
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,6 +85,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="json",
         help="log lines as JSON objects (for log collectors) or plain text",
     )
+    parser.add_argument(
+        "--leader-election-namespace",
+        default="",
+        metavar="NS",
+        help="elect one reconciling replica through a Lease in this namespace (the operator's"
+        " own); empty: this process is the only operator",
+    )
+    parser.add_argument(
+        "--leader-election-lease",
+        default="specgate-operator",
+        metavar="NAME",
+        help="the Lease's name",
+    )
+    parser.add_argument(
+        "--leader-election-lease-seconds",
+        type=float,
+        default=15.0,
+        metavar="S",
+        help="how long a leader's renewal stands: a standby takes over this long after a leader"
+        " stops renewing (a leader renews every S/7.5 s and stops after 2S/3 s without one)",
+    )
+    parser.add_argument(
+        "--identity",
+        default="",
+        help="this replica's name in the Lease; default: $POD_NAME, else host and process id",
+    )
     parser.add_argument("-v", "--verbose", action="store_true")
 
 
@@ -91,8 +125,6 @@ def _labels(pairs: list[str], flag: str) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import kopf
-
     from specgate_operator import handlers
 
     logs.configure("DEBUG" if args.verbose else "INFO", args.log_format)
@@ -126,18 +158,78 @@ def run(args: argparse.Namespace) -> int:
         ),
         resync_seconds=args.resync_seconds,
         detect_monitoring=not args.no_service_monitor,
-        metrics_port=args.metrics_port,
     )
+    try:
+        elected = (
+            election.Election(
+                namespace=args.leader_election_namespace,
+                lease_name=args.leader_election_lease,
+                identity=args.identity
+                or os.environ.get("POD_NAME")
+                or f"{socket.gethostname()}-{os.getpid()}",
+                lease_seconds=args.leader_election_lease_seconds,
+                renew_seconds=args.leader_election_lease_seconds / 7.5,
+                renew_deadline_seconds=args.leader_election_lease_seconds * 2 / 3,
+            )
+            if args.leader_election_namespace
+            else None
+        )
+        if args.liveness:
+            health.parse_endpoint(args.liveness)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(_operate(args, config, elected))
+
+
+async def _operate(
+    args: argparse.Namespace,
+    config: handlers.OperatorConfig,
+    elected: election.Election | None,
+) -> int:
+    """Serve liveness and metrics for the whole process, then run kopf: at once, or once this
+    replica is elected. 0 on a clean stop, 1 when leadership was lost."""
+    import kopf
+
+    from specgate_operator import handlers
+
+    metrics = OperatorMetrics()
+    metrics.serve(args.metrics_port)
+    role = election.Role.CANDIDATE if elected else election.Role.LEADER
+
+    def on_role(new: election.Role) -> None:
+        nonlocal role
+        role = new
+        metrics.leader.set(1 if new is election.Role.LEADER else 0)
+
+    def liveness() -> tuple[bool, dict[str, str]]:
+        return role is not election.Role.STOPPED, {"role": role.value}
+
     namespaces = list(args.namespace)
-    # A single replica (Recreate) runs at a time, so kopf's peering is not needed.
-    asyncio.run(
-        kopf.operator(
+
+    async def reconcile_until(stop: asyncio.Event) -> None:
+        await kopf.operator(
             registry=handlers.build_registry(config),
-            memo=kopf.Memo(),
+            memo=kopf.Memo(metrics=metrics),
+            # One replica reconciles at a time (the Lease, or a single process): no peering.
             standalone=True,
             clusterwide=not namespaces,
             namespaces=namespaces,
-            liveness_endpoint=args.liveness or None,
+            stop_flag=stop,
         )
-    )
-    return 0
+
+    server = await health.serve(args.liveness, liveness) if args.liveness else None
+    try:
+        if elected is None:
+            on_role(election.Role.LEADER)
+            await reconcile_until(asyncio.Event())
+            return 0
+        kube = KubeClient(Credentials.discover())
+        try:
+            return 0 if await election.lead(kube, elected, reconcile_until, on_role) else 1
+        finally:
+            await kube.aclose()
+    finally:
+        if server is not None:
+            server.close()
+        metrics.stop()

@@ -1,6 +1,6 @@
 """The operator's own Prometheus metrics: how many reconciles ran and how they ended, and how
 long they took. One registry an operator process (no global state); served on
---metrics-port by a server the operator starts and stops with itself."""
+--metrics-port by every replica, leader and standby alike."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import kopf
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 
 class OperatorMetrics:
@@ -26,6 +26,11 @@ class OperatorMetrics:
             "specgate_operator_reconcile_seconds",
             "How long a reconcile took, children applied and status written.",
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=self.registry,
+        )
+        self.leader = Gauge(
+            "specgate_operator_leader",
+            "1 in the replica that holds the operator's Lease and reconciles, 0 in a standby.",
             registry=self.registry,
         )
         self._server: Any = None

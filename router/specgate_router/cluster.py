@@ -4,17 +4,14 @@ pod state to the SpecDecodeDeployment's status. Each is a loop owned by `RouterS
 from __future__ import annotations
 
 import asyncio
-import datetime
 import json
 import logging
-import math
-import time
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from specgate.kube import Credentials, KubeClient, KubeError
+from specgate.lease import LeaseObservation, now_rfc3339, try_acquire
 from specgate_router.settings import KubernetesDiscovery, LeaderElection, StatusTarget
 from specgate_router.state import RouterState
 
@@ -75,87 +72,6 @@ async def watch_endpoints(state: RouterState, k8s: KubernetesDiscovery) -> None:
 # ---- leader election ----
 
 
-def _now_rfc3339() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-@dataclass
-class LeaseObservation:
-    """When this replica last saw the Lease's record change, on its own monotonic clock.
-
-    A lease is expired when its record (holder, renew time) has not changed for its duration
-    as this replica measures it, as client-go's leader election does: comparing the holder's
-    renewTime with the local wall clock would hand the lease over early, or never, on a node
-    whose clock is skewed from the holder's."""
-
-    record: tuple[Any, ...] | None = None
-    observed_at: float = -math.inf
-
-    def expired(self, lease: dict[str, Any], now: float) -> bool:
-        spec = lease.get("spec") or {}
-        record = (spec.get("holderIdentity"), spec.get("renewTime"), spec.get("acquireTime"))
-        if record != self.record:
-            self.record, self.observed_at = record, now
-            return False
-        return now - self.observed_at > float(spec.get("leaseDurationSeconds") or 0)
-
-
-async def try_acquire(
-    kube: KubeClient,
-    cfg: LeaderElection,
-    identity: str,
-    observation: LeaseObservation | None = None,
-    now: float | None = None,
-) -> bool:
-    """One round of Lease-based election; True when `identity` holds the lease afterwards.
-    `observation` carries what earlier rounds saw (a fresh one never takes over a lease another
-    holds: it has not watched it expire); `now` is monotonic seconds."""
-    observation = observation if observation is not None else LeaseObservation()
-    now = time.monotonic() if now is None else now
-    stamp = _now_rfc3339()
-    lease = await kube.get_or_none("coordination.k8s.io/v1", "Lease", cfg.namespace, cfg.lease_name)
-    spec = {
-        "holderIdentity": identity,
-        "leaseDurationSeconds": math.ceil(cfg.lease_seconds),
-        "renewTime": stamp,
-    }
-    if lease is None:
-        body = {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {"name": cfg.lease_name, "namespace": cfg.namespace},
-            "spec": {**spec, "acquireTime": stamp, "leaseTransitions": 0},
-        }
-        try:
-            await kube.create(body)
-        except KubeError as exc:
-            if exc.conflict:
-                return False  # somebody else created it first
-            raise
-        return True
-    holder = (lease.get("spec") or {}).get("holderIdentity")
-    expired = observation.expired(lease, now)
-    if holder != identity and holder and not expired:
-        return False
-    if holder != identity:
-        transitions = int((lease.get("spec") or {}).get("leaseTransitions") or 0) + 1
-        spec = {**spec, "acquireTime": stamp, "leaseTransitions": transitions}
-    # resourceVersion makes the update conditional: two candidates cannot both win.
-    patch = {
-        "metadata": {"resourceVersion": lease["metadata"].get("resourceVersion")},
-        "spec": spec,
-    }
-    try:
-        await kube.merge_patch(
-            "coordination.k8s.io/v1", "Lease", cfg.namespace, cfg.lease_name, patch
-        )
-    except KubeError as exc:
-        if exc.conflict:
-            return False
-        raise
-    return True
-
-
 async def lead(state: RouterState, cfg: LeaderElection) -> None:
     observation = LeaseObservation()
     while True:
@@ -186,7 +102,7 @@ def threshold_summary(values: list[int | None]) -> str:
 
 def status_patch(state: RouterState, current: dict[str, Any]) -> dict[str, Any]:
     views = state.views()
-    stamp = _now_rfc3339()
+    stamp = now_rfc3339()
     pods = [
         {
             "name": v["name"],

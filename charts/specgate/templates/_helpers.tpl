@@ -84,6 +84,8 @@ app.kubernetes.io/component: operator
 - --resync-seconds={{ .Values.operator.resyncSeconds }}
 - --liveness=http://0.0.0.0:8080/healthz
 - --metrics-port=8081
+- --leader-election-namespace=$(POD_NAMESPACE)
+- --leader-election-lease={{ include "specgate.fullname" . }}
 {{- range $key, $value := .Values.operator.metricsNamespaceLabels }}
 - --metrics-namespace-label={{ $key }}={{ $value }}
 {{- end }}
