@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -356,3 +357,30 @@ def test_the_chart_installs_on_kubernetes_1_29_and_newer(version: str, accepted:
     assert (result.returncode == 0) is accepted, result.stderr
     if not accepted:
         assert "kubeVersion" in result.stderr or "incompatible" in result.stderr
+
+
+def test_name_override_names_the_objects_and_pods_take_annotations_and_labels() -> None:
+    docs = rendered(sets=("nameOverride=gate", "operator.podAnnotations.team=llm",
+                          "operator.podLabels.tier=control"))  # fmt: skip
+    (dep,) = by_kind(docs, "Deployment")
+    assert dep["metadata"]["name"] == "sg-gate"
+    assert {d["metadata"]["name"] for d in by_kind(docs, "ClusterRole")} == {"sg-gate"}
+    template = dep["spec"]["template"]["metadata"]
+    assert template["annotations"] == {"team": "llm"}
+    assert template["labels"]["tier"] == "control"
+    assert dep["spec"]["selector"]["matchLabels"].items() <= template["labels"].items()
+    assert "tier" not in dep["spec"]["selector"]["matchLabels"]  # selectors never change
+
+
+def test_notes_name_the_images_and_what_monitoring_needs(tmp_path: Path) -> None:
+    """NOTES.txt rendered as `helm install` would (helm template skips it: a copy of the chart
+    renders it as a template, and --debug prints it before the YAML check refuses it)."""
+    chart = tmp_path / "specgate"
+    shutil.copytree(CHART, chart)
+    shutil.copy(chart / "templates" / "NOTES.txt", chart / "templates" / "notes-check.yaml")
+    out = run(tool("helm"), "template", "sg", str(chart), "--namespace", "specgate-system",
+              "--show-only", "templates/notes-check.yaml", "--debug", check=False)  # fmt: skip
+    notes = out.stdout.split("notes-check.yaml", 1)[1]
+    assert "ghcr.io/specgate/worker" in notes and "ghcr.io/specgate/specgate" in notes
+    assert '{"release":"kube-prometheus-stack"}' in notes
+    assert "the holder of Lease sg-specgate reconciles" in notes
