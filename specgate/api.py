@@ -713,6 +713,11 @@ class RouterSpec(_Model):
     """Router container resources (core/v1 ResourceRequirements)."""
     service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
     """Type of the router's Service."""
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Node labels router pods require (they need no GPU; by default they go anywhere)."""
+    tolerations: list[KubeObject] = Field(default_factory=list, max_length=64)
+    """Tolerations (core/v1 Toleration) for router pods, under the same operator policy as
+    the engine pods' (`--allowed-toleration-key`)."""
     client_auth: ClientAuthSpec | None = None
     """Require client API keys (hashed at rest, with classes and limits per key); any client
     that reaches the router may send when unset."""

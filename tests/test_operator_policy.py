@@ -213,6 +213,11 @@ def test_scheduling_privileges_are_refused_unless_the_policy_grants_them() -> No
         allowed_priority_classes=("system-node-critical",),
     )
     assert violations(sdd, generous) == []
+    # Router pods' tolerations are held to the same keys.
+    router = _sdd(router={"tolerations": [{"operator": "Exists"}], "nodeSelector": {"a": "b"}})
+    (line,) = violations(router, Policy())
+    assert line.startswith("spec.router.tolerations[0]: tolerating every taint")
+    assert violations(router, generous) == []
     # A non-system class passes when no list is set; with a list, only the list does.
     ordinary = _sdd(placement={"priorityClassName": "llm-high"})
     assert violations(ordinary, Policy()) == []

@@ -664,3 +664,12 @@ def test_engines_trace_where_the_router_does(schema: dict[str, Any]) -> None:
             assert args[args.index("--otlp-traces-endpoint") + 1] == endpoint
         else:
             assert "--otlp-traces-endpoint" not in args
+
+
+def test_router_pods_go_where_the_resource_places_them(schema: dict[str, Any]) -> None:
+    toleration = {"key": "dedicated", "operator": "Equal", "value": "gateway"}
+    placed = minimal_resource(router={"nodeSelector": {"pool": "cpu"}, "tolerations": [toleration]})
+    pod, _ = _router_pod_and_config(placed, schema)
+    assert pod["nodeSelector"] == {"pool": "cpu"} and pod["tolerations"] == [toleration]
+    pod, _ = _router_pod_and_config(minimal_resource(), schema)
+    assert "nodeSelector" not in pod and "tolerations" not in pod

@@ -272,16 +272,20 @@ def violations(
             )
     placement = sdd.spec.placement
     allowed_keys = policy.allowed_toleration_keys
-    for i, toleration in enumerate(placement.tolerations):
-        key = toleration.get("key") if isinstance(toleration, dict) else None
-        if "*" in allowed_keys or (key and key in allowed_keys):
-            continue
-        what = f"the taint {key!r}" if key else "every taint"
-        out.append(
-            f"spec.placement.tolerations[{i}]: tolerating {what} is not allowed (this operator"
-            f" allows {', '.join(allowed_keys) or 'none'}): remove it, or ask its administrator"
-            " for --allowed-toleration-key"
-        )
+    for where, tolerations in (
+        ("spec.placement.tolerations", placement.tolerations),
+        ("spec.router.tolerations", sdd.spec.router.tolerations),
+    ):
+        for i, toleration in enumerate(tolerations):
+            key = toleration.get("key") if isinstance(toleration, dict) else None
+            if "*" in allowed_keys or (key and key in allowed_keys):
+                continue
+            what = f"the taint {key!r}" if key else "every taint"
+            out.append(
+                f"{where}[{i}]: tolerating {what} is not allowed (this operator allows"
+                f" {', '.join(allowed_keys) or 'none'}): remove it, or ask its administrator"
+                " for --allowed-toleration-key"
+            )
     runtime = placement.runtime_class_name
     if runtime is not None and runtime not in policy.allowed_runtime_classes:
         out.append(

@@ -686,6 +686,14 @@ def router_deployment(sdd: api.SpecDecodeDeployment, opts: RenderOptions) -> Man
                         if opts.image_pull_secrets
                         else {}
                     ),
+                    **(
+                        {"nodeSelector": dict(router.node_selector)} if router.node_selector else {}
+                    ),
+                    **(
+                        {"tolerations": [dict(t) for t in router.tolerations]}
+                        if router.tolerations
+                        else {}
+                    ),
                     "containers": [container],
                     "volumes": volumes,
                     # The preStop pause, then the drain of in-flight streams, then exit.
