@@ -379,7 +379,15 @@ class EngineSpec(_Model):
     tensor_parallel_size: Literal[1, 2, 4, 8] = 8
     """Tensor-parallel degree (`--tp`)."""
     gpus_per_pod: int = Field(default=8, ge=1, le=8)
-    """GPUs each engine pod requests (`nvidia.com/gpu`)."""
+    """GPUs each engine pod requests (of `gpuResourceName`)."""
+    gpu_resource_name: str = Field(
+        default="nvidia.com/gpu",
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[a-zA-Z0-9]([-a-zA-Z0-9_.]*[a-zA-Z0-9])?$",
+    )
+    """The extended resource the GPUs are requested as: `nvidia.com/gpu` from NVIDIA's device
+    plugin, or another name its configuration gives (a MIG profile such as
+    `nvidia.com/mig-3g.40gb`, a renamed or shared resource)."""
     port: int = Field(default=30000, ge=1024, le=65535)
     """Port the engine listens on inside the pod."""
     mem_fraction_static: float | None = Field(default=None, ge=0.05, le=0.98)

@@ -673,3 +673,16 @@ def test_router_pods_go_where_the_resource_places_them(schema: dict[str, Any]) -
     assert pod["nodeSelector"] == {"pool": "cpu"} and pod["tolerations"] == [toleration]
     pod, _ = _router_pod_and_config(minimal_resource(), schema)
     assert "nodeSelector" not in pod and "tolerations" not in pod
+
+
+def test_gpus_are_requested_as_the_resource_names_them(schema: dict[str, Any]) -> None:
+    for resource, name in [
+        (minimal_resource(engine={"gpusPerPod": 1, "tensorParallelSize": 1}), "nvidia.com/gpu"),
+        (minimal_resource(engine={"gpusPerPod": 1, "tensorParallelSize": 1,
+                                  "gpuResourceName": "nvidia.com/mig-3g.40gb"}),
+         "nvidia.com/mig-3g.40gb"),
+    ]:  # fmt: skip
+        out = _by_kind(render.render(_sdd(resource, schema)))
+        pod = out[("Deployment", "demo-engine")]["spec"]["template"]["spec"]
+        resources = pod["containers"][0]["resources"]
+        assert resources["limits"] == {name: "1"} and resources["requests"][name] == "1"

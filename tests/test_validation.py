@@ -245,6 +245,12 @@ CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "is not one of",
     ),
     (
+        "gpu-resource-not-extended-name",
+        {"engine": {"gpuResourceName": "gpu"}},
+        "spec.engine.gpuResourceName",
+        "match",
+    ),
+    (
         "cel-update-replaces-no-pod",
         {"disruption": {"maxSurge": 0, "maxUnavailable": 0}},
         "spec.disruption",

@@ -217,9 +217,9 @@ RESTRICTED_USER = 65532
 def _engine_resources(engine: api.EngineSpec) -> dict[str, Any]:
     resources: dict[str, Any] = {k: dict(v) for k, v in engine.resources.items()}
     gpus = str(engine.gpus_per_pod)
-    resources.setdefault("limits", {})["nvidia.com/gpu"] = gpus
+    resources.setdefault("limits", {})[engine.gpu_resource_name] = gpus
     requests = resources.setdefault("requests", {})
-    requests["nvidia.com/gpu"] = gpus
+    requests[engine.gpu_resource_name] = gpus
     requests.setdefault("cpu", str(ENGINE_CPU_REQUEST_PER_GPU * engine.gpus_per_pod))
     requests.setdefault("memory", f"{ENGINE_MEMORY_REQUEST_PER_GPU_GI * engine.gpus_per_pod}Gi")
     return resources
