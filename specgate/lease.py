@@ -6,12 +6,17 @@ thresholds; the operator's replicas elect the one that reconciles."""
 from __future__ import annotations
 
 import datetime
+import logging
 import math
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import httpx
+
 from specgate.kube import KubeClient, KubeError
+
+log = logging.getLogger("specgate.lease")
 
 
 class LeaseTerms(Protocol):
@@ -90,20 +95,37 @@ async def try_acquire(
     if holder != identity:
         transitions = int((lease.get("spec") or {}).get("leaseTransitions") or 0) + 1
         spec = {**spec, "acquireTime": stamp, "leaseTransitions": transitions}
-    # resourceVersion makes the update conditional: two candidates cannot both win.
-    patch = {
-        "metadata": {"resourceVersion": lease["metadata"].get("resourceVersion")},
-        "spec": spec,
-    }
+    return await _patch_unchanged(kube, cfg, lease, spec)
+
+
+async def _patch_unchanged(
+    kube: KubeClient, terms: LeaseTerms, lease: dict[str, Any], spec: dict[str, Any]
+) -> bool:
+    """Patch the Lease's spec only if it is still the version read (its resourceVersion): two
+    candidates cannot both win. False when another wrote it first."""
+    patch = {"metadata": {"resourceVersion": lease["metadata"].get("resourceVersion")},
+             "spec": spec}  # fmt: skip
     try:
         await kube.merge_patch(
-            "coordination.k8s.io/v1", "Lease", cfg.namespace, cfg.lease_name, patch
+            "coordination.k8s.io/v1", "Lease", terms.namespace, terms.lease_name, patch
         )
     except KubeError as exc:
         if exc.conflict:
             return False
         raise
     return True
+
+
+async def attempt(
+    kube: KubeClient, terms: LeaseTerms, identity: str, seen: LeaseObservation
+) -> bool | None:
+    """One election round: True held, False held by another, None unknown (the API call
+    failed; logged)."""
+    try:
+        return await try_acquire(kube, terms, identity, seen)
+    except (KubeError, httpx.HTTPError) as exc:
+        log.warning("leader election round failed: %s", exc)
+        return None
 
 
 async def release(kube: KubeClient, terms: LeaseTerms, identity: str) -> bool:
@@ -114,16 +136,6 @@ async def release(kube: KubeClient, terms: LeaseTerms, identity: str) -> bool:
     )
     if lease is None or (lease.get("spec") or {}).get("holderIdentity") != identity:
         return False
-    patch = {
-        "metadata": {"resourceVersion": lease["metadata"].get("resourceVersion")},
-        "spec": {"holderIdentity": None, "renewTime": now_rfc3339()},
-    }
-    try:
-        await kube.merge_patch(
-            "coordination.k8s.io/v1", "Lease", terms.namespace, terms.lease_name, patch
-        )
-    except KubeError as exc:
-        if exc.conflict:
-            return False
-        raise
-    return True
+    return await _patch_unchanged(
+        kube, terms, lease, {"holderIdentity": None, "renewTime": now_rfc3339()}
+    )

@@ -461,14 +461,17 @@ async def _threshold_reaches_engine(cluster: Cluster, threshold: int) -> bool:
     return bool(args) and str(threshold) in args[0]["args"]  # type: ignore[index]
 
 
-async def _set_threshold(cluster: Cluster, threshold: int) -> float:
+async def _change_reaches_engine(cluster: Cluster, threshold: int, what: str) -> float:
+    """Set the resource's threshold; the seconds until the engine Deployment carries it."""
     resp = await cluster.api.patch(
         f"{SDD_PATH}/demo",
         json={"spec": {"speculative": {"control": {"threshold": threshold}}}},
         headers={"Content-Type": "application/merge-patch+json"},
     )
     assert resp.status_code == 200, resp.text
-    return asyncio.get_running_loop().time()
+    changed = asyncio.get_running_loop().time()
+    await wait_for(lambda: _threshold_reaches_engine(cluster, threshold), timeout=30, what=what)
+    return asyncio.get_running_loop().time() - changed
 
 
 async def test_two_replicas_elect_one_that_reconciles_and_fail_over(
@@ -500,20 +503,14 @@ async def test_two_replicas_elect_one_that_reconciles_and_fail_over(
         assert "Starting Kopf" not in (tmp_path / f"{standby}.log").read_text()
 
         await procs[leader].stop(signal.SIGKILL)
-        changed = await _set_threshold(cluster, 11)
-        await wait_for(lambda: _threshold_reaches_engine(cluster, 11), timeout=30,
-                       what="the standby to take over")  # fmt: skip
-        after_kill = asyncio.get_running_loop().time() - changed
+        after_kill = await _change_reaches_engine(cluster, 11, "the standby to take over")
         assert await _holder(cluster) == standby
         assert after_kill < lease_seconds + 5, after_kill
 
         await procs[leader].start()  # back as a candidate
         await wait_for(lambda: _scrape(procs[leader], "/healthz"), what="the candidate")
         await procs[standby].stop(signal.SIGTERM)
-        changed = await _set_threshold(cluster, 13)
-        await wait_for(lambda: _threshold_reaches_engine(cluster, 13), timeout=30,
-                       what="the candidate to take over")  # fmt: skip
-        after_stop = asyncio.get_running_loop().time() - changed
+        after_stop = await _change_reaches_engine(cluster, 13, "the candidate to take over")
         assert await _holder(cluster) == leader
         assert after_stop < lease_seconds, after_stop  # released: no wait for the lease
         print(f"failover: killed leader {after_kill:.1f} s, stopped leader {after_stop:.1f} s")

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from specgate import lease
 from specgate.kube import Credentials, KubeClient
 from specgate_router import cluster as router_cluster
 from specgate_router.settings import LeaderElection, RouterSettings
@@ -64,15 +65,15 @@ async def test_lease_acquire_renew_and_takeover(kubeconfig: Cluster) -> None:
     kube = KubeClient(Credentials(server=str(kubeconfig.api.base_url).rstrip("/")))
     cfg = LeaderElection(lease_name="l", namespace="default", lease_seconds=2, renew_seconds=1)
     try:
-        a, b = router_cluster.LeaseObservation(), router_cluster.LeaseObservation()
-        assert await router_cluster.try_acquire(kube, cfg, "a", a)
-        assert not await router_cluster.try_acquire(kube, cfg, "b", b)
-        assert await router_cluster.try_acquire(kube, cfg, "a", a)  # renew
-        assert not await router_cluster.try_acquire(kube, cfg, "b", b)  # b sees it renewed
+        a, b = lease.LeaseObservation(), lease.LeaseObservation()
+        assert await lease.try_acquire(kube, cfg, "a", a)
+        assert not await lease.try_acquire(kube, cfg, "b", b)
+        assert await lease.try_acquire(kube, cfg, "a", a)  # renew
+        assert not await lease.try_acquire(kube, cfg, "b", b)  # b sees it renewed
         await asyncio.sleep(2.5)  # a stops renewing
-        assert await router_cluster.try_acquire(kube, cfg, "b", b)
-        lease = await kube.get("coordination.k8s.io/v1", "Lease", "default", "l")
-        assert lease["spec"]["holderIdentity"] == "b" and lease["spec"]["leaseTransitions"] == 1
+        assert await lease.try_acquire(kube, cfg, "b", b)
+        held = await kube.get("coordination.k8s.io/v1", "Lease", "default", "l")
+        assert held["spec"]["holderIdentity"] == "b" and held["spec"]["leaseTransitions"] == 1
     finally:
         await kube.aclose()
 
@@ -226,18 +227,18 @@ def test_a_lease_expires_by_the_observers_own_clock_not_the_holders_renew_time()
     """A holder whose clock runs an hour behind still holds the lease while it renews, and one
     whose clock runs ahead loses it once it stops: only changes of the record, timed by the
     observer's monotonic clock, count."""
-    observation = router_cluster.LeaseObservation()
+    observation = lease.LeaseObservation()
 
-    def lease(renew: str) -> dict[str, object]:
+    def record(renew: str) -> dict[str, object]:
         return {"spec": {"holderIdentity": "a", "renewTime": renew, "leaseDurationSeconds": 10}}
 
     skewed = [f"2020-01-01T00:00:0{i}Z" for i in range(5)]  # far in the past
-    assert not observation.expired(lease(skewed[0]), 100.0)  # first sight: not expired
+    assert not observation.expired(record(skewed[0]), 100.0)  # first sight: not expired
     for i, renew in enumerate(skewed[1:], start=1):
-        assert not observation.expired(lease(renew), 100.0 + 8 * i)  # renewed every 8 s
-    assert not observation.expired(lease(skewed[-1]), 100.0 + 8 * 4 + 9)
-    assert observation.expired(lease(skewed[-1]), 100.0 + 8 * 4 + 11)  # silent for 11 s
-    ahead = router_cluster.LeaseObservation()
-    future = lease("2099-01-01T00:00:00Z")
+        assert not observation.expired(record(renew), 100.0 + 8 * i)  # renewed every 8 s
+    assert not observation.expired(record(skewed[-1]), 100.0 + 8 * 4 + 9)
+    assert observation.expired(record(skewed[-1]), 100.0 + 8 * 4 + 11)  # silent for 11 s
+    ahead = lease.LeaseObservation()
+    future = record("2099-01-01T00:00:00Z")
     assert not ahead.expired(future, 0.0) and not ahead.expired(future, 9.0)
     assert ahead.expired(future, 10.5)

@@ -34,18 +34,24 @@ class Election:
     lease_name: str
     identity: str
     lease_seconds: float = 15.0
-    """How long a renewal stands: a standby takes over this long after the leader's last one."""
-    renew_seconds: float = 2.0
-    renew_deadline_seconds: float = 10.0
-    """A leader that could not renew for this long stops (less than lease_seconds)."""
+    """How long a renewal stands: a standby takes over this long after the leader's last one.
+    The renewal period and deadline follow from it, in client-go's default proportions."""
 
     def __post_init__(self) -> None:
-        if not 0 < self.renew_seconds < self.renew_deadline_seconds < self.lease_seconds:
+        if not 0 < self.lease_seconds <= 3600:
             raise ValueError(
-                "leader election: need 0 < renew < renew deadline < lease seconds, got"
-                f" {self.renew_seconds:g}, {self.renew_deadline_seconds:g},"
-                f" {self.lease_seconds:g}"
+                f"--leader-election-lease-seconds: seconds in (0, 3600], got {self.lease_seconds:g}"
             )
+
+    @property
+    def renew_seconds(self) -> float:
+        """How often a candidate tries and a leader renews (2 s of a 15-s lease)."""
+        return self.lease_seconds / 7.5
+
+    @property
+    def renew_deadline_seconds(self) -> float:
+        """A leader that could not renew for this long stops: before the lease can pass."""
+        return self.lease_seconds * 2 / 3
 
 
 class Role(Enum):
@@ -61,15 +67,6 @@ WORK_STOP_SECONDS = 30.0
 """How long a leader that lost the lease waits for its work to stop before it exits anyway."""
 
 
-async def _round(kube: KubeClient, election: Election, seen: lease.LeaseObservation) -> bool | None:
-    """One election round: True held, False held by another, None unknown (API error)."""
-    try:
-        return await lease.try_acquire(kube, election, election.identity, seen)
-    except (KubeError, httpx.HTTPError) as exc:
-        log.warning("leader election round failed: %s", exc)
-        return None
-
-
 async def lead(
     kube: KubeClient,
     election: Election,
@@ -80,7 +77,7 @@ async def lead(
     clean stop), False when leadership was lost."""
     seen = lease.LeaseObservation()
     on_role(Role.CANDIDATE)
-    while await _round(kube, election, seen) is not True:
+    while await lease.attempt(kube, election, election.identity, seen) is not True:
         await asyncio.sleep(election.renew_seconds)
     log.info("leading as %s (Lease %s/%s)", election.identity, election.namespace,
              election.lease_name)  # fmt: skip
@@ -94,7 +91,7 @@ async def lead(
             if done:
                 running.result()  # the work's own failure propagates
                 return True
-            held = await _round(kube, election, seen)
+            held = await lease.attempt(kube, election, election.identity, seen)
             if held:
                 renewed = time.monotonic()
             elif held is False or time.monotonic() - renewed > election.renew_deadline_seconds:
@@ -108,7 +105,7 @@ async def lead(
         stop.set()
         try:
             await asyncio.wait_for(asyncio.shield(running), WORK_STOP_SECONDS)
-        except (TimeoutError, Exception):  # stopping: its failure was logged where it happened
+        except Exception:  # stopping (a timeout included): its failure was logged where it happened
             running.cancel()
             with contextlib.suppress(BaseException):
                 await running

@@ -43,7 +43,6 @@ class OperatorConfig:
     """How often every resource is re-applied (drift correction) and its status refreshed."""
     detect_monitoring: bool = True
     """Render ServiceMonitors when the monitoring.coreos.com/v1 API is served."""
-    """Serve the operator's own metrics (/metrics) on this port; 0: not served."""
 
 
 class MissingSecret(Exception):

@@ -168,8 +168,6 @@ def run(args: argparse.Namespace) -> int:
                 or os.environ.get("POD_NAME")
                 or f"{socket.gethostname()}-{os.getpid()}",
                 lease_seconds=args.leader_election_lease_seconds,
-                renew_seconds=args.leader_election_lease_seconds / 7.5,
-                renew_deadline_seconds=args.leader_election_lease_seconds * 2 / 3,
             )
             if args.leader_election_namespace
             else None

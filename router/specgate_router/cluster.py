@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from specgate.kube import Credentials, KubeClient, KubeError
-from specgate.lease import LeaseObservation, now_rfc3339, try_acquire
+from specgate.lease import LeaseObservation, attempt, now_rfc3339
 from specgate_router.settings import KubernetesDiscovery, LeaderElection, StatusTarget
 from specgate_router.state import RouterState
 
@@ -75,11 +75,8 @@ async def watch_endpoints(state: RouterState, k8s: KubernetesDiscovery) -> None:
 async def lead(state: RouterState, cfg: LeaderElection) -> None:
     observation = LeaseObservation()
     while True:
-        try:
-            leader = await try_acquire(state.kube, cfg, state.identity, observation)
-        except (KubeError, httpx.HTTPError) as exc:
-            log.warning("leader election round failed: %s", exc)
-            leader = False
+        # An unknown round (the API unreachable) counts as lost: thresholds are not pushed.
+        leader = await attempt(state.kube, cfg, state.identity, observation) is True
         if leader != state.is_leader:
             log.info("leadership %s", "acquired" if leader else "lost")
         state.is_leader = leader

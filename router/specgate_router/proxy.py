@@ -12,8 +12,8 @@ Failure handling, from the list of mistakes not to repeat:
   (and `data: [DONE]`), never a hang;
 - an answer ends within `answerTimeoutSeconds` of the request's arrival: a stream past it ends
   with an error event, a non-streamed request gets 504. A non-streamed answer's first byte is
-  its whole body, so it is waited for as long while its pod answers scrapes; a pod silent to
-  both is frozen and the request is retried elsewhere;
+  its whole body, so it is waited for as long while its pod's scraped decode steps grow; a pod
+  that shows no progress is frozen and the request is retried elsewhere;
 - no pod available is a 503 with Retry-After; a request is never dropped without an answer.
 """
 
@@ -157,6 +157,15 @@ async def _first_byte(
     past the deadline."""
     loop = asyncio.get_running_loop()
     limit = state.settings.resilience.first_byte_timeout_seconds
+    if req.stream:  # one bounded wait, no task: the common path stays as cheap as it was
+        remaining = deadline - loop.time()
+        try:
+            async with asyncio.timeout(min(limit, remaining)):
+                return await _open(state, pod, req, request_id)
+        except TimeoutError:
+            if limit > remaining:
+                raise AnswerTimeout(_too_long(state)) from None
+            raise
     steps = _decode_steps(pod)
     opening = asyncio.ensure_future(_open(state, pod, req, request_id))
     try:
@@ -170,7 +179,7 @@ async def _first_byte(
             if limit > remaining:
                 continue  # the deadline, not the pod, ended this wait
             before, steps = steps, _decode_steps(pod)
-            if req.stream or steps <= before or pod.scrape_age(state.clock()) > limit:
+            if steps <= before or pod.scrape_age(state.clock()) > limit:
                 raise TimeoutError
     finally:
         if not opening.done():
