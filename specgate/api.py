@@ -174,6 +174,13 @@ class HubSource(_Model):
     """The claim when cache is `pvc`."""
     cache_size: str = Field(default="500Gi", pattern=QUANTITY_PATTERN)
     """Size limit of the emptyDir cache."""
+    allow_patterns: list[Annotated[str, Field(min_length=1, max_length=256)]] | None = Field(
+        default=None, max_length=64
+    )
+    """Glob patterns of the repository files to download (`*` crosses folders). Unset: what
+    SGLang loads (configuration and tokenizer files, and the safetensors weights, or the
+    PyTorch ones when a repository has none); duplicate checkpoints such as `original/*.pth`
+    stay on the hub."""
 
 
 class WeightsSource(_Model):

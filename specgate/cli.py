@@ -332,13 +332,19 @@ def _dashboards_arguments(p: argparse.ArgumentParser) -> None:
 def _fetch_weights_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--endpoint", default="https://huggingface.co", help="the hub's URL")
     p.add_argument("--cache", required=True, help="the cache folder (the pod's cache volume)")
+    p.add_argument(
+        "--allow",
+        action="append",
+        metavar="PATTERN",
+        help="download only files matching PATTERN (repeatable); default: what SGLang loads",
+    )
     p.add_argument("repos", nargs="+", metavar="REPO[@REVISION]")
 
 
 def _cmd_fetch_weights(args: argparse.Namespace) -> int:
     from specgate import weights
 
-    return weights.fetch_all(args.endpoint, Path(args.cache), args.repos)
+    return weights.fetch_all(args.endpoint, Path(args.cache), args.repos, args.allow)
 
 
 ArgumentsOf = Callable[[argparse.ArgumentParser], None]

@@ -2,45 +2,72 @@
 `specgate fetch-weights`, which downloads each repository at its revision into the cache
 volume, and the engine then loads them from there with the hub switched off.
 
-It speaks the hub's file API (Hugging Face's, and mirrors that serve it): the revision's file
-list from `GET {endpoint}/api/models/{repo}/revision/{revision}`, then each file from
-`GET {endpoint}/{repo}/resolve/{commit}/{file}`, with the token from HF_TOKEN. A repository
-lands in `{cache}/{repo}/{revision}` and is marked complete only after its last file, so a pod
-killed mid-download starts over and a cache that holds the revision (a PVC shared by replicas,
-or a restarted pod's emptyDir) is used as it is. Pin a commit: a branch name is downloaded
-once per cache and not followed.
+The transfer is `huggingface_hub`'s (Hugging Face's hub, and mirrors that serve its API): the
+revision's file list from the model API, then each chosen file by commit into
+`{cache}/{repo}/{revision}`, several at a time. What survives what:
+- a connection dropped mid-file: huggingface_hub asks again with a Range request, from the last
+  chunk it wrote (10 MiB), up to five times while bytes keep arriving;
+- a failure past that, or a 5xx: the whole revision is tried again (ATTEMPTS, backing off),
+  and files already complete are kept;
+- a container killed mid-file: the next one (a restarted init container on the same emptyDir,
+  or any pod on the same claim) keeps the complete files and starts the cut-off file over;
+  huggingface_hub writes each transfer to a file of its own process, which is removed here
+  once nothing has written to it for STALE_PART_SECONDS.
+A revision is marked complete after its last file; a cache that holds it is used without a
+request. Pin a commit: a branch name is resolved once per cache and not followed.
 
-Standard library only: it runs in the specgate image, and the tests run it against a local
-server that speaks the same API.
+Only what SGLang loads is downloaded unless the resource lists patterns: configuration and
+tokenizer files, and the safetensors weights (or the PyTorch ones when a repository has no
+safetensors), so the duplicate checkpoints many repositories carry (`original/*.pth`) stay on
+the hub.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fnmatch
 import json
 import os
 import re
-import shutil
 import sys
-import urllib.error
-import urllib.parse
-import urllib.request
-from collections.abc import Callable
-from dataclasses import dataclass
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 COMPLETE = ".specgate-complete"
-MAX_INFO_BYTES = 16 << 20
-"""A revision's file list larger than this is refused (a hostile or broken endpoint)."""
 MAX_FILES = 100_000
-CHUNK = 1 << 20
 REPO_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 """OWNER/NAME, as the resource's schema requires (api.HUB_REPO)."""
 REVISION_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,254}$")
+COMMIT_PATTERN = re.compile(r"^[0-9a-f]{40}$")
+
+ENGINE_FILES = ("*.json", "*.model", "*.txt", "*.tiktoken", "*.py", "*.jinja")
+"""Configuration, tokenizer and chat-template files: what SGLang reads besides the weights."""
+SAFETENSORS = ("*.safetensors",)
+PYTORCH = ("*.bin", "*.pt", "*.pth")
+"""Weights SGLang loads when a repository has no safetensors (many EAGLE drafts)."""
+
+ATTEMPTS = 5
+"""Whole-repository attempts after transient failures, each resuming the files cut off."""
+MAX_BACKOFF_SECONDS = 60.0
+WORKERS = 8
+STALE_PART_SECONDS = 600.0
+"""A partial file unchanged this long belongs to a download that is gone (huggingface_hub
+gives up on a connection silent for seconds)."""
+PROGRESS_SECONDS = 10.0
+"""How often the log reports bytes while a revision downloads."""
 
 
 class FetchError(Exception):
     """A download that cannot go on; the message says what and what to check."""
+
+
+class TransientError(FetchError):
+    """A failure a later attempt may not meet (the network, the hub's 5xx)."""
 
 
 @dataclass(frozen=True)
@@ -76,24 +103,168 @@ def safe_file_name(name: Any) -> str:
     return name
 
 
-Opener = Callable[[urllib.request.Request], Any]
+def choose(names: Sequence[str], patterns: Sequence[str] | None) -> list[str]:
+    """The files to download: those matching `patterns`, or by default what SGLang loads
+    (configuration and tokenizer files, safetensors weights or else PyTorch ones)."""
+    if patterns is None:
+        safetensors = any(fnmatch.fnmatch(n, "*.safetensors") for n in names)
+        patterns = (*ENGINE_FILES, *(SAFETENSORS if safetensors else PYTORCH))
+    return [n for n in names if any(fnmatch.fnmatch(n, p) for p in patterns)]
 
 
-def _get(opener: Opener, url: str, token: str | None) -> Any:
-    request = urllib.request.Request(url, headers={"User-Agent": "specgate-fetch-weights"})
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
+@dataclass
+class Progress:
+    """Bytes received for one revision, reported at most every PROGRESS_SECONDS; the download
+    threads add to it through the progress-bar class huggingface_hub accepts."""
+
+    label: str
+    total: int
+    log: Callable[[str], None]
+    clock: Callable[[], float] = time.monotonic
+    done: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _started: float = 0.0
+    _reported: float = 0.0
+
+    def __post_init__(self) -> None:
+        self._started = self._reported = self.clock()
+
+    def add(self, count: int) -> None:
+        with self._lock:
+            self.done += count
+            now = self.clock()
+            if now - self._reported < PROGRESS_SECONDS:
+                return
+            self._reported = now
+            rate = self.done / max(now - self._started, 1e-9)
+        share = f" ({100 * self.done / self.total:.0f}%)" if self.total else ""
+        self.log(
+            f"{self.label}: {self.done / 1e9:.2f} of {self.total / 1e9:.2f} GB{share},"
+            f" {rate / 1e6:.0f} MB/s"
+        )
+
+    def bar_class(self) -> type:
+        """A class huggingface_hub instantiates per file as its progress bar; each one
+        adds what it is told to this revision's count."""
+        progress = self
+
+        class Bar:
+            def __init__(self, *args: Any, initial: int = 0, **kwargs: Any) -> None:
+                progress.add(initial or 0)
+
+            def update(self, count: float | None = 1) -> None:
+                progress.add(int(count or 0))
+
+            def close(self) -> None:
+                pass
+
+            def __enter__(self) -> Bar:
+                return self
+
+            def __exit__(self, *exc: Any) -> None:
+                pass
+
+        return Bar
+
+
+@contextlib.contextmanager
+def _explained(what: str) -> Iterator[None]:
+    """huggingface_hub's errors as one line that says what to check; transient ones marked so
+    the caller tries again."""
+    import httpx2
+    from huggingface_hub import errors
+
     try:
-        return opener(request)
-    except urllib.error.HTTPError as exc:
+        yield
+    except FetchError:
+        raise
+    except errors.HfHubHTTPError as exc:
+        status = exc.response.status_code if exc.response is not None else 0
         hint = {
             401: "the repository needs a token: set source.hub.tokenSecretRef",
             403: "the token may not read this repository (a gated model needs its terms accepted)",
-            404: "no such repository or revision: check spec.model.path and its revision",
-        }.get(exc.code, "the hub refused the request")
-        raise FetchError(f"GET {url}: HTTP {exc.code}: {hint}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise FetchError(f"GET {url}: {exc}: check source.hub.endpoint and the network") from None
+            404: "no such repository, revision or file: check spec.model.path and its revision",
+        }.get(status)
+        if hint is None:
+            raise TransientError(f"{what}: HTTP {status} from the hub") from None
+        raise FetchError(f"{what}: HTTP {status}: {hint}") from None
+    except (httpx2.HTTPError, errors.LocalEntryNotFoundError, OSError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise TransientError(
+            f"{what}: {first[:300]}: check source.hub.endpoint and the network"
+        ) from None
+
+
+def _listing(ref: RepoRef, endpoint: str, token: str | None) -> tuple[str, dict[str, int]]:
+    """The revision's commit and its files with their sizes, checked."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=endpoint, token=token or False)
+    with _explained(f"{ref.repo}@{ref.revision}"):
+        try:
+            info = api.model_info(ref.repo, revision=ref.revision, files_metadata=True, timeout=60)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise FetchError(f"{ref.repo}: the hub's file list is malformed ({exc})") from None
+    commit = getattr(info, "sha", None)
+    if not isinstance(commit, str) or not COMMIT_PATTERN.match(commit):
+        raise FetchError(f"{ref.repo}: the hub named no commit for {ref.revision}")
+    siblings = getattr(info, "siblings", None)
+    if not isinstance(siblings, list):
+        raise FetchError(f"{ref.repo}: the hub's file list is malformed (no siblings)")
+    if len(siblings) > MAX_FILES:
+        raise FetchError(f"{ref.repo}: {len(siblings)} files, over {MAX_FILES}")
+    sizes: dict[str, int] = {}
+    for sibling in siblings:
+        size = getattr(sibling, "size", None)
+        size = size if isinstance(size, int) and size >= 0 else 0
+        sizes[safe_file_name(getattr(sibling, "rfilename", None))] = size
+    return commit, sizes
+
+
+def _download(
+    ref: RepoRef,
+    target: Path,
+    commit: str,
+    names: list[str],
+    sizes: dict[str, int],
+    *,
+    endpoint: str,
+    token: str | None,
+    log: Callable[[str], None],
+) -> None:
+    from huggingface_hub import hf_hub_download
+
+    label = f"{ref.repo}@{ref.revision}"
+    progress = Progress(label, sum(sizes[n] for n in names), log)
+    bar = progress.bar_class()
+    finished = iter(range(1, len(names) + 1))
+    lock = threading.Lock()
+
+    def one(name: str) -> None:
+        with _explained(f"{label}: {name}"):
+            hf_hub_download(
+                ref.repo, name, revision=commit, local_dir=target, endpoint=endpoint,
+                token=token or False, tqdm_class=bar,
+            )  # fmt: skip
+        with lock:
+            log(f"{label}: [{next(finished)}/{len(names)}] {name} ({sizes[name] / 1e6:.1f} MB)")
+
+    with ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="fetch") as pool:
+        for future in [pool.submit(one, name) for name in names]:
+            future.result()
+
+
+def remove_stale_parts(folder: Path, now: float | None = None) -> list[Path]:
+    """Remove partial files that killed downloads left in `folder`; returns them. A partial
+    file still written to (another pod on a shared claim) is left alone."""
+    now = time.time() if now is None else now
+    removed = []
+    for part in (folder / ".cache" / "huggingface" / "download").glob("**/*.incomplete"):
+        with contextlib.suppress(OSError):
+            if now - part.stat().st_mtime > STALE_PART_SECONDS:
+                part.unlink()
+                removed.append(part)
+    return removed
 
 
 def fetch(
@@ -102,65 +273,60 @@ def fetch(
     *,
     endpoint: str,
     token: str | None = None,
-    opener: Opener | None = None,
+    patterns: Sequence[str] | None = None,
+    attempts: int = ATTEMPTS,
+    sleep: Callable[[float], None] = time.sleep,
     log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
 ) -> Path:
-    """Download `ref` into the cache unless it is there already; returns its folder."""
-    opener = opener or (lambda request: urllib.request.urlopen(request, timeout=60))
+    """Download `ref` into the cache unless it is there already; returns its folder. Transient
+    failures are tried again (`attempts` in all, backing off), each attempt resuming the files
+    already begun."""
     target = ref.folder(cache)
     if (target / COMPLETE).is_file():
         log(f"{ref.repo}@{ref.revision}: in the cache ({target})")
         return target
-    base = endpoint.rstrip("/")
-    quoted = urllib.parse.quote(ref.revision, safe="")
-    with _get(opener, f"{base}/api/models/{ref.repo}/revision/{quoted}", token) as answer:
-        raw = answer.read(MAX_INFO_BYTES + 1)
-    if len(raw) > MAX_INFO_BYTES:
-        raise FetchError(f"{ref.repo}: the hub's file list is over {MAX_INFO_BYTES >> 20} MiB")
-    try:
-        info = json.loads(raw)
-        commit = info["sha"]
-        names = [safe_file_name(s.get("rfilename")) for s in info["siblings"]]
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise FetchError(f"{ref.repo}: the hub's file list is malformed ({exc})") from None
-    if not isinstance(commit, str) or not re.fullmatch(r"[0-9A-Za-z]{1,64}", commit):
-        raise FetchError(f"{ref.repo}: the hub named no commit for {ref.revision}")
-    if len(names) > MAX_FILES:
-        raise FetchError(f"{ref.repo}: {len(names)} files, over {MAX_FILES}")
-    partial = target.with_name(target.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    total = 0
-    for i, name in enumerate(names, 1):
-        path = partial / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        url = f"{base}/{ref.repo}/resolve/{commit}/{urllib.parse.quote(name)}"
-        size = 0
-        with _get(opener, url, token) as answer, open(path, "wb") as out:
-            while chunk := answer.read(CHUNK):
-                out.write(chunk)
-                size += len(chunk)
-        total += size
-        log(f"{ref.repo}@{ref.revision}: [{i}/{len(names)}] {name} ({size / 1e6:.1f} MB)")
-    (partial / COMPLETE).write_text(json.dumps({"revision": ref.revision, "commit": commit}))
-    shutil.rmtree(target, ignore_errors=True)
-    partial.rename(target)
+    for attempt in range(1, attempts + 1):
+        try:
+            commit, sizes = _listing(ref, endpoint, token)
+            names = choose(sorted(sizes), patterns)
+            if not names:
+                raise FetchError(
+                    f"{ref.repo}: no file matches {list(patterns or [])}:"
+                    " check source.hub.allowPatterns"
+                )
+            target.mkdir(parents=True, exist_ok=True)
+            for part in remove_stale_parts(target):
+                log(f"{ref.repo}@{ref.revision}: removed {part.name}, left by a stopped download")
+            _download(ref, target, commit, names, sizes, endpoint=endpoint, token=token, log=log)
+            break
+        except TransientError as exc:
+            if attempt == attempts:
+                raise FetchError(f"{exc} (after {attempts} attempts)") from None
+            pause = min(MAX_BACKOFF_SECONDS, 2.0**attempt)
+            log(f"{exc}; attempt {attempt + 1} of {attempts} in {pause:.0f} s")
+            sleep(pause)
+    total = sum(sizes[n] for n in names)
+    (target / COMPLETE).write_text(
+        json.dumps({"revision": ref.revision, "commit": commit, "files": names})
+    )
     log(f"{ref.repo}@{ref.revision}: {len(names)} files, {total / 1e9:.2f} GB, commit {commit}")
     return target
 
 
-def fetch_all(endpoint: str, cache: Path, repos: list[str]) -> int:
+def fetch_all(
+    endpoint: str, cache: Path, repos: list[str], patterns: Sequence[str] | None = None
+) -> int:
     """`specgate fetch-weights`: every REPO[@REVISION] in turn, the token from HF_TOKEN;
     0, or 2 with one line on stderr."""
     token = os.environ.get("HF_TOKEN", "").strip() or None
     try:
         refs = [RepoRef.parse(text) for text in repos]
         for ref in refs:
-            fetch(ref, cache, endpoint=endpoint, token=token)
+            fetch(ref, cache, endpoint=endpoint, token=token, patterns=patterns)
     except FetchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0
 
 
-__all__ = ["FetchError", "RepoRef", "fetch", "fetch_all", "safe_file_name"]
+__all__ = ["FetchError", "RepoRef", "choose", "fetch", "fetch_all", "safe_file_name"]

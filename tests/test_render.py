@@ -77,7 +77,7 @@ def test_a_hub_source_downloads_in_an_init_container_and_the_engine_runs_offline
             "source": {
                 "type": "hub",
                 "hub": {"tokenSecretRef": {"name": "hf"}, "cache": "pvc",
-                        "cacheClaimName": "hub-cache"},
+                        "cacheClaimName": "hub-cache", "allowPatterns": ["*.json", "*.gguf"]},
                 "mountPath": "/hub",
             },
         },
@@ -88,11 +88,15 @@ def test_a_hub_source_downloads_in_an_init_container_and_the_engine_runs_offline
     (init,) = pod["initContainers"]
     assert init["command"] == [
         "specgate", "fetch-weights", "--endpoint", "https://huggingface.co", "--cache", "/hub",
+        "--allow=*.json", "--allow=*.gguf",
         "meta-llama/Llama-3.1-8B-Instruct@0e9e39f", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B@main",
     ]  # fmt: skip
-    assert init["env"] == [
-        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
-    ]
+    env = {e["name"]: e for e in init["env"]}
+    assert env["HF_TOKEN"] == {
+        "name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}
+    }  # fmt: skip
+    # huggingface_hub's own files go to the cache volume: the root filesystem is read-only.
+    assert env["HF_HOME"]["value"] == "/hub/.hf-home"
     assert init["securityContext"]["runAsNonRoot"] is True
     assert {"name": "model", "mountPath": "/hub"} in init["volumeMounts"]
     model = next(v for v in pod["volumes"] if v["name"] == "model")

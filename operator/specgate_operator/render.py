@@ -230,7 +230,12 @@ def fetch_weights_container(sdd: api.SpecDecodeDeployment, opts: RenderOptions) 
     downloads the target and the draft into the cache volume, skipping what it holds."""
     source = sdd.spec.model.source
     hub = source.hub or api.HubSource()
-    env: list[dict[str, Any]] = []
+    env: list[dict[str, Any]] = [
+        # huggingface_hub keeps its own files (Xet's chunk cache among them) under HF_HOME:
+        # on the cache volume, as the root filesystem is read-only.
+        {"name": "HF_HOME", "value": posixpath.join(source.mount_path, ".hf-home")},
+        {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"},
+    ]
     if hub.token_secret_ref is not None:
         ref = hub.token_secret_ref
         env.append(
@@ -246,6 +251,7 @@ def fetch_weights_container(sdd: api.SpecDecodeDeployment, opts: RenderOptions) 
             hub.endpoint,
             "--cache",
             source.mount_path,
+            *(f"--allow={pattern}" for pattern in hub.allow_patterns or ()),
             *hub_repos(sdd),
         ],
         "env": env,
