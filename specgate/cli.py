@@ -5,6 +5,8 @@ simulator, and `specgate operator` does not pay for the router."""
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -329,6 +331,46 @@ def _dashboards_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="charts/specgate/dashboards")
 
 
+def _smoke_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", help="the router's base URL, e.g. http://demo-router.llm:8000")
+    p.add_argument("--model", help="the model to ask (default: the first the router serves)")
+    p.add_argument(
+        "--api-key-env",
+        default="SPECGATE_API_KEY",
+        metavar="VAR",
+        help="environment variable holding a client key, when the router wants one",
+    )
+    p.add_argument(
+        "--wait",
+        type=argtypes.count("--wait", 0, 3600),
+        default=0,
+        metavar="SECONDS",
+        help="ask again while the router is unreachable or has no ready pod, this long",
+    )
+
+
+def _cmd_smoke(args: argparse.Namespace) -> int:
+    from specgate import smoke
+
+    if not re.match(r"^https?://[^\s/]+(/\S*)?$", args.url):
+        print(f"error: url {args.url!r}: give the router's base URL, http(s)://HOST[:PORT]",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    key = os.environ.get(args.api_key_env, "").strip() or None
+    try:
+        smoke.run(
+            args.url,
+            model=args.model,
+            api_key=key,
+            wait_seconds=args.wait,
+            report=lambda line: print(line, flush=True),
+        )
+    except smoke.SmokeFailure as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _fetch_weights_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--endpoint", default="https://huggingface.co", help="the hub's URL")
     p.add_argument("--cache", required=True, help="the cache folder (the pod's cache volume)")
@@ -381,6 +423,11 @@ COMMANDS: dict[str, tuple[str, ArgumentsOf, Command]] = {
         _cmd_dashboards,
     ),
     "operator": ("run the kopf operator", _operator_arguments, _cmd_operator),
+    "smoke": (
+        "send a client's requests through a router and report each (what `helm test` runs)",
+        _smoke_arguments,
+        _cmd_smoke,
+    ),
     "fetch-weights": (
         "download model repositories from a hub into a cache folder (HF_TOKEN: the token)",
         _fetch_weights_arguments,
