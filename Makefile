@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck crd docs deploy dashboards chart-crd tools cluster clean
+.PHONY: demo test lint typecheck crd docs deploy dashboards chart-crd chart-docs tools cluster clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,10 @@ docs: $(STAMP)
 
 dashboards: $(STAMP)
 	$(BIN)/specgate dashboards --out charts/specgate/dashboards
+
+# The chart's README, from the values' `# --` comments (helm-docs, installed by `make tools`).
+chart-docs:
+	.tools/bin/helm-docs --chart-search-root charts --skip-version-footer --sort-values-order file
 
 chart-crd:
 	cp crds/specdecodedeployments.specgate.io.yaml charts/specgate/files/

@@ -8,7 +8,8 @@
 #  - dockerfile-check, buildkit's own Dockerfile checks (`docker build --check`) built from
 #    its Go module (scripts/dockerfile-check), for a machine without a Docker engine;
 #  - prometheus-config, the Prometheus Operator's configuration generator built from its Go
-#    module (scripts/prometheus-config): what the chart's PodMonitors become in Prometheus.
+#    module (scripts/prometheus-config): what the chart's PodMonitors become in Prometheus;
+#  - helm-docs, which writes the chart's README from its values' comments.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TOOLS=$PWD/.tools
@@ -59,4 +60,10 @@ for program in dockerfile-check prometheus-config; do
     echo "$sum" > "$TOOLS/bin/.$program.sum"
   fi
 done
+HELM_DOCS=v1.14.2
+if [ "$(cat "$TOOLS/bin/.helm-docs.version" 2>/dev/null)" != "$HELM_DOCS" ]; then
+  GOTOOLCHAIN=local GOFLAGS=-mod=mod GOBIN="$TOOLS/bin" \
+    go install "github.com/norwoodj/helm-docs/cmd/helm-docs@$HELM_DOCS"
+  echo "$HELM_DOCS" > "$TOOLS/bin/.helm-docs.version"
+fi
 echo "tools ready in $TOOLS/bin"

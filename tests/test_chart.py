@@ -384,3 +384,72 @@ def test_notes_name_the_images_and_what_monitoring_needs(tmp_path: Path) -> None
     assert "ghcr.io/specgate/worker" in notes and "ghcr.io/specgate/specgate" in notes
     assert '{"release":"kube-prometheus-stack"}' in notes
     assert "the holder of Lease sg-specgate reconciles" in notes
+
+
+def test_a_global_registry_replaces_every_images_registry() -> None:
+    from specgate.cli import build_parser
+
+    docs = rendered(CHART / "ci" / "conventions-values.yaml")
+    (dep,) = by_kind(docs, "Deployment")
+    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == (
+        "mirror.example.com:5000/specgate/specgate:0.1.0"
+    )
+    args = build_parser().parse_args(_operator_args(docs))
+    assert args.router_image == "mirror.example.com:5000/specgate/specgate:0.1.0"
+    # A Docker Hub image has no registry part: the mirror goes in front.
+    assert args.engine_image == "mirror.example.com:5000/lmsysorg/sglang:v0.5.17-specgate"
+    sets = ("global.imageRegistry=mirror.local", "operator.engineImage=localhost:5000/w:1")
+    local = build_parser().parse_args(_operator_args(rendered(sets=sets)))
+    assert local.engine_image == "mirror.local/w:1"
+    default = build_parser().parse_args(_operator_args(rendered()))
+    assert default.engine_image.startswith("ghcr.io/specgate/worker:")
+
+
+def test_the_operator_pod_takes_extra_env_volumes_and_security_contexts() -> None:
+    (dep,) = by_kind(rendered(CHART / "ci" / "conventions-values.yaml"), "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["securityContext"]["fsGroup"] == 10001
+    assert container["securityContext"]["runAsUser"] == 10001
+    env = {e["name"]: e for e in container["env"]}
+    assert env["HTTPS_PROXY"]["value"] == "http://proxy.example.com:3128"
+    assert "POD_NAME" in env  # the chart's own stay
+    assert {"name": "ca", "configMap": {"name": "corporate-ca"}} in pod["volumes"]
+    assert {"name": "tmp", "emptyDir": {}} in pod["volumes"]
+    assert {"name": "ca", "mountPath": "/etc/ca", "readOnly": True} in container["volumeMounts"]
+
+
+def test_helm_test_sends_a_clients_requests_through_the_named_router() -> None:
+    """The test pod runs `specgate smoke` (tests/test_smoke.py runs that command against a
+    real router) at the deployment's router Service; no pod without a deployment to test."""
+    from specgate.cli import build_parser
+
+    assert not [d for d in rendered() if d["kind"] == "Pod"]
+    (pod,) = [d for d in rendered(CHART / "ci" / "conventions-values.yaml") if d["kind"] == "Pod"]
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert pod["metadata"]["namespace"] == "llm"
+    (container,) = pod["spec"]["containers"]
+    assert container["image"] == "mirror.example.com:5000/specgate/specgate:0.1.0"
+    assert container["command"][0] == "specgate"
+    args = build_parser().parse_args(container["command"][1:])
+    assert (args.url, args.wait) == ("http://llama-8b-router.llm.svc:9000", 120)
+    assert container["env"] == [{"name": args.api_key_env, "valueFrom": {
+        "secretKeyRef": {"name": "smoke-key", "key": "key"}}}]  # fmt: skip
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_the_chart_readme_is_generated_from_the_values(tmp_path: Path) -> None:
+    """charts/specgate/README.md is what helm-docs writes from values.yaml (`make chart-docs`),
+    so it lists every value with its default and comment; parents of documented keys are
+    sections, not rows."""
+    charts = tmp_path / "charts"
+    shutil.copytree(CHART, charts / "specgate")
+    (charts / "specgate" / "README.md").unlink()
+    run(tool("helm-docs"), "--chart-search-root", str(charts), "--skip-version-footer",
+        "--sort-values-order", "file")  # fmt: skip
+    made = (charts / "specgate" / "README.md").read_text()
+    assert made == (CHART / "README.md").read_text(), "run `make chart-docs`"
+    rows = [line.split(" | ")[0].strip("| ") for line in made.splitlines() if line.startswith("| ")]
+    assert "tests.deployment" in rows and "operator.extraEnv" in rows
+    assert "operator" not in rows and "monitoring.podMonitor" not in rows

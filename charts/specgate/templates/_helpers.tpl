@@ -39,8 +39,30 @@ app.kubernetes.io/component: operator
 {{- end }}
 {{- end }}
 
+{{/* An image reference (list REF REGISTRY) with REGISTRY in place of its registry: the first
+path part when it names a host (it has a "." or ":" or is localhost), as the container runtime
+reads it; Docker Hub's images have none and get REGISTRY in front. */}}
+{{- define "specgate.withRegistry" -}}
+{{- $ref := index . 0 }}
+{{- $registry := trimSuffix "/" (index . 1 | default "") }}
+{{- if $registry }}
+{{- $parts := splitList "/" $ref }}
+{{- $first := first $parts }}
+{{- if and (gt (len $parts) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) }}
+{{- $ref = join "/" (rest $parts) }}
+{{- end }}
+{{- $ref = printf "%s/%s" $registry $ref }}
+{{- end }}
+{{- $ref }}
+{{- end }}
+
 {{- define "specgate.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- $ref := printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- include "specgate.withRegistry" (list $ref (.Values.global).imageRegistry) }}
+{{- end }}
+
+{{- define "specgate.engineImage" -}}
+{{- include "specgate.withRegistry" (list .Values.operator.engineImage (.Values.global).imageRegistry) }}
 {{- end }}
 
 {{/* The one place values become `specgate operator` flags. */}}
@@ -53,7 +75,7 @@ app.kubernetes.io/component: operator
 {{- else }}
 - --all-namespaces
 {{- end }}
-- --engine-image={{ .Values.operator.engineImage }}
+- --engine-image={{ include "specgate.engineImage" . }}
 - --router-image={{ include "specgate.image" . }}
 {{- range .Values.imagePullSecrets }}
 - --image-pull-secret={{ .name }}
