@@ -32,6 +32,8 @@ SHORT_NAMES = ["sdd"]
 """The value GPU feature discovery puts in `nvidia.com/gpu.product` for that card."""
 
 # A Kubernetes resource.Quantity as a string ("16Gi", "500m", "1.5").
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+"""A Kubernetes object name (RFC 1123 subdomain)."""
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"
 
 # Flags the operator renders itself; letting extraArgs repeat them would silently fight the spec.
@@ -423,6 +425,12 @@ class EngineSpec(_Model):
     default seccomp profile."""
     startup_timeout_seconds: int = Field(default=1800, ge=60, le=7200)
     """How long the startup probe waits for weights to load and CUDA graphs to capture."""
+    service_account_name: str | None = Field(
+        default=None, min_length=1, max_length=253, pattern=DNS_SUBDOMAIN
+    )
+    """ServiceAccount of the engine pods (and a hub source's download), for workload identity
+    to an object store or a registry. It must carry the label `specgate.io/referable=true`,
+    set by whoever may write it. No API token is mounted either way."""
 
 
 class PlacementSpec(_Model):

@@ -334,7 +334,12 @@ async def test_restart_mid_reconcile_converges_without_duplicates(
 async def test_unrealisable_resource_is_degraded_until_fixed(
     cluster: Cluster, operator: OperatorProcess
 ) -> None:
-    await _create(cluster, minimal_resource(apiKeySecretRef={"name": "missing"}))
+    """Every object the resource names must exist (a Secret, the engine's ServiceAccount) and
+    carry the label that lets resources use it; until then no children, and a condition."""
+    resource = minimal_resource(
+        apiKeySecretRef={"name": "missing"}, engine={"serviceAccountName": "s3-reader"}
+    )
+    await _create(cluster, resource)
 
     async def degraded() -> dict[str, Any] | None:
         cond = await cluster.condition("Degraded")
@@ -354,28 +359,46 @@ async def test_unrealisable_resource_is_degraded_until_fixed(
     )
     assert resp.status_code == 201
 
-    # The Secret exists but nobody who may write it let resources use it.
+    async def reason() -> str | None:
+        cond = await cluster.condition("Degraded")
+        return cond["reason"] if cond and cond["status"] == "True" else None
+
+    async def account_missing() -> bool:
+        return await reason() == "ServiceAccountNotFound"
+
+    await wait_for(account_missing, timeout=30, what="ServiceAccountNotFound")
+    resp = await cluster.api.post(
+        "/api/v1/namespaces/default/serviceaccounts",
+        json={"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "s3-reader"}},
+    )
+    assert resp.status_code == 201, resp.text
+
+    # Both exist, but nobody who may write them let resources use them.
     async def unreferable() -> dict[str, Any] | None:
         cond = await cluster.condition("Degraded")
         return cond if cond and cond["reason"] == "PolicyViolation" else None
 
     cond = await wait_for(unreferable, timeout=30, what="PolicyViolation for the Secret")
-    assert "spec.apiKeySecretRef" in cond["message"]
+    fields = [part.split(":")[0].strip() for part in cond["message"].split("; ")]
+    assert fields == ["spec.apiKeySecretRef", "spec.engine.serviceAccountName"]
     assert "specgate.io/referable=true" in cond["message"]
     assert await cluster.get("/apis/apps/v1/namespaces/default/deployments", "demo-engine") is None
-    resp = await cluster.api.patch(
-        "/api/v1/namespaces/default/secrets/missing",
-        json={"metadata": {"labels": {"specgate.io/referable": "true"}}},
-        headers={"Content-Type": "application/merge-patch+json"},
-    )
-    assert resp.status_code == 200, resp.text
+    for kind in ("secrets/missing", "serviceaccounts/s3-reader"):
+        resp = await cluster.api.patch(
+            f"/api/v1/namespaces/default/{kind}",
+            json={"metadata": {"labels": {"specgate.io/referable": "true"}}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        assert resp.status_code == 200, resp.text
 
     async def healed() -> bool:
         cond = await cluster.condition("Degraded")
         return bool(cond and cond["status"] == "False")
 
     await wait_for(healed, timeout=60, what="Degraded=False")
-    assert await cluster.get("/apis/apps/v1/namespaces/default/deployments", "demo-engine")
+    dep = await cluster.get("/apis/apps/v1/namespaces/default/deployments", "demo-engine")
+    assert dep is not None
+    assert dep["spec"]["template"]["spec"]["serviceAccountName"] == "s3-reader"
 
 
 async def test_a_resource_the_policy_refuses_gets_no_children_until_it_complies(

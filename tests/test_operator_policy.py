@@ -22,6 +22,7 @@ from specgate_operator.policy import (
     reserved_engine_arg,
     secret_references,
     secret_violations,
+    service_account_violation,
     violations,
 )
 
@@ -320,6 +321,15 @@ def test_a_resource_may_name_only_secrets_labelled_for_it() -> None:
     ]
     assert "kubectl label secret other-team specgate.io/referable=true" in refused[0]
     assert secret_violations(sdd, Policy(allow_unlabelled_secrets=True), labels) == []
+
+
+def test_engines_run_only_as_a_service_account_labelled_for_it() -> None:
+    sdd = _sdd(engine={"serviceAccountName": "s3-reader"})
+    assert service_account_violation(sdd, {REFERABLE_LABEL: "true"}) is None
+    refused = service_account_violation(sdd, {"team": "llm"})
+    assert refused is not None and refused.startswith("spec.engine.serviceAccountName: ")
+    assert "kubectl label serviceaccount s3-reader specgate.io/referable=true" in refused
+    assert service_account_violation(_sdd(), {}) is None  # none named: the namespace's default
 
 
 def test_the_command_line_gives_the_default_policy_and_refuses_a_bad_one() -> None:

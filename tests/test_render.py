@@ -123,6 +123,17 @@ def test_a_hub_source_downloads_in_an_init_container_and_the_engine_runs_offline
     plain = render.render(_sdd(minimal_resource(), schema), api_key="k")
     pod = _by_kind(plain)[("Deployment", "demo-engine")]["spec"]["template"]["spec"]
     assert "initContainers" not in pod and "fsGroup" not in pod["securityContext"]
+    assert "serviceAccountName" not in pod
+
+
+def test_engine_pods_run_as_the_named_service_account_without_an_api_token(
+    schema: dict[str, Any],
+) -> None:
+    resource = minimal_resource(engine={"serviceAccountName": "s3-reader"})
+    out = render.render(_sdd(resource, schema), api_key="k")
+    pod = _by_kind(out)[("Deployment", "demo-engine")]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "s3-reader"
+    assert pod["automountServiceAccountToken"] is False
 
 
 def _flag(args: list[str], flag: str) -> str | None:

@@ -21,7 +21,13 @@ from specgate import api
 from specgate.kube import Credentials, KubeClient, KubeError, adopt
 from specgate_operator import render, status
 from specgate_operator.metrics import OperatorMetrics
-from specgate_operator.policy import Policy, secret_references, secret_violations, violations
+from specgate_operator.policy import (
+    Policy,
+    secret_references,
+    secret_violations,
+    service_account_violation,
+    violations,
+)
 
 log = logging.getLogger("specgate.operator")
 
@@ -48,19 +54,40 @@ class OperatorConfig:
 class MissingSecret(Exception):
     """The spec names a Secret that does not exist (yet)."""
 
+    reason = "SecretNotFound"
 
-async def _unreferable_secrets(
+
+class MissingServiceAccount(MissingSecret):
+    """The spec names a ServiceAccount that does not exist (yet)."""
+
+    reason = "ServiceAccountNotFound"
+
+
+def _labels(obj: dict[str, Any]) -> dict[str, str]:
+    return dict((obj.get("metadata") or {}).get("labels") or {})
+
+
+async def _unreferable(
     kube: KubeClient, sdd: api.SpecDecodeDeployment, policy: Policy
 ) -> list[str]:
-    """The policy's refusals of the Secrets the resource names (their labels are read here);
-    MissingSecret for one that does not exist."""
+    """The policy's refusals of the Secrets and the ServiceAccount the resource names (their
+    labels are read here); MissingSecret for one that does not exist."""
     labels: dict[str, dict[str, str]] = {}
     for field_name, name in secret_references(sdd):
         secret = await kube.get_or_none("v1", "Secret", sdd.namespace, name)
         if secret is None:
             raise MissingSecret(f"Secret {name!r} ({field_name}) not found")
-        labels[name] = dict((secret.get("metadata") or {}).get("labels") or {})
-    return secret_violations(sdd, policy, labels)
+        labels[name] = _labels(secret)
+    refused = secret_violations(sdd, policy, labels)
+    if (account := sdd.spec.engine.service_account_name) is not None:
+        found = await kube.get_or_none("v1", "ServiceAccount", sdd.namespace, account)
+        if found is None:
+            raise MissingServiceAccount(
+                f"ServiceAccount {account!r} (spec.engine.serviceAccountName) not found"
+            )
+        if (violation := service_account_violation(sdd, _labels(found))) is not None:
+            refused.append(violation)
+    return refused
 
 
 def _now() -> str:
@@ -197,7 +224,7 @@ async def _reconcile(body: Any, patch: Any, memo: Any, logger: Logger) -> None:
                 **{**opts.__dict__, "service_monitor": memo.service_monitor}
             )
         try:
-            unreferable = await _unreferable_secrets(kube, sdd, config.policy)
+            unreferable = await _unreferable(kube, sdd, config.policy)
             if unreferable:
                 # Retried: labelling the Secret later is the fix, and changes no resource.
                 message = "; ".join(unreferable)
@@ -208,7 +235,7 @@ async def _reconcile(body: Any, patch: Any, memo: Any, logger: Logger) -> None:
             else:
                 await apply_children(kube, sdd, _owner(body), opts)
         except MissingSecret as exc:
-            problem, error = ("SecretNotFound", str(exc)), kopf.TemporaryError(str(exc), delay=10)
+            problem, error = (exc.reason, str(exc)), kopf.TemporaryError(str(exc), delay=10)
         except KubeError as exc:
             reason = "ApplyForbidden" if exc.status == 403 else "ApplyFailed"
             problem = (reason, str(exc))

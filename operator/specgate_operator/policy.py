@@ -219,6 +219,22 @@ def secret_violations(
     return out
 
 
+def service_account_violation(
+    sdd: api.SpecDecodeDeployment, labels: Mapping[str, str]
+) -> str | None:
+    """The refusal of the engine's ServiceAccount (`labels`: its labels) unless whoever may
+    write it let resources run pods as it: a tenant who may only write SpecDecodeDeployments
+    must not borrow another workload's cloud identity."""
+    name = sdd.spec.engine.service_account_name
+    if name is None or labels.get(REFERABLE_LABEL) == "true":
+        return None
+    return (
+        f"spec.engine.serviceAccountName: ServiceAccount {name!r} lacks the label"
+        f" {REFERABLE_LABEL}=true that lets resources run pods as it: label it (`kubectl label"
+        f" serviceaccount {name} {REFERABLE_LABEL}=true`) if this resource may use it"
+    )
+
+
 def _too_large(field: str, size: str, limit: str, flag: str) -> str | None:
     try:
         if quantity_bytes(size) <= quantity_bytes(limit):
@@ -438,5 +454,6 @@ __all__ = [
     "reserved_engine_arg",
     "secret_references",
     "secret_violations",
+    "service_account_violation",
     "violations",
 ]

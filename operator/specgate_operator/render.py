@@ -388,7 +388,9 @@ def engine_deployment(sdd: api.SpecDecodeDeployment, opts: RenderOptions) -> Man
         "tolerations": [dict(t) for t in placement.tolerations],
         "terminationGracePeriodSeconds": drain + ENGINE_SHUTDOWN_SECONDS,
         "enableServiceLinks": False,
-        # The pod reads no Kubernetes API: no token mounted.
+        # The pod reads no Kubernetes API: no token mounted (a workload-identity webhook
+        # mounts its own, for the ServiceAccount the resource names).
+        **({"serviceAccountName": account} if (account := engine.service_account_name) else {}),
         "automountServiceAccountToken": False,
         "securityContext": {
             "seccompProfile": {"type": "RuntimeDefault"},
