@@ -9,7 +9,9 @@
 #    its Go module (scripts/dockerfile-check), for a machine without a Docker engine;
 #  - prometheus-config, the Prometheus Operator's configuration generator built from its Go
 #    module (scripts/prometheus-config): what the chart's PodMonitors become in Prometheus;
-#  - helm-docs, which writes the chart's README from its values' comments.
+#  - helm-docs, which writes the chart's README from its values' comments;
+#  - aiperf, NVIDIA's benchmark client for OpenAI-compatible servers, in a virtual environment
+#    of its own (its pins clash with specgate's): a test runs it against `specgate up`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TOOLS=$PWD/.tools
@@ -66,4 +68,12 @@ if [ "$(cat "$TOOLS/bin/.helm-docs.version" 2>/dev/null)" != "$HELM_DOCS" ]; the
     go install "github.com/norwoodj/helm-docs/cmd/helm-docs@$HELM_DOCS"
   echo "$HELM_DOCS" > "$TOOLS/bin/.helm-docs.version"
 fi
+AIPERF=0.13.0
+if [ "$(cat "$TOOLS/aiperf/.version" 2>/dev/null)" != "$AIPERF" ]; then
+  rm -rf "$TOOLS/aiperf"
+  python3 -m venv "$TOOLS/aiperf"
+  "$TOOLS/aiperf/bin/pip" install -q --disable-pip-version-check "aiperf==$AIPERF"
+  echo "$AIPERF" > "$TOOLS/aiperf/.version"
+fi
+ln -sf "$TOOLS/aiperf/bin/aiperf" "$TOOLS/bin/aiperf"
 echo "tools ready in $TOOLS/bin"
