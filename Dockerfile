@@ -3,7 +3,7 @@
 # (charts/specgate and deploy/operator.yaml run ghcr.io/specgate/specgate:<appVersion>). The
 # engine pods run the other image, worker-image/.
 #
-#   docker build -t ghcr.io/specgate/specgate:0.1.0 .
+#   docker build -t ghcr.io/specgate/specgate:<version in pyproject.toml> .
 #
 # Pin the base by digest for reproducible builds (docker buildx imagetools inspect python:3.11-slim).
 ARG PYTHON_IMAGE=python:3.11-slim

@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck crd docs deploy dashboards chart-crd chart-docs tools cluster clean
+.PHONY: demo test lint typecheck crd docs deploy dashboards chart-crd chart-docs release tools cluster clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,14 @@ dashboards: $(STAMP)
 # The chart's README, from the values' `# --` comments (helm-docs, installed by `make tools`).
 chart-docs:
 	.tools/bin/helm-docs --chart-search-root charts --skip-version-footer --sort-values-order file
+
+# The chart as dist/specgate-<version>.tgz, every place checked to name pyproject.toml's version
+# and the changelog to have its section; REGISTRY=oci://HOST/PATH pushes it (PLAIN_HTTP=1 for a
+# registry without TLS). Images are built with docker (docs/install.md), not here.
+DIST ?= dist
+release: $(STAMP) tools
+	$(BIN)/python scripts/release.py package --out $(DIST) \
+		$(if $(REGISTRY),--registry $(REGISTRY)) $(if $(PLAIN_HTTP),--plain-http)
 
 chart-crd:
 	cp crds/specdecodedeployments.specgate.io.yaml charts/specgate/files/

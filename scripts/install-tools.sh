@@ -9,6 +9,8 @@
 #    its Go module (scripts/dockerfile-check), for a machine without a Docker engine;
 #  - prometheus-config, the Prometheus Operator's configuration generator built from its Go
 #    module (scripts/prometheus-config): what the chart's PodMonitors become in Prometheus;
+#  - oci-registry, an in-memory OCI registry (go-containerregistry's) that `make release`
+#    pushes the chart to in the tests (scripts/oci-registry);
 #  - helm-docs, which writes the chart's README from its values' comments;
 #  - aiperf, NVIDIA's benchmark client for OpenAI-compatible servers, in a virtual environment
 #    of its own (its pins clash with specgate's): a test runs it against `specgate up`.
@@ -53,7 +55,7 @@ fi
 bash scripts/build-control-plane.sh
 # Small Go programs of ours on published modules: one and five minutes cold on 2 cores; each
 # rebuilt whenever its sources change.
-for program in dockerfile-check prometheus-config; do
+for program in dockerfile-check prometheus-config oci-registry; do
   sum=$(cat scripts/$program/go.mod scripts/$program/go.sum scripts/$program/main.go \
     | sha256sum | cut -d' ' -f1)
   if [ "$(cat "$TOOLS/bin/.$program.sum" 2>/dev/null)" != "$sum" ]; then

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from specgate import argtypes
+from specgate import __version__, argtypes
 
 
 def _cmd_crd(args: argparse.Namespace) -> int:
@@ -446,6 +446,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         prog="specgate",
         description="Kubernetes operator and speculation-aware router for SGLang EAGLE-3.",
     )
+    parser.add_argument("--version", action="version", version=f"specgate {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (text, arguments, command) in COMMANDS.items():
         p = sub.add_parser(name, help=text)

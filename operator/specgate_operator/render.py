@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from specgate import api
+from specgate import SGLANG_VERSION, __version__, api
 
 Manifest = dict[str, Any]
 
@@ -38,8 +38,8 @@ LABEL_COMPONENT = "app.kubernetes.io/component"
 class RenderOptions:
     """Operator-wide settings that are not part of a resource."""
 
-    engine_image: str = "ghcr.io/specgate/worker:0.1.0-sglang0.5.17"
-    router_image: str = "ghcr.io/specgate/specgate:0.1.0"
+    engine_image: str = f"ghcr.io/specgate/worker:{__version__}-sglang{SGLANG_VERSION}"
+    router_image: str = f"ghcr.io/specgate/specgate:{__version__}"
     service_monitor: bool = False
     """Render ServiceMonitors (the operator sets this when monitoring.coreos.com/v1 is served)."""
     service_monitor_labels: dict[str, str] = field(default_factory=dict)

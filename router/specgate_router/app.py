@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from specgate import __version__
 from specgate.engine_http import EngineHttp
 from specgate_router import proxy, requests
 from specgate_router.client_auth import ClientAuth, is_admin_path, require_admin
@@ -100,7 +101,7 @@ def create_app(
 
     app = FastAPI(
         title="specgate router",
-        version="0.1.0",
+        version=__version__,
         description="OpenAI-compatible, speculation-aware router for SGLang EAGLE pods.",
         lifespan=lifespan,
     )
