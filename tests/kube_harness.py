@@ -88,6 +88,13 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
     emulator.add_namespace("default")
     emulator.serve_builtin("coordination.k8s.io/v1", "leases", "Lease")
     emulator.serve_builtin("discovery.k8s.io/v1", "endpointslices", "EndpointSlice")
+    # The children the operator watches (specgate_operator.children): kopf finds them through
+    # discovery before it watches them.
+    emulator.serve_builtin("apps/v1", "deployments", "Deployment", status=True)
+    emulator.serve_builtin("v1", "services", "Service")
+    emulator.serve_builtin("v1", "configmaps", "ConfigMap")
+    emulator.serve_builtin("networking.k8s.io/v1", "networkpolicies", "NetworkPolicy")
+    emulator.serve_builtin("policy/v1", "poddisruptionbudgets", "PodDisruptionBudget")
     async with emulator, kmock.Server(emulator) as server:
         url = str(server.url).rstrip("/")
         kubeconfig = tmp_path / "kubeconfig"

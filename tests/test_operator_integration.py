@@ -207,6 +207,50 @@ async def test_a_deletion_during_a_resync_leaves_nothing_and_takes_seconds(
     await wait_for(all_gone, timeout=20.0, what="children and resource deleted")
 
 
+async def test_a_watched_child_changed_by_hand_is_put_back_within_seconds(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """With a resync period of ten minutes, only the watch on children can explain a repair
+    within seconds: a Deployment scaled by hand, a ConfigMap deleted, a Deployment's status
+    reaching the resource's conditions."""
+    log = tmp_path / "operator.log"
+    operator = OperatorProcess(cluster.kubeconfig, log, "--resync-seconds", "600")
+    await operator.start()
+    deployments = "/apis/apps/v1/namespaces/default/deployments"
+    try:
+        await _create(cluster, minimal_resource())
+        await wait_for(lambda: _all_children(cluster), what="all children")
+        resp = await cluster.api.patch(
+            f"{deployments}/demo-engine", json={"spec": {"replicas": 5}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )  # fmt: skip
+        assert resp.status_code == 200 and resp.json()["spec"]["replicas"] == 5
+
+        async def scaled_back() -> bool:
+            engine = await cluster.get(deployments, "demo-engine")
+            return engine is not None and engine["spec"]["replicas"] == 1
+
+        await wait_for(scaled_back, timeout=10, what="the engine Deployment scaled back")
+        configmaps = "/api/v1/namespaces/default/configmaps"
+        assert (await cluster.api.delete(f"{configmaps}/demo-router")).status_code == 200
+
+        async def config_back() -> dict[str, Any] | None:
+            return await cluster.get(configmaps, "demo-router")
+
+        await wait_for(config_back, timeout=10, what="the router ConfigMap back")
+        await cluster.set_deployment_status("demo-engine", replicas=1, ready=1)
+        await cluster.set_deployment_status("demo-router", replicas=2, ready=2)
+
+        async def ready() -> bool:
+            cond = await cluster.condition("Ready")
+            return bool(cond and cond["status"] == "True")
+
+        await wait_for(ready, timeout=10, what="Ready=True from the Deployments' status")
+    finally:
+        await operator.stop()
+        print(log.read_text()[-5000:])
+
+
 async def test_ready_follows_the_children(cluster: Cluster, operator: OperatorProcess) -> None:
     await _create(cluster, minimal_resource())
     await wait_for(lambda: _all_children(cluster), what="all children")

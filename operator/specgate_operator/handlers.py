@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from specgate import api
 from specgate.kube import Credentials, KubeClient, KubeError, adopt
-from specgate_operator import render, status
+from specgate_operator import children, render, status
 from specgate_operator.metrics import OperatorMetrics
 from specgate_operator.policy import (
     Policy,
@@ -34,6 +34,9 @@ log = logging.getLogger("specgate.operator")
 FINALIZER = "specgate.io/cleanup"
 TIMER_EXIT_POLL_SECONDS = 1.0
 """How often kopf checks whether a stopping resync timer has exited (see configure)."""
+RESYNC_RESTART_SECONDS = 0.5
+"""Between one resync run and the next: each run itself waits for a child's change or the
+resync period (build_registry), so this only paces runs after a burst of changes."""
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 
@@ -45,8 +48,9 @@ class OperatorConfig:
     render: render.RenderOptions = field(default_factory=render.RenderOptions)
     policy: Policy = field(default_factory=Policy)
     """What resources may do beyond their schema (specgate_operator.policy)."""
-    resync_seconds: float = 30.0
-    """How often every resource is re-applied (drift correction) and its status refreshed."""
+    resync_seconds: float = 120.0
+    """How often every resource is re-applied and its status refreshed without a watched
+    child's change (which does it at once): the correction of drift in unwatched children."""
     detect_monitoring: bool = True
     """Render ServiceMonitors when the monitoring.coreos.com/v1 API is served."""
 
@@ -158,6 +162,10 @@ class Lifecycle:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     deleting: bool = False
     """Set by on_delete: no reconcile makes or updates anything after it."""
+    resynced: bool = False
+    """Whether the resync timer has run once: its first run reconciles at once (a status
+    write that also moves kopf on when an early patch of its own met a conflict), later runs
+    wait for a child's change or the period."""
 
 
 def lifecycle(memo: Any) -> Lifecycle:
@@ -352,6 +360,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         if getattr(memo, "metrics", None) is None:  # the process serves its own (main.py)
             memo.metrics = OperatorMetrics()
         memo.kube = KubeClient(Credentials.from_kopf(info))
+        memo.wakeups = children.Wakeups()
         memo.service_monitor = False
         if config.detect_monitoring:
             memo.service_monitor = await memo.kube.serves(
@@ -374,14 +383,36 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     # before it could outlive a deletion that on_delete never sees, and the timer's status
     # writes would keep moving the resourceVersion that kopf's finalizer patches are
     # conditioned on. A run that began before the deletion waits in reconcile (Lifecycle).
+    # Each run waits for a watched child's change or the resync period, whichever comes first
+    # (kopf's `body` is live: the reconcile sees the resource as it is then).
     @kopf.timer(
-        *resource, interval=config.resync_seconds, idle=0, when=resyncable, registry=registry
+        *resource, interval=RESYNC_RESTART_SECONDS, idle=0, when=resyncable, registry=registry
     )
-    async def resync(body: Any, patch: Any, memo: Any, logger: Logger, **_: Any) -> None:
-        await reconcile(body, patch, memo, logger)
+    async def resync(body: Any, patch: Any, memo: Any, logger: Logger, **kwargs: Any) -> None:
+        stopped, guard = kwargs["stopped"], lifecycle(memo)
+        if guard.resynced:
+            key = (body["metadata"].get("namespace") or "default", body["metadata"]["name"])
+            await memo.wakeups.wait(key, config.resync_seconds, stopped)
+        guard.resynced = True
+        if not stopped:
+            await reconcile(body, patch, memo, logger)
+
+    # The watched children: an event on one wakes its resource's resync (children.py).
+    for group, version, plural in children.WATCHED:
+
+        @kopf.on.event(
+            group, version, plural, labels={render.LABEL_DEPLOYMENT: kopf.PRESENT},
+            registry=registry,
+        )  # fmt: skip
+        async def child_changed(body: Any, memo: Any, **_: Any) -> None:
+            if (key := children.owner_of(body)) is not None:
+                memo.wakeups.wake(key)
 
     @kopf.on.delete(*resource, registry=registry)
     async def on_delete(body: Any, memo: Any, logger: Logger, **_: Any) -> None:
         await finalize(body, memo, logger)
+        memo.wakeups.forget(
+            (body["metadata"].get("namespace") or "default", body["metadata"]["name"])
+        )
 
     return registry

@@ -16,6 +16,7 @@ NAME = "specgate-operator"
 IMAGE = render.RenderOptions().router_image  # operator and router ship in one image
 
 _CHILD_VERBS = ["get", "create", "patch", "delete"]  # server-side apply creates through PATCH
+_WATCHED_CHILD_VERBS = ["get", "list", "watch", "create", "patch", "delete"]  # children.WATCHED
 
 
 def _rule(group: str, resources: list[str], verbs: list[str]) -> dict[str, list[str]]:
@@ -35,11 +36,13 @@ NAMESPACED_RULES: list[dict[str, Any]] = [
     _rule(api.GROUP, [f"{api.PLURAL}/status"], ["get", "patch"]),
     # Events about handler outcomes.
     _rule("", ["events"], ["create"]),
-    # Children.
-    _rule("", ["secrets", "serviceaccounts", "configmaps", "services"], _CHILD_VERBS),
-    _rule("apps", ["deployments"], _CHILD_VERBS),
-    _rule("policy", ["poddisruptionbudgets"], _CHILD_VERBS),
-    _rule("networking.k8s.io", ["networkpolicies"], _CHILD_VERBS),
+    # Children: the watched ones (specgate_operator.children) listed and watched too. Secrets
+    # are not: watching them would read every Secret in the namespace.
+    _rule("", ["secrets", "serviceaccounts"], _CHILD_VERBS),
+    _rule("", ["configmaps", "services"], _WATCHED_CHILD_VERBS),
+    _rule("apps", ["deployments"], _WATCHED_CHILD_VERBS),
+    _rule("policy", ["poddisruptionbudgets"], _WATCHED_CHILD_VERBS),
+    _rule("networking.k8s.io", ["networkpolicies"], _WATCHED_CHILD_VERBS),
     _rule("rbac.authorization.k8s.io", ["roles", "rolebindings"], _CHILD_VERBS),
     _rule("monitoring.coreos.com", ["servicemonitors"], _CHILD_VERBS),
     _rule("gateway.networking.k8s.io", ["httproutes"], _CHILD_VERBS),

@@ -52,8 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--resync-seconds",
         type=float,
-        default=30.0,
-        help="re-apply children and refresh status this often",
+        default=120.0,
+        help="re-apply children and refresh status this often without a watched child's"
+        " change (which does it at once)",
     )
     parser.add_argument(
         "--liveness",
