@@ -31,6 +31,10 @@ class PanelSpec:
     unit: str = "short"
     kind: str = "timeseries"  # timeseries | stat
     stepped: bool = False
+    source: str = "specgate"
+    """Who exports the panel's metrics: `specgate` (routers and engine pods, scraped through the
+    chart's monitors), `dcgm-exporter` (NVIDIA's GPU exporter, where it runs) or `operator`
+    (the operator's own PodMonitor)."""
 
 
 def _quantiles(metric: str, what: str) -> tuple[Query, ...]:
@@ -184,6 +188,129 @@ CONTROL = (
     ),
 )
 
+ENGINE_SCOPE = SCOPE + ', pod=~"$pod"'
+"""SGLang's own metrics, scraped from each engine pod (pod: the engine pod's name)."""
+GPU_SCOPE = 'namespace=~"$namespace", pod=~"($deployment)-engine-.+", pod=~"$pod"'
+"""dcgm-exporter's labels with its Kubernetes pod mapping: the pod using the GPU, by name."""
+
+
+def _engine_quantile(metric: str, q: float) -> str:
+    return (
+        f"histogram_quantile({q}, sum by (le, pod) "
+        f"(rate({metric}_bucket{{{ENGINE_SCOPE}}}[$__rate_interval])))"
+    )
+
+
+ENGINES = (
+    PanelSpec(
+        "Running and queued requests",
+        "SGLang's own count of running requests (the batch) and of requests waiting in its queue.",
+        (
+            Query(f"max by (pod) (sglang:num_running_reqs{{{ENGINE_SCOPE}}})", "{{pod}} running"),
+            Query(f"max by (pod) (sglang:num_queue_reqs{{{ENGINE_SCOPE}}})", "{{pod}} queued"),
+        ),
+    ),
+    PanelSpec(
+        "KV cache usage",
+        "Share of the KV cache's tokens in use: near 1, new requests wait or are retracted.",
+        (Query(f"max by (pod) (sglang:token_usage{{{ENGINE_SCOPE}}})", "{{pod}}"),),
+        unit="percentunit",
+    ),
+    PanelSpec(
+        "Generation throughput",
+        "Output tokens per second, as each engine reports it.",
+        (Query(f"max by (pod) (sglang:gen_throughput{{{ENGINE_SCOPE}}})", "{{pod}}"),),
+    ),
+    PanelSpec(
+        "Engine time to first token",
+        "p50 and p99 inside the engine (queueing and prefill), beside the router's own view.",
+        (
+            Query(_engine_quantile("sglang:time_to_first_token_seconds", 0.5), "{{pod}} p50"),
+            Query(_engine_quantile("sglang:time_to_first_token_seconds", 0.99), "{{pod}} p99"),
+        ),
+        unit="s",
+    ),
+    PanelSpec(
+        "Engine request latency",
+        "p50 and p99 end-to-end latency inside the engine.",
+        (
+            Query(_engine_quantile("sglang:e2e_request_latency_seconds", 0.5), "{{pod}} p50"),
+            Query(_engine_quantile("sglang:e2e_request_latency_seconds", 0.99), "{{pod}} p99"),
+        ),
+        unit="s",
+    ),
+    PanelSpec(
+        "Decode steps by mode",
+        "Decode steps per second with speculation on and off (the patch's counter).",
+        (
+            Query(
+                f"sum by (pod, mode) (rate(sglang:spec_decode_steps_total{{{ENGINE_SCOPE}}}"
+                f"[$__rate_interval]))",
+                "{{pod}} {{mode}}",
+            ),
+        ),
+    ),
+    PanelSpec(
+        "GPU utilization",
+        "Share of time each GPU of an engine pod was busy (dcgm-exporter, where it runs).",
+        (Query(f"avg by (pod) (DCGM_FI_DEV_GPU_UTIL{{{GPU_SCOPE}}})", "{{pod}}"),),
+        unit="percent",
+        source="dcgm-exporter",
+    ),
+    PanelSpec(
+        "GPU memory used",
+        "Frame buffer in use, summed over each engine pod's GPUs (dcgm-exporter, in MiB).",
+        (Query(f"sum by (pod) (DCGM_FI_DEV_FB_USED{{{GPU_SCOPE}}})", "{{pod}}"),),
+        unit="decmbytes",
+        source="dcgm-exporter",
+    ),
+    PanelSpec(
+        "GPU power",
+        "Power drawn by each engine pod's GPUs (dcgm-exporter).",
+        (Query(f"sum by (pod) (DCGM_FI_DEV_POWER_USAGE{{{GPU_SCOPE}}})", "{{pod}}"),),
+        unit="watt",
+        source="dcgm-exporter",
+    ),
+    PanelSpec(
+        "Operator reconciles",
+        "Reconciles per second by outcome: ok, retry (kopf tries again), failed (refused until "
+        "the resource changes; its Degraded condition says why), error (a bug: see the log).",
+        (
+            Query(
+                "sum by (outcome) (rate(specgate_operator_reconciles_total[$__rate_interval]))",
+                "{{outcome}}",
+            ),
+        ),
+        unit="ops",
+        source="operator",
+    ),
+    PanelSpec(
+        "Operator reconcile time",
+        "p50 and p99 of a reconcile: children applied, status written.",
+        (
+            Query(
+                "histogram_quantile(0.5, sum by (le) "
+                "(rate(specgate_operator_reconcile_seconds_bucket[$__rate_interval])))",
+                "p50",
+            ),
+            Query(
+                "histogram_quantile(0.99, sum by (le) "
+                "(rate(specgate_operator_reconcile_seconds_bucket[$__rate_interval])))",
+                "p99",
+            ),
+        ),
+        unit="s",
+        source="operator",
+    ),
+    PanelSpec(
+        "Operator leader",
+        "1 for the replica that holds the Lease and reconciles; 0 for a standby.",
+        (Query("max by (pod) (specgate_operator_leader)", "{{pod}}"),),
+        stepped=True,
+        source="operator",
+    ),
+)
+
 ANNOTATION_EXPR = (
     f"changes(max by (engine_pod) (specgate_pod_threshold{{{POD_SCOPE}}})[2m:15s]) > 0"
 )
@@ -195,7 +322,17 @@ DASHBOARDS: dict[str, tuple[str, str, tuple[PanelSpec, ...]]] = {
         "Per pod: batch against threshold, speculating, accept length, threshold changes.",
         CONTROL,
     ),
+    "specgate-engines": (
+        "specgate engines, GPUs and operator",
+        "SGLang's own metrics per engine pod, its GPUs (dcgm-exporter) and the operator.",
+        ENGINES,
+    ),
 }
+
+
+def panels_from(source: str) -> list[tuple[str, PanelSpec]]:
+    """(dashboard, panel) for every panel whose metrics `source` exports."""
+    return [(uid, p) for uid, (_, _, ps) in DASHBOARDS.items() for p in ps if p.source == source]
 
 
 def all_queries() -> dict[str, list[str]]:

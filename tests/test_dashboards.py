@@ -12,19 +12,24 @@ are Grafana functions rather than PromQL.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import re
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
+import kopf
 import pytest
 
 from specgate import dashboards
+from specgate_operator.metrics import OperatorMetrics
 from specgate_sim import profile as profiles
 from specgate_sim.cluster import SimCluster, free_ports
 from specgate_sim.loadgen import LoadGenerator, Phase
@@ -147,18 +152,67 @@ def test_type_check_catches_an_unknown_field(tmp_path: Path) -> None:
 # ---- against a real Prometheus ----
 
 
+DCGM_EXPOSITION = """\
+# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).
+# TYPE DCGM_FI_DEV_GPU_UTIL gauge
+# HELP DCGM_FI_DEV_FB_USED Framebuffer memory used (in MiB).
+# TYPE DCGM_FI_DEV_FB_USED gauge
+# HELP DCGM_FI_DEV_POWER_USAGE Power draw (in W).
+# TYPE DCGM_FI_DEV_POWER_USAGE gauge
+""" + "".join(
+    f'{metric}{{gpu="{gpu}",UUID="GPU-{gpu:04d}",device="nvidia{gpu}",'
+    f'modelName="NVIDIA H100 80GB HBM3",Hostname="gpu-node-1",container="engine",'
+    f'namespace="llm",pod="demo-engine-6d4f9c7b8-0"}} {value + gpu}\n'
+    for gpu in range(2)
+    for metric, value in (("DCGM_FI_DEV_GPU_UTIL", 87), ("DCGM_FI_DEV_FB_USED", 71234),
+                          ("DCGM_FI_DEV_POWER_USAGE", 512.5))
+)  # fmt: skip
+"""A stand-in for NVIDIA's dcgm-exporter (no GPU here): its metric names and the labels its
+Kubernetes pod mapping adds, for two GPUs of one engine pod."""
+
+
+class Exposition(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = DCGM_EXPOSITION.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
 @pytest.fixture(scope="module")
 def prometheus_with_data(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A real Prometheus that scraped a router + 3 simulated pods every second through ~25 s of
-    mixed load; it stays up for the queries."""
+    """A real Prometheus that scraped, every second through ~25 s of mixed load, a router,
+    its 3 simulated engine pods (found through a file as a pod monitor would find them), the
+    operator's metrics and a dcgm-exporter stand-in; it stays up for the queries."""
     tmp = tmp_path_factory.mktemp("prom")
-    prom_port, router_port = free_ports(2)
+    prom_port, router_port, operator_port = free_ports(3)
+    gpus = ThreadingHTTPServer(("127.0.0.1", 0), Exposition)
+    threading.Thread(target=gpus.serve_forever, daemon=True).start()
+    metrics = OperatorMetrics()
+    metrics.leader.set(1)
+    metrics.serve(operator_port, "127.0.0.1")
+    engines = tmp / "engines.json"
+    engines.write_text("[]")
     cfg = tmp / "prometheus.yml"
     cfg.write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
         "scrape_configs:\n"
         "  - job_name: specgate-router\n"
         f"    static_configs: [{{targets: ['127.0.0.1:{router_port}']}}]\n"
+        "  - job_name: specgate-engine\n"
+        "    authorization: {credentials: k}\n"
+        f"    file_sd_configs: [{{files: ['{engines}'], refresh_interval: 1s}}]\n"
+        "  - job_name: dcgm-exporter\n"
+        f"    static_configs: [{{targets: ['127.0.0.1:{gpus.server_address[1]}']}}]\n"
+        "    honor_labels: true\n"
+        "  - job_name: specgate-operator\n"
+        f"    static_configs: [{{targets: ['127.0.0.1:{operator_port}'],\n"
+        "                       labels: {namespace: specgate-system, pod: specgate-0}}]\n"
     )
     proc = subprocess.Popen(
         [
@@ -183,18 +237,28 @@ def prometheus_with_data(tmp_path_factory: pytest.TempPathFactory) -> Iterator[d
         else:
             raise AssertionError("prometheus did not become ready")
         start = time.time()
-        asyncio.run(_load(router_port))
+        asyncio.run(_load(router_port, engines, metrics))
         time.sleep(3)  # a few more scrapes
         yield {"url": url, "start": start, "end": time.time()}
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+        metrics.stop()
+        gpus.shutdown()
+        gpus.server_close()
 
 
-async def _load(router_port: int) -> None:
+async def _load(router_port: int, engines: Path, metrics: OperatorMetrics) -> None:
     prof = profiles.load("rtx-pro-6000-x8")
     settings = PodSettings(api_key="k", threshold=8, model="m", time_scale=1.0, seed=2)
     async with SimCluster(prof, 3, settings=settings) as pods:
+        # As a PodMonitor labels an engine pod's series (podTargetLabels, the pod's name).
+        engines.write_text(json.dumps([
+            {"targets": [url.removeprefix("http://")],
+             "labels": {"namespace": "llm", "specgate_io_deployment": "demo",
+                        "pod": f"demo-engine-6d4f9c7b8-{i}"}}
+            for i, url in enumerate(pods.urls)
+        ]))  # fmt: skip
         config = {
             "model": "m",
             "backends": pods.urls,
@@ -208,6 +272,12 @@ async def _load(router_port: int) -> None:
             },
             "pools": {"classMixWindowSeconds": 2},
         }
+
+        async def reconcile(fails: bool) -> None:
+            await asyncio.sleep(0.01)
+            if fails:
+                raise kopf.TemporaryError("a Secret is missing", delay=1)
+
         async with run_router(config, port=router_port) as router:
             gen = LoadGenerator(
                 router.url,
@@ -218,7 +288,13 @@ async def _load(router_port: int) -> None:
                     Phase("calm", 5, 2, 0),
                 ],
             )
-            await gen.run()
+            run = asyncio.create_task(gen.run())
+            while not run.done():  # the operator reconciles meanwhile, one in five retried
+                for i in range(5):
+                    with contextlib.suppress(kopf.TemporaryError):
+                        await metrics.timed(lambda fails=(i == 0): reconcile(fails))
+                await asyncio.sleep(0.5)
+            await run
             await asyncio.sleep(2)
 
 
