@@ -13,7 +13,9 @@ HERE = Path(__file__).resolve().parent / "promtool"
 
 
 def render_rules(folder: Path) -> Path:
-    docs = yaml.safe_load_all(helm_template(str(CHART / "ci" / "monitoring-values.yaml")).stdout)
+    served = ("monitoring.coreos.com/v1/PrometheusRule",)
+    values = str(CHART / "ci" / "monitoring-values.yaml")
+    docs = yaml.safe_load_all(helm_template(values, api_versions=served).stdout)
     (rule,) = [d for d in docs if d and d["kind"] == "PrometheusRule"]
     path = folder / "rules.yaml"
     path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}, sort_keys=False))

@@ -629,6 +629,7 @@ async def test_the_charts_pod_monitors_scrape_the_pods_and_every_dashboard_query
     monitors.write_text(
         cluster.helm(
             "template", "specgate", str(CHART), "--namespace", "specgate-system",
+            "--api-versions", "monitoring.coreos.com/v1/PodMonitor",
             "--set", "monitoring.podMonitor.enabled=true",
             "--set", "monitoring.podMonitor.labels.release=watching",
             "--set", "monitoring.podMonitor.interval=1s",
