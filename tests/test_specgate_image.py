@@ -164,8 +164,9 @@ def test_the_image_user_is_the_one_its_pods_run_as() -> None:
     assert container["command"][0] == "specgate"
     assert str(container["securityContext"]["runAsUser"]) == user[0]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
-    chart = (ROOT / "charts" / "specgate" / "templates" / "deployment.yaml").read_text()
-    assert f"runAsUser: {user[0]}" in chart
+    values = yaml.safe_load((ROOT / "charts" / "specgate" / "values.yaml").read_text())
+    pod = values["operator"]["podSecurityContext"]
+    assert (str(pod["runAsUser"]), str(pod["runAsGroup"])) == user
 
 
 def test_the_docker_context_lets_in_what_the_build_copies() -> None:
