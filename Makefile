@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck crd docs deploy dashboards chart-crd chart-docs release tools cluster clean
+.PHONY: demo test lint typecheck crd docs deploy dashboards chart-crd chart-docs images release tools cluster clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,13 +45,21 @@ dashboards: $(STAMP)
 chart-docs:
 	.tools/bin/helm-docs --chart-search-root charts --skip-version-footer --sort-values-order file
 
+# The specgate image (operator and routers) as dist/images/specgate-<version>.oci.tar, built
+# without a container engine from Debian packages and PyPI wheels (scripts/build_image.py;
+# as root: mmdebstrap). The engine's worker image is built with docker (worker-image/).
+images: $(STAMP) tools
+	$(BIN)/python scripts/build_image.py --out $(DIST)/images
+
 # The chart as dist/specgate-<version>.tgz, every place checked to name pyproject.toml's version
 # and the changelog to have its section; REGISTRY=oci://HOST/PATH pushes it (PLAIN_HTTP=1 for a
-# registry without TLS). Images are built with docker (docs/install.md), not here.
+# registry without TLS), and IMAGES=HOST/PATH builds the specgate image and pushes it there as
+# HOST/PATH/specgate:<version>.
 DIST ?= dist
-release: $(STAMP) tools
+release: $(STAMP) tools $(if $(IMAGES),images)
 	$(BIN)/python scripts/release.py package --out $(DIST) \
-		$(if $(REGISTRY),--registry $(REGISTRY)) $(if $(PLAIN_HTTP),--plain-http)
+		$(if $(REGISTRY),--registry $(REGISTRY)) $(if $(PLAIN_HTTP),--plain-http) \
+		$(if $(IMAGES),--images $(IMAGES) --image-dir $(DIST)/images)
 
 chart-crd:
 	cp crds/specdecodedeployments.specgate.io.yaml charts/specgate/files/

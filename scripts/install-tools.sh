@@ -11,6 +11,8 @@
 #    module (scripts/prometheus-config): what the chart's PodMonitors become in Prometheus;
 #  - oci-registry, an in-memory OCI registry (go-containerregistry's) that `make release`
 #    pushes the chart to in the tests (scripts/oci-registry);
+#  - mmdebstrap (Debian) and crane (go-containerregistry): `make images` builds the specgate
+#    image without a container engine, and `make release` pushes it;
 #  - helm-docs, which writes the chart's README from its values' comments;
 #  - aiperf, NVIDIA's benchmark client for OpenAI-compatible servers, in a virtual environment
 #    of its own (its pins clash with specgate's): a test runs it against `specgate up`.
@@ -42,6 +44,14 @@ if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2
     exit 1
   fi
 fi
+if ! command -v mmdebstrap >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mmdebstrap >/dev/null
+  else
+    echo "install-tools: mmdebstrap missing and not root: apt-get install mmdebstrap" >&2
+    exit 1
+  fi
+fi
 ln -sf "$(command -v promtool)" "$TOOLS/bin/promtool"
 ln -sf "$(command -v prometheus)" "$TOOLS/bin/prometheus"
 
@@ -64,6 +74,12 @@ for program in dockerfile-check prometheus-config oci-registry; do
     echo "$sum" > "$TOOLS/bin/.$program.sum"
   fi
 done
+CRANE=v0.22.1
+if [ "$(cat "$TOOLS/bin/.crane.version" 2>/dev/null)" != "$CRANE" ]; then
+  GOTOOLCHAIN=local GOFLAGS=-mod=mod GOBIN="$TOOLS/bin" \
+    go install "github.com/google/go-containerregistry/cmd/crane@$CRANE"
+  echo "$CRANE" > "$TOOLS/bin/.crane.version"
+fi
 HELM_DOCS=v1.14.2
 if [ "$(cat "$TOOLS/bin/.helm-docs.version" 2>/dev/null)" != "$HELM_DOCS" ]; then
   GOTOOLCHAIN=local GOFLAGS=-mod=mod GOBIN="$TOOLS/bin" \

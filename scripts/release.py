@@ -5,8 +5,9 @@ section for it, the chart packaged, and pushed to an OCI registry when one is gi
     python scripts/release.py set-version 0.2.0     # write a new version to every place
     python scripts/release.py package --out dist [--registry oci://HOST/PATH] [--plain-http]
 
-`make release` runs check, then package (REGISTRY=... PLAIN_HTTP=1 to push). The images are
-not built here: build them with docker (docs/install.md) and push them under the same version.
+`make release` runs check, then package (REGISTRY=... PLAIN_HTTP=1 to push; IMAGES=HOST/PATH
+also builds the specgate image with scripts/build_image.py and pushes it with crane). The
+engine's worker image is built and pushed with docker (docs/install.md).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import argparse
 import re
 import subprocess
 import sys
+import tarfile
+import tempfile
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,6 +92,24 @@ def set_version(new: str, root: Path = ROOT) -> None:
         place.write(root, new)
 
 
+def push_image(archive: Path, repository: str, version: str, plain_http: bool, crane: str) -> str:
+    """The OCI archive `make images` built, pushed as REPOSITORY/specgate:VERSION; returns the
+    reference with its digest."""
+    if not re.match(r"^[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)*$", repository):
+        raise ReleaseError(f"images {repository!r}: give HOST[:PORT]/PATH")
+    if not archive.is_file():
+        raise ReleaseError(f"{archive}: no image: run `make images`")
+    reference = f"{repository}/specgate:{version}"
+    with tempfile.TemporaryDirectory() as layout:
+        with tarfile.open(archive) as tar:
+            tar.extractall(layout, filter="data")
+        insecure = ["--insecure"] if plain_http else []
+        _run([crane, "push", layout, reference, *insecure])
+        digest = _run([crane, "digest", reference, *insecure]).strip()
+    print(f"pushed {reference}@{digest}")
+    return f"{reference}@{digest}"
+
+
 def package(
     out: Path, registry: str | None, plain_http: bool, helm: str, root: Path = ROOT
 ) -> Path:
@@ -130,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     pack.add_argument("--registry", help="oci://HOST[:PORT]/PATH to push the chart to")
     pack.add_argument("--plain-http", action="store_true", help="the registry speaks HTTP")
     pack.add_argument("--helm", default=str(ROOT / ".tools" / "bin" / "helm"))
+    pack.add_argument("--images", metavar="HOST/PATH", help="push the specgate image here too")
+    pack.add_argument("--image-dir", type=Path, default=ROOT / "dist" / "images")
+    pack.add_argument("--crane", default=str(ROOT / ".tools" / "bin" / "crane"))
     args = parser.parse_args(argv)
     try:
         if args.command == "check":
@@ -139,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"version {args.version}: now `make deploy chart-docs` and a changelog section")
         else:
             package(args.out, args.registry, args.plain_http, args.helm, args.root)
+            if args.images:
+                archive = args.image_dir / f"specgate-{version(args.root)}.oci.tar"
+                push_image(archive, args.images, version(args.root), args.plain_http, args.crane)
     except (ReleaseError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

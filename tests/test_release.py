@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import shutil
 import subprocess
 import sys
@@ -110,12 +111,21 @@ def test_make_release_pushes_the_chart_and_it_pulls_back_as_packaged(
     dist = tmp_path / "dist"
     done = subprocess.run(
         ["make", "-s", "release", f"DIST={dist}", f"REGISTRY=oci://{registry}/charts",
-         "PLAIN_HTTP=1"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+         "PLAIN_HTTP=1", f"IMAGES={registry}/specgate"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     archive = dist / f"specgate-{__version__}.tgz"
     assert f"Pushed: {registry}/charts/specgate:{__version__}" in done.stdout
+    # The image `make images` built, pushed under the same version: the registry serves the
+    # manifest that the archive holds.
+    with tarfile.open(dist / "images" / f"specgate-{__version__}.oci.tar") as image:
+        index = json.loads(image.extractfile("index.json").read())  # type: ignore[union-attr]
+    built = index["manifests"][0]["digest"]
+    image_ref = f"{registry}/specgate/specgate:{__version__}"
+    assert f"pushed {image_ref}@{built}" in done.stdout
+    served = run(tool("crane"), "digest", image_ref, "--insecure").stdout.strip()
+    assert served == built
     pulled = tmp_path / "pulled"
     pulled.mkdir()
     run(tool("helm"), "pull", f"oci://{registry}/charts/specgate", "--version", __version__,
