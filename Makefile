@@ -45,16 +45,17 @@ dashboards: $(STAMP)
 chart-docs:
 	.tools/bin/helm-docs --chart-search-root charts --skip-version-footer --sort-values-order file
 
-# The specgate image (operator and routers) as dist/images/specgate-<version>.oci.tar, built
-# without a container engine from Debian packages and PyPI wheels (scripts/build_image.py;
-# as root: mmdebstrap). The engine's worker image is built with docker (worker-image/).
+# The specgate image (operator and routers) and the engine stand-in (a simulated pod behind
+# SGLang's command line) as dist/images/*.oci.tar, built without a container engine from
+# Debian packages and PyPI wheels (scripts/build_image.py; as root: mmdebstrap). The engine's
+# worker image is built with docker (worker-image/).
 images: $(STAMP) tools
 	$(BIN)/python scripts/build_image.py --out $(DIST)/images
 
 # The chart as dist/specgate-<version>.tgz, every place checked to name pyproject.toml's version
 # and the changelog to have its section; REGISTRY=oci://HOST/PATH pushes it (PLAIN_HTTP=1 for a
-# registry without TLS), and IMAGES=HOST/PATH builds the specgate image and pushes it there as
-# HOST/PATH/specgate:<version>.
+# registry without TLS), and IMAGES=HOST/PATH builds the images and pushes them there as
+# HOST/PATH/specgate:<version> and HOST/PATH/engine-sim:<version>.
 DIST ?= dist
 release: $(STAMP) tools $(if $(IMAGES),images)
 	$(BIN)/python scripts/release.py package --out $(DIST) \

@@ -43,6 +43,17 @@ EXCLUDED = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/locale/*", "/usr
 SITE = "usr/local/lib/python3.11/dist-packages"
 """Where Debian's python3 finds packages not from Debian."""
 REPOSITORY = "ghcr.io/specgate/specgate"
+STANDIN_REPOSITORY = "ghcr.io/specgate/engine-sim"
+"""The engine stand-in: the specgate image plus an `sglang.launch_server` that serves one
+simulated pod from the command line the operator renders (specgate_sim.sglang_launch), for
+clusters and tests without a GPU. It is not SGLang."""
+STANDIN_SHIM = {
+    "__init__.py": '"""The engine stand-in, not SGLang: see specgate_sim.sglang_launch."""\n',
+    "launch_server.py": (
+        '"""One simulated pod from the patched SGLang command line."""\n\n'
+        "import sys\n\nfrom specgate_sim.sglang_launch import main\n\nsys.exit(main())\n"
+    ),
+}
 
 
 class BuildError(Exception):
@@ -208,7 +219,14 @@ def _digest(data: bytes) -> str:
 
 
 def oci_archive(
-    layers: list[bytes], config: ImageConfig, version: str, epoch: int, out: Path
+    layers: list[bytes],
+    config: ImageConfig,
+    version: str,
+    epoch: int,
+    out: Path,
+    *,
+    repository: str = REPOSITORY,
+    history: tuple[str, ...] = (),
 ) -> str:
     """An OCI image layout in one tar (what `docker load`, `ctr import`, `skopeo` and
     `crane push` read); returns the manifest's digest."""
@@ -233,10 +251,7 @@ def oci_archive(
             },
         },
         "rootfs": {"type": "layers", "diff_ids": [_digest(layer) for layer in layers]},
-        "history": [
-            {"created": created, "created_by": "mmdebstrap " + " ".join(PACKAGES)},
-            {"created": created, "created_by": "pip install specgate " + version},
-        ],
+        "history": [{"created": created, "created_by": step} for step in history],
     }
     config_blob = json.dumps(image_config, sort_keys=True, separators=(",", ":")).encode()
     blobs[_digest(config_blob)] = config_blob
@@ -272,7 +287,7 @@ def oci_archive(
                 "size": len(manifest_blob),
                 "annotations": {
                     "org.opencontainers.image.ref.name": version,
-                    "io.containerd.image.name": f"{REPOSITORY}:{version}",
+                    "io.containerd.image.name": f"{repository}:{version}",
                 },
             }
         ],
@@ -301,7 +316,8 @@ def _commit_epoch() -> int:
     return int(done.stdout.strip()) if done.returncode == 0 and done.stdout.strip() else 0
 
 
-def build(out_dir: Path, cache: Path, epoch: int) -> tuple[Path, str]:
+def build(out_dir: Path, cache: Path, epoch: int) -> list[tuple[Path, str]]:
+    """The specgate image and the engine stand-in, as OCI archives in `out_dir`."""
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     config = ImageConfig.from_dockerfile(DOCKERFILE.read_text())
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -312,15 +328,32 @@ def build(out_dir: Path, cache: Path, epoch: int) -> tuple[Path, str]:
         for old in cache.glob(f"debian-{SUITE}-*.tar"):
             old.unlink()  # one base kept: a few hundred MB each
         debian_rootfs(base, epoch)
+    history = ("mmdebstrap " + " ".join(PACKAGES), f"pip install specgate {version}")
     with tempfile.TemporaryDirectory() as scratch:
-        tree, wheels = Path(scratch) / "tree", Path(scratch) / "wheels"
+        tree, wheels, shim = (Path(scratch) / name for name in ("tree", "wheels", "shim"))
         python_tree(tree, wheels, epoch)
         started = time.monotonic()
         layers = [base.read_bytes(), layer_from_tree(tree, epoch)]
         archive = out_dir / f"specgate-{version}.oci.tar"
-        digest = oci_archive(layers, config, version, epoch, archive)
-        print(f"layers and archive: {time.monotonic() - started:.0f} s", flush=True)
-    return archive, digest
+        built = [(archive, oci_archive(layers, config, version, epoch, archive, history=history))]
+        package = shim / SITE / "sglang"
+        package.mkdir(parents=True)
+        for name, text in STANDIN_SHIM.items():
+            (package / name).write_text(text)
+        compile_shim = [sys.executable, "-m", "compileall", "-q", "--invalidation-mode",
+                        "unchecked-hash", "-d", f"/{SITE}/sglang", str(package)]  # fmt: skip
+        _step("stand-in byte code", compile_shim)
+        standin = ImageConfig(
+            config.user, ["python3", "-m", "sglang.launch_server"], [], config.env
+        )
+        archive = out_dir / f"engine-sim-{version}.oci.tar"
+        digest = oci_archive(
+            [*layers, layer_from_tree(shim, epoch)], standin, version, epoch, archive,
+            repository=STANDIN_REPOSITORY, history=(*history, "sglang.launch_server stand-in"),
+        )  # fmt: skip
+        built.append((archive, digest))
+        print(f"layers and archives: {time.monotonic() - started:.0f} s", flush=True)
+    return built
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -344,12 +377,13 @@ def main(argv: list[str] | None = None) -> int:
         epoch = int(os.environ.get("SOURCE_DATE_EPOCH") or _commit_epoch())
     started = time.monotonic()
     try:
-        archive, digest = build(args.out, args.cache, epoch)
+        built = build(args.out, args.cache, epoch)
     except (BuildError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    size = archive.stat().st_size
-    print(f"{archive}: {digest}, {size / 1e6:.1f} MB, {time.monotonic() - started:.0f} s")
+    took = time.monotonic() - started
+    for archive, digest in built:
+        print(f"{archive}: {digest}, {archive.stat().st_size / 1e6:.1f} MB, {took:.0f} s")
     return 0
 
 

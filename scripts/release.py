@@ -92,14 +92,15 @@ def set_version(new: str, root: Path = ROOT) -> None:
         place.write(root, new)
 
 
-def push_image(archive: Path, repository: str, version: str, plain_http: bool, crane: str) -> str:
-    """The OCI archive `make images` built, pushed as REPOSITORY/specgate:VERSION; returns the
-    reference with its digest."""
-    if not re.match(r"^[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)*$", repository):
-        raise ReleaseError(f"images {repository!r}: give HOST[:PORT]/PATH")
+IMAGES = ("specgate", "engine-sim")
+"""What `make images` builds and a release pushes: the specgate image and the engine stand-in."""
+
+
+def push_image(archive: Path, reference: str, plain_http: bool, crane: str) -> str:
+    """An OCI archive that `make images` built, pushed as `reference`; returns the reference
+    with its digest."""
     if not archive.is_file():
         raise ReleaseError(f"{archive}: no image: run `make images`")
-    reference = f"{repository}/specgate:{version}"
     with tempfile.TemporaryDirectory() as layout:
         with tarfile.open(archive) as tar:
             tar.extractall(layout, filter="data")
@@ -108,6 +109,15 @@ def push_image(archive: Path, repository: str, version: str, plain_http: bool, c
         digest = _run([crane, "digest", reference, *insecure]).strip()
     print(f"pushed {reference}@{digest}")
     return f"{reference}@{digest}"
+
+
+def push_images(image_dir: Path, repository: str, plain_http: bool, crane: str, root: Path) -> None:
+    if not re.match(r"^[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)*$", repository):
+        raise ReleaseError(f"images {repository!r}: give HOST[:PORT]/PATH")
+    release = version(root)
+    for name in IMAGES:
+        archive = image_dir / f"{name}-{release}.oci.tar"
+        push_image(archive, f"{repository}/{name}:{release}", plain_http, crane)
 
 
 def package(
@@ -164,8 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             package(args.out, args.registry, args.plain_http, args.helm, args.root)
             if args.images:
-                archive = args.image_dir / f"specgate-{version(args.root)}.oci.tar"
-                push_image(archive, args.images, version(args.root), args.plain_http, args.crane)
+                push_images(args.image_dir, args.images, args.plain_http, args.crane, args.root)
     except (ReleaseError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

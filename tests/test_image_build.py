@@ -7,6 +7,7 @@ machine yet), and the engine's worker image (SGLang and CUDA; built with docker)
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import importlib.util
 import io
@@ -16,13 +17,18 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import httpx
 import pytest
+import yaml
 
-from specgate import __version__
+from specgate import __version__, api, contract
+from specgate_operator import render
+from specgate_sim.cluster import free_ports
 
 from .conftest import ROOT
 
@@ -42,25 +48,33 @@ def _load(name: str) -> ModuleType:
 build_image = _load("build_image")
 
 
-def _build(out: Path, cache: Path) -> tuple[Path, str, str]:
+def _build(out: Path, cache: Path) -> tuple[dict[str, tuple[Path, str]], str]:
+    """{image: (archive, digest)} for the specgate image and the engine stand-in, and the log."""
     done = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "build_image.py"), "--out", str(out),
          "--cache", str(cache), "--epoch", "1767225600"],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    archive = out / f"specgate-{__version__}.oci.tar"
-    last = done.stdout.strip().splitlines()[-1]
-    assert last.startswith(f"{archive}: sha256:"), last
-    return archive, last.split()[1].rstrip(","), done.stdout
+    built = {}
+    for name in ("specgate", "engine-sim"):
+        archive = out / f"{name}-{__version__}.oci.tar"
+        (line,) = [x for x in done.stdout.splitlines() if x.startswith(f"{archive}: sha256:")]
+        built[name] = (archive, line.split()[1].rstrip(","))
+    return built, done.stdout
 
 
 @pytest.fixture(scope="module")
 def image(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     cache = ROOT / ".tools" / "image-cache"
-    first = _build(tmp_path_factory.mktemp("one"), cache)
-    second = _build(tmp_path_factory.mktemp("two"), cache)
-    return {"archive": first[0], "digest": first[1], "again": second[1], "log": first[2]}
+    first, log = _build(tmp_path_factory.mktemp("one"), cache)
+    second, _ = _build(tmp_path_factory.mktemp("two"), cache)
+    return {
+        "archive": first["specgate"][0], "digest": first["specgate"][1],
+        "again": second["specgate"][1], "log": log,
+        "standin": first["engine-sim"][0],
+        "standin_again": (first["engine-sim"][1], second["engine-sim"][1]),
+    }  # fmt: skip
 
 
 def _blob(tar: tarfile.TarFile, digest: str) -> bytes:
@@ -81,6 +95,8 @@ def _parts(archive: Path) -> tuple[dict[str, Any], dict[str, Any], list[bytes]]:
 
 def test_the_same_inputs_give_the_same_image(image: dict[str, Any]) -> None:
     assert image["digest"] == image["again"]
+    one, two = image["standin_again"]
+    assert one == two
     entry, config, layers = _parts(image["archive"])
     assert entry["digest"] == image["digest"]
     # Each layer is what its diff_id says, and the archive names the image for containerd.
@@ -101,22 +117,32 @@ def test_the_image_is_what_the_dockerfile_describes(image: dict[str, Any]) -> No
     assert config["config"]["Labels"]["org.opencontainers.image.version"] == __version__
 
 
-@pytest.fixture(scope="module")
-def rootfs(image: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("rootfs")
-    _, _, layers = _parts(image["archive"])
+def _unpack(archive: Path, root: Path) -> Path:
+    _, _, layers = _parts(archive)
     for layer in layers:
         with tarfile.open(fileobj=io.BytesIO(layer)) as tar:
             tar.extractall(root, filter="tar")
     return root
 
 
-def _in_image(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+@pytest.fixture(scope="module")
+def rootfs(image: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _unpack(image["archive"], tmp_path_factory.mktemp("rootfs"))
+
+
+def _chroot(root: Path, *args: str) -> list[str]:
+    """`args` run in the image's root filesystem as its user."""
     assert os.geteuid() == 0, "running the image's root filesystem needs root (chroot)"
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"}
     chroot = shutil.which("chroot") or "/usr/sbin/chroot"
-    return subprocess.run([chroot, "--userspec=65532:65532", str(root), *args],
-                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    return [chroot, "--userspec=65532:65532", str(root), *args]
+
+
+IMAGE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def _in_image(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(_chroot(root, *args), capture_output=True, text=True, timeout=120,
+                          env=IMAGE_ENV)  # fmt: skip
 
 
 def _files(root: Path) -> dict[str, int]:
@@ -141,3 +167,48 @@ def test_the_images_specgate_runs_as_its_user_with_nothing_written(rootfs: Path)
     assert found.returncode == 0, found.stderr[-2000:]
     # The pods' root filesystem is read-only: nothing outside /tmp was made or changed.
     assert _files(rootfs) == before
+
+
+def test_the_engine_stand_in_serves_the_command_line_the_operator_renders(
+    image: dict[str, Any], tmp_path: Path
+) -> None:
+    """The stand-in image run with the engine container's command and arguments as the operator
+    renders them: a pod that answers like a patched SGLang engine (key, model, metrics)."""
+    root = _unpack(image["standin"], tmp_path / "rootfs")
+    _, config, _ = _parts(image["standin"])
+    port = free_ports(1)[0]
+    doc = yaml.safe_load((ROOT / "examples" / "tiny-single-gpu.yaml").read_text())
+    doc["spec"]["engine"] = {**doc["spec"].get("engine", {}), "port": port}
+    (deployment,) = [
+        m for m in render.render(api.SpecDecodeDeployment.model_validate(doc), api_key="k")
+        if m["kind"] == "Deployment" and m["metadata"]["name"].endswith("-engine")
+    ]  # fmt: skip
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == config["config"]["Entrypoint"]
+    env = {**IMAGE_ENV, "SGLANG_API_KEY": "k", "SPECGATE_SIM_TIME_SCALE": "20"}
+    pod = subprocess.Popen(_chroot(root, *container["command"], *container["args"]), env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.2)
+        auth = {"Authorization": "Bearer k"}
+        assert httpx.get(url + "/v1/models", timeout=5).status_code == 401  # the key is needed
+        models = httpx.get(url + "/v1/models", headers=auth, timeout=5).json()
+        assert [m["id"] for m in models["data"]] == ["llama-8b"]
+        metrics = httpx.get(url + "/metrics", timeout=5).text
+        (gauge,) = [line for line in metrics.splitlines()
+                    if line.startswith(contract.METRIC_THRESHOLD + "{")]  # fmt: skip
+        assert gauge.endswith(" 8.0")  # the rendered --speculative-disable-batch-threshold
+        chat = httpx.post(url + "/v1/chat/completions", headers=auth, timeout=30, json={
+            "model": "llama-8b", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 5})  # fmt: skip
+        assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] == 5
+    finally:
+        pod.terminate()
+        out, _ = pod.communicate(timeout=30)
+    assert "Traceback" not in out, out[-3000:]

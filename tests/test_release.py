@@ -119,13 +119,14 @@ def test_make_release_pushes_the_chart_and_it_pulls_back_as_packaged(
     assert f"Pushed: {registry}/charts/specgate:{__version__}" in done.stdout
     # The image `make images` built, pushed under the same version: the registry serves the
     # manifest that the archive holds.
-    with tarfile.open(dist / "images" / f"specgate-{__version__}.oci.tar") as image:
-        index = json.loads(image.extractfile("index.json").read())  # type: ignore[union-attr]
-    built = index["manifests"][0]["digest"]
-    image_ref = f"{registry}/specgate/specgate:{__version__}"
-    assert f"pushed {image_ref}@{built}" in done.stdout
-    served = run(tool("crane"), "digest", image_ref, "--insecure").stdout.strip()
-    assert served == built
+    for name in ("specgate", "engine-sim"):
+        with tarfile.open(dist / "images" / f"{name}-{__version__}.oci.tar") as image:
+            index = json.loads(image.extractfile("index.json").read())  # type: ignore[union-attr]
+        built = index["manifests"][0]["digest"]
+        image_ref = f"{registry}/specgate/{name}:{__version__}"
+        assert f"pushed {image_ref}@{built}" in done.stdout
+        served = run(tool("crane"), "digest", image_ref, "--insecure").stdout.strip()
+        assert served == built
     pulled = tmp_path / "pulled"
     pulled.mkdir()
     run(tool("helm"), "pull", f"oci://{registry}/charts/specgate", "--version", __version__,
