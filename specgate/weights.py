@@ -25,6 +25,7 @@ the hub.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fnmatch
 import json
 import os
@@ -188,11 +189,27 @@ def _explained(what: str) -> Iterator[None]:
         if hint is None:
             raise TransientError(f"{what}: HTTP {status} from the hub") from None
         raise FetchError(f"{what}: HTTP {status}: {hint}") from None
-    except (httpx2.HTTPError, errors.LocalEntryNotFoundError, OSError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise FetchError(
+                f"{what}: the cache volume is full: raise source.hub.cacheSize, the claim's"
+                " size, or narrow source.hub.allowPatterns"
+            ) from None
+        if exc.errno in (errno.EACCES, errno.EROFS):
+            raise FetchError(f"{what}: the cache volume is not writable: {exc}") from None
         raise TransientError(
-            f"{what}: {first[:300]}: check source.hub.endpoint and the network"
+            f"{what}: {_first_line(exc)}: check source.hub.endpoint and the network"
         ) from None
+    except (httpx2.HTTPError, errors.LocalEntryNotFoundError) as exc:
+        first = _first_line(exc)
+        raise TransientError(
+            f"{what}: {first}: check source.hub.endpoint and the network"
+        ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
 
 
 def _listing(ref: RepoRef, endpoint: str, token: str | None) -> tuple[str, dict[str, int]]:

@@ -236,6 +236,25 @@ def test_a_hub_error_is_tried_again_with_backoff(tmp_path: Path) -> None:
     assert downloaded(folder) == ["config.json", "pytorch_model.bin"]
 
 
+@pytest.mark.filterwarnings("ignore:Not enough free disk space")  # huggingface_hub's own
+def test_a_full_cache_volume_is_named_and_not_tried_again(tmp_path: Path) -> None:
+    """A cache too small for the weights (an emptyDir's sizeLimit, a small claim): one line that
+    says which setting to raise, at once, not five attempts that fill it again."""
+    assert os.geteuid() == 0, "the test mounts a 1 MiB tmpfs (root)"
+    cache = tmp_path / "small"
+    cache.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(cache)], check=True)
+    waits: list[float] = []
+    try:
+        with serving(FakeHub(REPOS)) as url, pytest.raises(FetchError) as refused:
+            weights.fetch(RepoRef.parse("acme/tiny-target"), cache, endpoint=url,
+                          sleep=waits.append, log=lambda _: None)  # fmt: skip
+    finally:
+        subprocess.run(["umount", str(cache)], check=True)
+    assert "the cache volume is full: raise source.hub.cacheSize" in str(refused.value)
+    assert waits == []
+
+
 def test_a_killed_download_keeps_its_complete_files_and_its_leftovers_go(
     tmp_path: Path,
 ) -> None:
