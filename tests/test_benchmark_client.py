@@ -9,16 +9,14 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from specgate_sim.cluster import free_ports
 
-from .tools import TOOLS, tool
+from .tools import TOOLS, tool, wait_until_answers
 
 pytestmark = pytest.mark.integration
 
@@ -60,15 +58,8 @@ def stack() -> Any:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
     try:
+        wait_until_answers(url + "/readyz")
         yield url
     finally:
         up.terminate()

@@ -24,7 +24,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import httpx
 import kopf
 import pytest
 
@@ -37,7 +36,7 @@ from specgate_sim.pod import PodSettings
 
 from .conftest import ROOT
 from .router_harness import run_router
-from .tools import CHART, TOOLS, query_range, tool
+from .tools import CHART, TOOLS, query_range, tool, wait_until_answers
 
 FOLDER = CHART / "dashboards"
 KNOWN_PANEL_TYPES = {"timeseries", "stat", "statetimeline", "table", "gauge", "bargauge", "text"}
@@ -227,15 +226,7 @@ def prometheus_with_data(tmp_path_factory: pytest.TempPathFactory) -> Iterator[d
     )
     url = f"http://127.0.0.1:{prom_port}"
     try:
-        for _ in range(100):
-            try:
-                if httpx.get(url + "/-/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        else:
-            raise AssertionError("prometheus did not become ready")
+        wait_until_answers(url + "/-/ready", timeout=10)
         start = time.time()
         asyncio.run(_load(router_port, engines, metrics))
         time.sleep(3)  # a few more scrapes

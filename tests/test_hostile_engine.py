@@ -148,7 +148,9 @@ async def test_pushes_to_an_engine_that_fails_them_back_off(
     # Backing off from 0.5 s (doubling, jittered 0.5-1.5x), eight seconds hold at most six
     # pushes; a retry every second would make eight or more.
     assert 2 <= len(engine.pushes) <= 6, engine.pushes
-    assert view["pushFailures"] == len(engine.pushes)
+    # Each push failed and was counted, but for one in flight when the view was read (the
+    # engine has it, the router has not yet seen it fail).
+    assert len(engine.pushes) - 1 <= view["pushFailures"] <= len(engine.pushes)
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
 
 

@@ -7,7 +7,6 @@ machine yet), and the engine's worker image (SGLang and CUDA; built with docker)
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import importlib.util
 import io
@@ -17,7 +16,6 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -31,6 +29,7 @@ from specgate_operator import render
 from specgate_sim.cluster import free_ports
 
 from .conftest import ROOT
+from .tools import wait_until_answers
 
 pytestmark = pytest.mark.integration
 
@@ -190,12 +189,7 @@ def test_the_engine_stand_in_serves_the_command_line_the_operator_renders(
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            time.sleep(0.2)
+        wait_until_answers(url + "/health")
         auth = {"Authorization": "Bearer k"}
         assert httpx.get(url + "/v1/models", timeout=5).status_code == 401  # the key is needed
         models = httpx.get(url + "/v1/models", headers=auth, timeout=5).json()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -64,3 +65,16 @@ def query_range(data: dict[str, Any], expr: str, **variables: str) -> list[dict[
     assert body["status"] == "success", (expr, body)
     result: list[dict[str, Any]] = body["data"]["result"]
     return result
+
+
+def wait_until_answers(url: str, timeout: float = 60.0) -> None:
+    """Poll `url` until it answers 200; AssertionError naming it after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{url} did not answer 200 within {timeout:.0f} s")
