@@ -175,7 +175,8 @@ class HubSource(_Model):
     cache_claim_name: str | None = Field(default=None, min_length=1, max_length=253)
     """The claim when cache is `pvc`."""
     cache_size: str = Field(default="500Gi", pattern=QUANTITY_PATTERN)
-    """Size limit of the emptyDir cache."""
+    """Size limit of the emptyDir cache: models that cannot fit in it are refused before they
+    are downloaded (past it the kubelet would evict the pod)."""
     allow_patterns: list[Annotated[str, Field(min_length=1, max_length=256)]] | None = Field(
         default=None, max_length=64
     )

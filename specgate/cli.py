@@ -380,13 +380,20 @@ def _fetch_weights_arguments(p: argparse.ArgumentParser) -> None:
         metavar="PATTERN",
         help="download only files matching PATTERN (repeatable); default: what SGLang loads",
     )
+    p.add_argument(
+        "--max-bytes",
+        type=argtypes.count("--max-bytes", 1, 2**62),
+        help="refuse, before downloading, models that would take the cache past this size",
+    )
     p.add_argument("repos", nargs="+", metavar="REPO[@REVISION]")
 
 
 def _cmd_fetch_weights(args: argparse.Namespace) -> int:
     from specgate import weights
 
-    return weights.fetch_all(args.endpoint, Path(args.cache), args.repos, args.allow)
+    return weights.fetch_all(
+        args.endpoint, Path(args.cache), args.repos, args.allow, args.max_bytes
+    )
 
 
 ArgumentsOf = Callable[[argparse.ArgumentParser], None]

@@ -113,6 +113,28 @@ def choose(names: Sequence[str], patterns: Sequence[str] | None) -> list[str]:
     return [n for n in names if any(fnmatch.fnmatch(n, p) for p in patterns)]
 
 
+def _size(count: int) -> str:
+    return f"{count / 1e9:.1f} GB" if count >= 1e9 else f"{count / 1e6:.1f} MB"
+
+
+@dataclass
+class Budget:
+    """The bytes the cache may hold for one pod's repositories (an emptyDir's sizeLimit: past
+    it the kubelet evicts the pod, and the next one would download and be evicted again)."""
+
+    limit: int | None
+    used: int = 0
+
+    def take(self, ref: RepoRef, size: int) -> None:
+        self.used += size
+        if self.limit is not None and self.used > self.limit:
+            raise FetchError(
+                f"{ref.repo}@{ref.revision}: the models need {_size(self.used)}, over the"
+                f" cache's {_size(self.limit)}: raise source.hub.cacheSize or narrow"
+                " source.hub.allowPatterns"
+            )
+
+
 @dataclass
 class Progress:
     """Bytes received for one revision, reported at most every PROGRESS_SECONDS; the download
@@ -291,17 +313,22 @@ def fetch(
     endpoint: str,
     token: str | None = None,
     patterns: Sequence[str] | None = None,
+    budget: Budget | None = None,
     attempts: int = ATTEMPTS,
     sleep: Callable[[float], None] = time.sleep,
     log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
 ) -> Path:
     """Download `ref` into the cache unless it is there already; returns its folder. Transient
     failures are tried again (`attempts` in all, backing off), each attempt resuming the files
-    already begun."""
+    already begun. With a `budget`, a revision that would take the cache past it is refused
+    before anything is downloaded."""
+    budget = budget or Budget(None)
     target = ref.folder(cache)
     if (target / COMPLETE).is_file():
+        budget.take(ref, _complete_bytes(target))
         log(f"{ref.repo}@{ref.revision}: in the cache ({target})")
         return target
+    taken = False
     for attempt in range(1, attempts + 1):
         try:
             commit, sizes = _listing(ref, endpoint, token)
@@ -311,6 +338,9 @@ def fetch(
                     f"{ref.repo}: no file matches {list(patterns or [])}:"
                     " check source.hub.allowPatterns"
                 )
+            if not taken:
+                budget.take(ref, sum(sizes[n] for n in names))
+                taken = True
             target.mkdir(parents=True, exist_ok=True)
             for part in remove_stale_parts(target):
                 log(f"{ref.repo}@{ref.revision}: removed {part.name}, left by a stopped download")
@@ -323,27 +353,39 @@ def fetch(
             log(f"{exc}; attempt {attempt + 1} of {attempts} in {pause:.0f} s")
             sleep(pause)
     total = sum(sizes[n] for n in names)
-    (target / COMPLETE).write_text(
-        json.dumps({"revision": ref.revision, "commit": commit, "files": names})
-    )
+    marker = {"revision": ref.revision, "commit": commit, "files": names, "bytes": total}
+    (target / COMPLETE).write_text(json.dumps(marker))
     log(f"{ref.repo}@{ref.revision}: {len(names)} files, {total / 1e9:.2f} GB, commit {commit}")
     return target
 
 
+def _complete_bytes(folder: Path) -> int:
+    try:
+        size = json.loads((folder / COMPLETE).read_text()).get("bytes", 0)
+    except (OSError, ValueError, AttributeError):
+        return 0
+    return size if isinstance(size, int) and size >= 0 else 0
+
+
 def fetch_all(
-    endpoint: str, cache: Path, repos: list[str], patterns: Sequence[str] | None = None
+    endpoint: str,
+    cache: Path,
+    repos: list[str],
+    patterns: Sequence[str] | None = None,
+    max_bytes: int | None = None,
 ) -> int:
-    """`specgate fetch-weights`: every REPO[@REVISION] in turn, the token from HF_TOKEN;
-    0, or 2 with one line on stderr."""
+    """`specgate fetch-weights`: every REPO[@REVISION] in turn, the token from HF_TOKEN, all of
+    them within `max_bytes`; 0, or 2 with one line on stderr."""
     token = os.environ.get("HF_TOKEN", "").strip() or None
+    budget = Budget(max_bytes)
     try:
         refs = [RepoRef.parse(text) for text in repos]
         for ref in refs:
-            fetch(ref, cache, endpoint=endpoint, token=token, patterns=patterns)
+            fetch(ref, cache, endpoint=endpoint, token=token, patterns=patterns, budget=budget)
     except FetchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0
 
 
-__all__ = ["FetchError", "RepoRef", "choose", "fetch", "fetch_all", "safe_file_name"]
+__all__ = ["Budget", "FetchError", "RepoRef", "choose", "fetch", "fetch_all", "safe_file_name"]

@@ -120,6 +120,8 @@ def test_a_hub_source_downloads_in_an_init_container_and_the_engine_runs_offline
     assert next(v for v in pod["volumes"] if v["name"] == "model")["emptyDir"] == {
         "sizeLimit": "500Gi"
     }
+    # What cannot fit the emptyDir is refused before it is downloaded (and the pod evicted).
+    assert "--max-bytes=536870912000" in pod["initContainers"][0]["command"]
     plain = render.render(_sdd(minimal_resource(), schema), api_key="k")
     pod = _by_kind(plain)[("Deployment", "demo-engine")]["spec"]["template"]["spec"]
     assert "initContainers" not in pod and "fsGroup" not in pod["securityContext"]

@@ -236,6 +236,31 @@ def test_a_hub_error_is_tried_again_with_backoff(tmp_path: Path) -> None:
     assert downloaded(folder) == ["config.json", "pytorch_model.bin"]
 
 
+def test_models_that_cannot_fit_the_cache_are_refused_before_downloading(tmp_path: Path) -> None:
+    """An emptyDir past its sizeLimit gets the pod evicted, and the next pod would download
+    and be evicted again: models over the cache's size are refused first, the sizes of the
+    revisions already in the cache counted."""
+    hub = FakeHub(REPOS)
+    command = [sys.executable, "-m", "specgate.cli", "fetch-weights", "--endpoint", "URL",
+               "--cache", str(tmp_path), "acme/tiny-draft", "acme/tiny-target"]  # fmt: skip
+    with serving(hub) as url:
+        command[command.index("URL")] = url
+        draft_only = subprocess.run([*command[:-1], "--max-bytes=2000"], capture_output=True,
+                                    text=True, timeout=60, env=_env())  # fmt: skip
+        assert draft_only.returncode == 0, draft_only.stderr
+        # The draft (1 KB) is in the cache; with the target's 24 MiB the two need 25.2 MB.
+        too_big = subprocess.run([*command, "--max-bytes=20000000"], capture_output=True,
+                                 text=True, timeout=60, env=_env())  # fmt: skip
+    assert too_big.returncode == 2
+    error = too_big.stderr.strip().splitlines()[-1]  # after the progress lines, one error line
+    assert error == (
+        "error: acme/tiny-target@main: the models need 25.2 MB, over the cache's 20.0 MB:"
+        " raise source.hub.cacheSize or narrow source.hub.allowPatterns"
+    )
+    assert not any("/resolve/" in r and "model.safetensors" in r for r in hub.requests)
+    assert not (tmp_path / "acme" / "tiny-target" / "main").exists()
+
+
 @pytest.mark.filterwarnings("ignore:Not enough free disk space")  # huggingface_hub's own
 def test_a_full_cache_volume_is_named_and_not_tried_again(tmp_path: Path) -> None:
     """A cache too small for the weights (an emptyDir's sizeLimit, a small claim): one line that

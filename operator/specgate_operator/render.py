@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from specgate import SGLANG_VERSION, __version__, api
+from specgate_operator.policy import quantity_bytes
 
 Manifest = dict[str, Any]
 
@@ -252,6 +253,12 @@ def fetch_weights_container(sdd: api.SpecDecodeDeployment, opts: RenderOptions) 
             "--cache",
             source.mount_path,
             *(f"--allow={pattern}" for pattern in hub.allow_patterns or ()),
+            # An emptyDir past its sizeLimit gets the pod evicted: refuse models that cannot fit.
+            *(
+                [f"--max-bytes={int(quantity_bytes(hub.cache_size))}"]
+                if hub.cache == "emptyDir"
+                else []
+            ),
             *hub_repos(sdd),
         ],
         "env": env,
