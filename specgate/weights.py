@@ -123,13 +123,15 @@ class Budget:
     it the kubelet evicts the pod, and the next one would download and be evicted again)."""
 
     limit: int | None
-    used: int = 0
+    sizes: dict[RepoRef, int] = field(default_factory=dict)
+    """Each repository's bytes, as last listed (a retried listing replaces its own)."""
 
     def take(self, ref: RepoRef, size: int) -> None:
-        self.used += size
-        if self.limit is not None and self.used > self.limit:
+        self.sizes[ref] = size
+        used = sum(self.sizes.values())
+        if self.limit is not None and used > self.limit:
             raise FetchError(
-                f"{ref.repo}@{ref.revision}: the models need {_size(self.used)}, over the"
+                f"{ref.repo}@{ref.revision}: the models need {_size(used)}, over the"
                 f" cache's {_size(self.limit)}: raise source.hub.cacheSize or narrow"
                 " source.hub.allowPatterns"
             )
@@ -219,19 +221,15 @@ def _explained(what: str) -> Iterator[None]:
             ) from None
         if exc.errno in (errno.EACCES, errno.EROFS):
             raise FetchError(f"{what}: the cache volume is not writable: {exc}") from None
-        raise TransientError(
-            f"{what}: {_first_line(exc)}: check source.hub.endpoint and the network"
-        ) from None
+        raise _unreachable(what, exc) from None
     except (httpx2.HTTPError, errors.LocalEntryNotFoundError) as exc:
-        first = _first_line(exc)
-        raise TransientError(
-            f"{what}: {first}: check source.hub.endpoint and the network"
-        ) from None
+        raise _unreachable(what, exc) from None
 
 
-def _first_line(exc: BaseException) -> str:
+def _unreachable(what: str, exc: BaseException) -> TransientError:
     text = str(exc).strip()
-    return text.splitlines()[0][:300] if text else type(exc).__name__
+    first = text.splitlines()[0][:300] if text else type(exc).__name__
+    return TransientError(f"{what}: {first}: check source.hub.endpoint and the network")
 
 
 def _listing(ref: RepoRef, endpoint: str, token: str | None) -> tuple[str, dict[str, int]]:
@@ -266,6 +264,7 @@ def _download(
     commit: str,
     names: list[str],
     sizes: dict[str, int],
+    total: int,
     *,
     endpoint: str,
     token: str | None,
@@ -274,7 +273,7 @@ def _download(
     from huggingface_hub import hf_hub_download
 
     label = f"{ref.repo}@{ref.revision}"
-    progress = Progress(label, sum(sizes[n] for n in names), log)
+    progress = Progress(label, total, log)
     bar = progress.bar_class()
     finished = iter(range(1, len(names) + 1))
     lock = threading.Lock()
@@ -286,7 +285,7 @@ def _download(
                 token=token or False, tqdm_class=bar,
             )  # fmt: skip
         with lock:
-            log(f"{label}: [{next(finished)}/{len(names)}] {name} ({sizes[name] / 1e6:.1f} MB)")
+            log(f"{label}: [{next(finished)}/{len(names)}] {name} ({_size(sizes[name])})")
 
     with ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="fetch") as pool:
         for future in [pool.submit(one, name) for name in names]:
@@ -328,7 +327,6 @@ def fetch(
         budget.take(ref, _complete_bytes(target))
         log(f"{ref.repo}@{ref.revision}: in the cache ({target})")
         return target
-    taken = False
     for attempt in range(1, attempts + 1):
         try:
             commit, sizes = _listing(ref, endpoint, token)
@@ -338,13 +336,14 @@ def fetch(
                     f"{ref.repo}: no file matches {list(patterns or [])}:"
                     " check source.hub.allowPatterns"
                 )
-            if not taken:
-                budget.take(ref, sum(sizes[n] for n in names))
-                taken = True
+            total = sum(sizes[n] for n in names)
+            budget.take(ref, total)
             target.mkdir(parents=True, exist_ok=True)
             for part in remove_stale_parts(target):
                 log(f"{ref.repo}@{ref.revision}: removed {part.name}, left by a stopped download")
-            _download(ref, target, commit, names, sizes, endpoint=endpoint, token=token, log=log)
+            _download(
+                ref, target, commit, names, sizes, total, endpoint=endpoint, token=token, log=log
+            )
             break
         except TransientError as exc:
             if attempt == attempts:
@@ -352,10 +351,9 @@ def fetch(
             pause = min(MAX_BACKOFF_SECONDS, 2.0**attempt)
             log(f"{exc}; attempt {attempt + 1} of {attempts} in {pause:.0f} s")
             sleep(pause)
-    total = sum(sizes[n] for n in names)
     marker = {"revision": ref.revision, "commit": commit, "files": names, "bytes": total}
     (target / COMPLETE).write_text(json.dumps(marker))
-    log(f"{ref.repo}@{ref.revision}: {len(names)} files, {total / 1e9:.2f} GB, commit {commit}")
+    log(f"{ref.repo}@{ref.revision}: {len(names)} files, {_size(total)}, commit {commit}")
     return target
 
 
