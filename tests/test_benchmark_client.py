@@ -8,15 +8,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from specgate_sim.cluster import free_ports
-
-from .tools import TOOLS, tool, wait_until_answers
+from .tools import TOOLS, specgate_up, tool, wait_until_answers
 
 pytestmark = pytest.mark.integration
 
@@ -50,20 +47,10 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def stack() -> Any:
-    port = free_ports(1)[0]
-    up = subprocess.Popen(
-        [sys.executable, "-m", "specgate.cli", "up", "--pods", "2", "--port", str(port),
-         "--time-scale", "20"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
+def stack() -> Iterator[str]:
+    with specgate_up() as url:
         wait_until_answers(url + "/readyz")
         yield url
-    finally:
-        up.terminate()
-        up.wait(30)
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,6 @@ machine yet), and the engine's worker image (SGLang and CUDA; built with docker)
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import io
 import json
 import os
@@ -17,7 +16,6 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import httpx
@@ -29,22 +27,12 @@ from specgate_operator import render
 from specgate_sim.cluster import free_ports
 
 from .conftest import ROOT
-from .tools import wait_until_answers
+from .tools import load_script, wait_until_answers
 
 pytestmark = pytest.mark.integration
 
 
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        f"specgate_{name}", ROOT / "scripts" / f"{name}.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-build_image = _load("build_image")
+build_image = load_script("build_image")
 
 
 def _build(out: Path, cache: Path) -> tuple[dict[str, tuple[Path, str]], str]:

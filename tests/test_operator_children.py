@@ -28,6 +28,9 @@ def test_a_child_belongs_to_the_resource_that_controls_it() -> None:
     assert children.owner_of(_child(ownerReferences=[other])) is None
     assert children.owner_of(_child(ownerReferences=["nonsense", {**OWNER, "name": 7}])) is None
     assert children.owner_of({"metadata": None}) is None
+    # The resource itself has the key its children name.
+    resource = {"metadata": {"namespace": "llm", "name": "demo"}}
+    assert children.key_of(resource) == children.owner_of(_child(ownerReferences=[OWNER]))
 
 
 def test_the_operator_may_list_and_watch_every_watched_kind_and_no_secret() -> None:

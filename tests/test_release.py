@@ -5,7 +5,6 @@ section for it, and the chart pushed to an OCI registry and pulled back as it wa
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -13,7 +12,6 @@ import sys
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import yaml
@@ -22,20 +20,9 @@ from specgate import SGLANG_VERSION, __version__
 from specgate_operator import render
 
 from .conftest import ROOT
-from .tools import run, tool
+from .tools import load_script, run, tool
 
-
-def _load_release() -> ModuleType:
-    """scripts/release.py as a module (dataclasses need it in sys.modules)."""
-    name = "specgate_release_script"
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / "release.py")
-    assert spec is not None and spec.loader is not None
-    module = sys.modules[name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-release = _load_release()
+release = load_script("release")
 
 
 def test_every_place_names_the_packages_version() -> None:

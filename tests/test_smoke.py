@@ -16,11 +16,11 @@ import pytest
 
 from specgate import smoke
 from specgate_router import client_auth
-from specgate_sim.cluster import free_ports
 
 from .router_harness import run_router
 from .test_client_auth import _key
 from .test_router_http import router_settings, sims
+from .tools import specgate_up
 
 pytestmark = pytest.mark.integration
 
@@ -34,14 +34,7 @@ def _smoke(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_smoke_test_passes_through_specgate_up_and_fails_in_one_line() -> None:
-    port = free_ports(1)[0]
-    url = f"http://127.0.0.1:{port}"
-    up = subprocess.Popen(
-        [sys.executable, "-m", "specgate.cli", "up", "--pods", "2", "--port", str(port),
-         "--time-scale", "20"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
+    with specgate_up() as url:
         # Started together with the stack: it waits for the router and its pods.
         done = _smoke(url, "--wait", "60")
         assert done.returncode == 0, done.stderr
@@ -56,9 +49,6 @@ def test_the_smoke_test_passes_through_specgate_up_and_fails_in_one_line() -> No
         missing = _smoke(url, "--model", "llama")
         assert missing.returncode == 1 and missing.stderr.count("\n") == 1
         assert "'llama' is not served (served: ['sim-model'])" in missing.stderr
-    finally:
-        up.terminate()
-        up.wait(30)
     started = time.monotonic()
     gone = _smoke(url, "--wait", "1")
     assert gone.returncode == 1 and gone.stderr.startswith("error: GET /health: ")

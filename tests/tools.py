@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import re
 import shutil
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import httpx
@@ -78,3 +83,32 @@ def wait_until_answers(url: str, timeout: float = 60.0) -> None:
             pass
         time.sleep(0.1)
     raise AssertionError(f"{url} did not answer 200 within {timeout:.0f} s")
+
+
+def load_script(name: str) -> ModuleType:
+    """scripts/NAME.py as a module (in sys.modules, as dataclasses need)."""
+    module_name = f"specgate_script_{name}"
+    spec = importlib.util.spec_from_file_location(module_name, ROOT / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = sys.modules[module_name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@contextlib.contextmanager
+def specgate_up(pods: int = 2) -> Iterator[str]:
+    """`specgate up` (simulated pods at 20x, on a free port) as a user runs it; yields the
+    router's URL at once, before it is ready, and stops it after the block."""
+    from specgate_sim.cluster import free_ports
+
+    port = free_ports(1)[0]
+    up = subprocess.Popen(
+        [sys.executable, "-m", "specgate.cli", "up", "--pods", str(pods), "--port", str(port),
+         "--time-scale", "20"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        up.terminate()
+        up.wait(30)

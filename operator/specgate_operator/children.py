@@ -33,6 +33,12 @@ Key = tuple[str, str]
 """(namespace, name) of a SpecDecodeDeployment."""
 
 
+def key_of(body: Mapping[str, Any]) -> Key:
+    """A SpecDecodeDeployment's own key, as `owner_of` gives it for its children."""
+    meta = body["metadata"]
+    return meta.get("namespace") or "default", meta["name"]
+
+
 def owner_of(body: Mapping[str, Any]) -> Key | None:
     """The SpecDecodeDeployment that controls a child, from the child's ownerReferences (the
     label alone could be set by anyone)."""
@@ -98,4 +104,4 @@ async def _first(timeout: float, *awaitables: Any) -> None:
             task.cancel()
 
 
-__all__ = ["SETTLE_SECONDS", "WATCHED", "Wakeups", "owner_of"]
+__all__ = ["SETTLE_SECONDS", "WATCHED", "Wakeups", "key_of", "owner_of"]

@@ -391,8 +391,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     async def resync(body: Any, patch: Any, memo: Any, logger: Logger, **kwargs: Any) -> None:
         stopped, guard = kwargs["stopped"], lifecycle(memo)
         if guard.resynced:
-            key = (body["metadata"].get("namespace") or "default", body["metadata"]["name"])
-            await memo.wakeups.wait(key, config.resync_seconds, stopped)
+            await memo.wakeups.wait(children.key_of(body), config.resync_seconds, stopped)
         guard.resynced = True
         if not stopped:
             await reconcile(body, patch, memo, logger)
@@ -411,8 +410,6 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     @kopf.on.delete(*resource, registry=registry)
     async def on_delete(body: Any, memo: Any, logger: Logger, **_: Any) -> None:
         await finalize(body, memo, logger)
-        memo.wakeups.forget(
-            (body["metadata"].get("namespace") or "default", body["metadata"]["name"])
-        )
+        memo.wakeups.forget(children.key_of(body))
 
     return registry
