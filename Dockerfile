@@ -23,7 +23,11 @@ COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels \
     && python -m compileall -q "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 # The pods' securityContext runs as 65532 with a read-only root filesystem: nothing is written
-# at run time (byte code is compiled above), and no home directory is needed.
+# at run time (byte code is compiled above), and no home directory is needed. The user has a
+# name: getpass.getuser() (kopf's identity) fails for a uid /etc/passwd does not list.
+RUN groupadd --gid 65532 specgate \
+    && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
+       --shell /usr/sbin/nologin specgate
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 USER 65532:65532
 ENTRYPOINT ["specgate"]

@@ -39,6 +39,9 @@ MIRROR = "http://deb.debian.org/debian"
 PACKAGES = ("python3-minimal", "libpython3.11-stdlib", "ca-certificates", "libstdc++6")
 """Debian's Python 3.11 (the Dockerfile's python:3.11-slim is the same minor release), and the
 C++ runtime that compiled wheels need (google-re2, which cel-python imports)."""
+ACCOUNT = "specgate:x:65532:65532:specgate:/nonexistent:/usr/sbin/nologin"
+"""The user the pods run as (the Dockerfile's USER), named in /etc/passwd: Python's
+getpass.getuser(), which kopf calls for its identity, fails for a uid without an entry."""
 EXCLUDED = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/locale/*", "/usr/share/info/*")
 SITE = "usr/local/lib/python3.11/dist-packages"
 """Where Debian's python3 finds packages not from Debian."""
@@ -104,6 +107,8 @@ def debian_rootfs(out: Path, epoch: int) -> None:
         "--variant=essential",
         f"--include={','.join(PACKAGES)}",
         *(f"--dpkgopt=path-exclude={p}" for p in EXCLUDED),
+        f"--customize-hook=echo '{ACCOUNT}' >> \"$1/etc/passwd\"",
+        "--customize-hook=echo 'specgate:x:65532:' >> \"$1/etc/group\"",
         SUITE,
         str(out),
         MIRROR,
@@ -322,7 +327,7 @@ def build(out_dir: Path, cache: Path, epoch: int) -> list[tuple[Path, str]]:
     config = ImageConfig.from_dockerfile(DOCKERFILE.read_text())
     out_dir.mkdir(parents=True, exist_ok=True)
     cache.mkdir(parents=True, exist_ok=True)
-    inputs = json.dumps([SUITE, MIRROR, PACKAGES, EXCLUDED, epoch]).encode()
+    inputs = json.dumps([SUITE, MIRROR, PACKAGES, EXCLUDED, ACCOUNT, epoch]).encode()
     base = cache / f"debian-{SUITE}-{hashlib.sha256(inputs).hexdigest()[:16]}.tar"
     if not base.is_file():
         for old in cache.glob(f"debian-{SUITE}-*.tar"):

@@ -57,6 +57,32 @@ def _bindable(port: int) -> bool:
 
 
 @pytest.fixture(scope="session")
+def built_images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """`make images` once a session (a minute): {"specgate"|"engine-sim": (archive, digest),
+    "log": its output}, at a fixed source date so a second build can be compared."""
+    import subprocess
+
+    from specgate import __version__
+
+    out = tmp_path_factory.mktemp("images")
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "build_image.py"), "--out", str(out),
+         "--cache", str(ROOT / ".tools" / "image-cache"), "--epoch", str(IMAGE_EPOCH)],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    built: dict[str, Any] = {"log": done.stdout}
+    for name in ("specgate", "engine-sim"):
+        archive = out / f"{name}-{__version__}.oci.tar"
+        (line,) = [x for x in done.stdout.splitlines() if x.startswith(f"{archive}: sha256:")]
+        built[name] = (archive, line.split()[1].rstrip(","))
+    return built
+
+
+IMAGE_EPOCH = 1767225600
+
+
+@pytest.fixture(scope="session")
 def crd_manifest() -> dict[str, Any]:
     return crd.crd()
 

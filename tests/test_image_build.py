@@ -26,7 +26,7 @@ from specgate import __version__, api, contract
 from specgate_operator import render
 from specgate_sim.cluster import free_ports
 
-from .conftest import ROOT
+from .conftest import IMAGE_EPOCH, ROOT
 from .tools import load_script, wait_until_answers
 
 pytestmark = pytest.mark.integration
@@ -35,32 +35,27 @@ pytestmark = pytest.mark.integration
 build_image = load_script("build_image")
 
 
-def _build(out: Path, cache: Path) -> tuple[dict[str, tuple[Path, str]], str]:
-    """{image: (archive, digest)} for the specgate image and the engine stand-in, and the log."""
-    done = subprocess.run(
+@pytest.fixture(scope="module")
+def image(built_images: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The session's build and a second one from the same inputs."""
+    out = tmp_path_factory.mktemp("two")
+    again = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "build_image.py"), "--out", str(out),
-         "--cache", str(cache), "--epoch", "1767225600"],
+         "--cache", str(ROOT / ".tools" / "image-cache"), "--epoch", str(IMAGE_EPOCH)],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    built = {}
-    for name in ("specgate", "engine-sim"):
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+
+    def digest(name: str) -> str:
         archive = out / f"{name}-{__version__}.oci.tar"
-        (line,) = [x for x in done.stdout.splitlines() if x.startswith(f"{archive}: sha256:")]
-        built[name] = (archive, line.split()[1].rstrip(","))
-    return built, done.stdout
+        (line,) = [x for x in again.stdout.splitlines() if x.startswith(f"{archive}: sha256:")]
+        return line.split()[1].rstrip(",")
 
-
-@pytest.fixture(scope="module")
-def image(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    cache = ROOT / ".tools" / "image-cache"
-    first, log = _build(tmp_path_factory.mktemp("one"), cache)
-    second, _ = _build(tmp_path_factory.mktemp("two"), cache)
     return {
-        "archive": first["specgate"][0], "digest": first["specgate"][1],
-        "again": second["specgate"][1], "log": log,
-        "standin": first["engine-sim"][0],
-        "standin_again": (first["engine-sim"][1], second["engine-sim"][1]),
+        "archive": built_images["specgate"][0], "digest": built_images["specgate"][1],
+        "again": digest("specgate"), "log": built_images["log"],
+        "standin": built_images["engine-sim"][0],
+        "standin_again": (built_images["engine-sim"][1], digest("engine-sim")),
     }  # fmt: skip
 
 
@@ -140,6 +135,9 @@ def test_the_images_specgate_runs_as_its_user_with_nothing_written(rootfs: Path)
     before = _files(rootfs)
     version = _in_image(rootfs, "specgate", "--version")
     assert version.returncode == 0 and version.stdout.strip() == f"specgate {__version__}"
+    # The user has a name (kopf asks getpass for one; a nameless uid crashed the operator pod).
+    user = _in_image(rootfs, "python3", "-c", "import getpass; print(getpass.getuser())")
+    assert user.stdout.strip() == "specgate", user.stderr[-500:]
     example = rootfs / "tmp" / "resource.yaml"
     example.write_text((ROOT / "examples" / "tiny-single-gpu.yaml").read_text())
     rendered = _in_image(rootfs, "specgate", "render", "-f", "/tmp/resource.yaml")
