@@ -9,13 +9,16 @@ the API server's status code, reason and message.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import datetime
 import json
 import os
 import ssl
 import tempfile
-from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
@@ -23,6 +26,12 @@ import httpx
 
 FIELD_MANAGER = "specgate-operator"
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+TOKEN_FILE_SECONDS = 60.0
+"""How long a token read from a file is used before the file is read again (client-go's)."""
+EXEC_SECONDS = 30.0
+EXEC_OUTPUT_BYTES = 1 << 20
+EXEC_EARLY_SECONDS = 30.0
+"""An exec plugin's token is renewed this long before its expirationTimestamp."""
 
 # kind -> (API path prefix, plural) for every kind specgate reads or writes.
 _KINDS: dict[tuple[str, str], str] = {
@@ -74,11 +83,24 @@ def object_path(api_version: str, kind: str, namespace: str | None, name: str) -
 
 
 @dataclass(frozen=True)
+class ExecPlugin:
+    """A kubeconfig user's `exec` section: a command that prints an ExecCredential."""
+
+    command: str
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    api_version: str = "client.authentication.k8s.io/v1"
+
+
+@dataclass(frozen=True)
 class Credentials:
-    """Where the API server is and how to authenticate; built from kopf's ConnectionInfo."""
+    """Where the API server is and how to authenticate."""
 
     server: str
     token: str | None = None
+    token_path: str | None = None
+    """A file holding the token, read again every TOKEN_FILE_SECONDS (wins over `token`)."""
+    exec_plugin: ExecPlugin | None = None
     ca_path: str | None = None
     ca_data: bytes | None = None
     insecure: bool = False
@@ -87,46 +109,35 @@ class Credentials:
     default_namespace: str | None = None
 
     @classmethod
-    def from_kopf(cls, info: Any) -> Credentials:
-        """From `kopf.ConnectionInfo` (as its login_with_* helpers return it)."""
-        cert_path, key_path = info.certificate_path, info.private_key_path
-        if info.certificate_data and info.private_key_data:
-            cert_path = _to_file(_as_bytes(info.certificate_data), "cert")
-            key_path = _to_file(_as_bytes(info.private_key_data), "key")
+    def in_cluster(cls, environ: Mapping[str, str] | None = None) -> Credentials | None:
+        """The pod's service account, or None outside a cluster."""
+        env = os.environ if environ is None else environ
+        host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT")
+        account = env.get("SPECGATE_SERVICE_ACCOUNT_DIR", SERVICE_ACCOUNT_DIR)
+        token_path = os.path.join(account, "token")
+        if not (host and port and os.path.exists(token_path)):
+            return None
+        namespace_file = os.path.join(account, "namespace")
+        namespace = None
+        if os.path.exists(namespace_file):
+            with open(namespace_file) as f:
+                namespace = f.read().strip()
+        server_host = f"[{host}]" if ":" in host else host
         return cls(
-            server=info.server,
-            token=info.token,
-            ca_path=os.fsdecode(info.ca_path) if info.ca_path else None,
-            ca_data=_as_bytes(info.ca_data) if info.ca_data else None,
-            insecure=bool(info.insecure),
-            certificate_path=os.fsdecode(cert_path) if cert_path else None,
-            private_key_path=os.fsdecode(key_path) if key_path else None,
-            default_namespace=info.default_namespace,
+            server=f"https://{server_host}:{port}",
+            token_path=token_path,
+            ca_path=os.path.join(account, "ca.crt"),
+            default_namespace=namespace,
         )
 
     @classmethod
     def discover(cls, environ: Mapping[str, str] | None = None) -> Credentials:
         """The pod's service account when running in a cluster, else the current context of
-        the kubeconfig (`KUBECONFIG`, or ~/.kube/config): what kubectl would use. The router
-        calls this; the operator logs in through kopf, whose watches share the identity."""
+        the kubeconfig (`KUBECONFIG`, or ~/.kube/config): what kubectl would use."""
         env = os.environ if environ is None else environ
-        host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT")
-        account = env.get("SPECGATE_SERVICE_ACCOUNT_DIR", SERVICE_ACCOUNT_DIR)
-        if host and port and os.path.exists(os.path.join(account, "token")):
-            with open(os.path.join(account, "token")) as f:
-                token = f.read().strip()
-            namespace_file = os.path.join(account, "namespace")
-            namespace = None
-            if os.path.exists(namespace_file):
-                with open(namespace_file) as f:
-                    namespace = f.read().strip()
-            server_host = f"[{host}]" if ":" in host else host
-            return cls(
-                server=f"https://{server_host}:{port}",
-                token=token,
-                ca_path=os.path.join(account, "ca.crt"),
-                default_namespace=namespace,
-            )
+        found = cls.in_cluster(env)
+        if found is not None:
+            return found
         path = env.get("KUBECONFIG", "").split(os.pathsep)[0] or os.path.expanduser(
             "~/.kube/config"
         )
@@ -168,6 +179,8 @@ class Credentials:
         return cls(
             server=str(cluster["server"]).rstrip("/"),
             token=user.get("token"),
+            token_path=os.path.join(base, user["tokenFile"]) if user.get("tokenFile") else None,
+            exec_plugin=_exec_plugin(path, user.get("exec")),
             ca_path=file_of("certificate-authority", "crt", cluster),
             insecure=bool(cluster.get("insecure-skip-tls-verify")),
             certificate_path=file_of("client-certificate", "cert", user),
@@ -188,6 +201,132 @@ class Credentials:
         if self.certificate_path and self.private_key_path:
             ctx.load_cert_chain(self.certificate_path, self.private_key_path)
         return ctx
+
+
+def _exec_plugin(path: str, section: Any) -> ExecPlugin | None:
+    if section is None:
+        return None
+    if not isinstance(section, dict) or not isinstance(section.get("command"), str):
+        raise KubeError(0, "NoCredentials", f"{path}: users[].user.exec needs a command")
+    args = section.get("args") or []
+    env = section.get("env") or []
+    if not (isinstance(args, list) and all(isinstance(a, str) for a in args)):
+        raise KubeError(0, "NoCredentials", f"{path}: users[].user.exec.args must be strings")
+    if not (isinstance(env, list) and all(isinstance(e, dict) for e in env)):
+        raise KubeError(0, "NoCredentials", f"{path}: users[].user.exec.env is [{{name, value}}]")
+    return ExecPlugin(
+        command=section["command"],
+        args=tuple(args),
+        env=tuple((str(e.get("name", "")), str(e.get("value", ""))) for e in env),
+        api_version=str(section.get("apiVersion") or ExecPlugin.api_version),
+    )
+
+
+@dataclass
+class TokenAuth(httpx.Auth):
+    """The bearer token of `credentials`, current: a file is read again every
+    TOKEN_FILE_SECONDS, an exec plugin runs again EXEC_EARLY_SECONDS before its token expires,
+    and either is refreshed at once when the server answers 401 (the request is sent again
+    once). A fixed token is sent as it is."""
+
+    credentials: Credentials
+    clock: Any = time.monotonic
+    _token: str | None = None
+    _valid_until: float = 0.0
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def refreshable(self) -> bool:
+        return bool(self.credentials.token_path or self.credentials.exec_plugin)
+
+    def valid_for(self) -> float:
+        """Seconds the current token is used before it is read or fetched again."""
+        return max(0.0, self._valid_until - self.clock()) if self.refreshable else float("inf")
+
+    async def token(self, *, force: bool = False) -> str | None:
+        if not self.refreshable:
+            return self.credentials.token
+        async with self._lock:
+            if force or self._token is None or self.clock() >= self._valid_until:
+                self._token, self._valid_until = await self._fetch()
+            return self._token
+
+    async def _fetch(self) -> tuple[str, float]:
+        path, plugin = self.credentials.token_path, self.credentials.exec_plugin
+        if path:
+            try:
+                with open(path) as f:
+                    return f.read(64 * 1024).strip(), self.clock() + TOKEN_FILE_SECONDS
+            except OSError as exc:
+                raise KubeError(0, "NoCredentials", f"token file {path}: {exc}") from None
+        assert plugin is not None
+        return await run_exec_plugin(plugin, self.clock)
+
+    async def async_auth_flow(
+        self, request: httpx.Request
+    ) -> AsyncGenerator[httpx.Request, httpx.Response]:
+        token = await self.token()
+        if token:
+            request.headers["Authorization"] = f"Bearer {token}"
+        response = yield request
+        if response.status_code == 401 and self.refreshable:
+            token = await self.token(force=True)
+            if token:
+                request.headers["Authorization"] = f"Bearer {token}"
+            yield request
+
+    def sync_auth_flow(self, request: httpx.Request) -> Any:
+        raise RuntimeError("KubeClient is asynchronous")
+
+
+async def run_exec_plugin(plugin: ExecPlugin, clock: Any = time.monotonic) -> tuple[str, float]:
+    """(token, monotonic time to renew it) from the plugin's ExecCredential, bounded in time
+    and output; a failure is one KubeError naming the command and its last error line."""
+    info = {"apiVersion": plugin.api_version, "kind": "ExecCredential",
+            "spec": {"interactive": False}}  # fmt: skip
+    env = {**os.environ, **dict(plugin.env), "KUBERNETES_EXEC_INFO": json.dumps(info)}
+    name = os.path.basename(plugin.command)
+
+    def failed(why: str) -> KubeError:
+        return KubeError(0, "ExecCredential", f"exec plugin {name}: {why}")
+
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            plugin.command, *plugin.args, env=env, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+    except OSError as exc:
+        raise failed(f"cannot run it ({exc.strerror or exc})") from None
+    try:
+        async with asyncio.timeout(EXEC_SECONDS):
+            out, err = await proc.communicate()
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise failed(f"no answer within {EXEC_SECONDS:.0f}s") from None
+    if proc.returncode != 0:
+        last = (err.decode(errors="replace").strip().splitlines() or ["no error output"])[-1]
+        raise failed(f"exited {proc.returncode}: {last[:300]}")
+    if len(out) > EXEC_OUTPUT_BYTES:
+        raise failed(f"printed more than {EXEC_OUTPUT_BYTES} bytes")
+    try:
+        status = json.loads(out)["status"]
+        token = status["token"]
+    except (ValueError, KeyError, TypeError):
+        raise failed("did not print an ExecCredential with status.token (client"
+                     " certificates from exec plugins are not supported)") from None  # fmt: skip
+    if not isinstance(token, str) or not token:
+        raise failed("status.token is empty")
+    renew = float("inf")
+    expires = status.get("expirationTimestamp")
+    if expires:
+        try:
+            at = datetime.datetime.fromisoformat(str(expires).replace("Z", "+00:00"))
+        except ValueError:
+            raise failed(f"expirationTimestamp {str(expires)[:40]!r} is not RFC 3339") from None
+        left = (at - datetime.datetime.now(datetime.UTC)).total_seconds()
+        renew = clock() + max(0.0, left - EXEC_EARLY_SECONDS)
+    return token, renew
 
 
 def _as_bytes(data: str | bytes) -> bytes:
@@ -212,12 +351,12 @@ class KubeClient:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         headers = {"Accept": "application/json", "User-Agent": "specgate"}
-        if credentials.token:
-            headers["Authorization"] = f"Bearer {credentials.token}"
         self.credentials = credentials
+        self.auth = TokenAuth(credentials)
         self._http = httpx.AsyncClient(
             base_url=credentials.server,
             headers=headers,
+            auth=self.auth,
             timeout=timeout,
             verify=credentials.ssl_context(),
             transport=transport,
@@ -267,6 +406,20 @@ class KubeClient:
                 return None
             raise
 
+    async def list_versioned(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        *,
+        label_selector: str | None = None,
+    ) -> tuple[list[dict[str, Any]], str]:
+        """The items and the list's resourceVersion, where a watch of them starts."""
+        params = {"labelSelector": label_selector} if label_selector else None
+        data = await self._call("GET", collection_path(api_version, kind, namespace), params=params)
+        items: list[dict[str, Any]] = data.get("items", [])
+        return items, str((data.get("metadata") or {}).get("resourceVersion") or "")
+
     async def list(
         self,
         api_version: str,
@@ -275,9 +428,9 @@ class KubeClient:
         *,
         label_selector: str | None = None,
     ) -> list[dict[str, Any]]:
-        params = {"labelSelector": label_selector} if label_selector else None
-        data = await self._call("GET", collection_path(api_version, kind, namespace), params=params)
-        items: list[dict[str, Any]] = data.get("items", [])
+        items, _ = await self.list_versioned(
+            api_version, kind, namespace, label_selector=label_selector
+        )
         return items
 
     async def watch(self, path: str, params: Mapping[str, str]) -> AsyncIterator[dict[str, Any]]:

@@ -18,7 +18,7 @@ import kopf
 from pydantic import ValidationError
 
 from specgate import api
-from specgate.kube import Credentials, KubeClient, KubeError, adopt
+from specgate.kube import Credentials, KubeClient, KubeError, TokenAuth, adopt
 from specgate_operator import children, render, status
 from specgate_operator.metrics import OperatorMetrics
 from specgate_operator.policy import (
@@ -322,13 +322,38 @@ def resyncable(meta: Any, **_: Any) -> bool:
     return holds_finalizer(meta) and not meta.get("deletionTimestamp")
 
 
+async def kopf_login(credentials: Credentials) -> kopf.ConnectionInfo:
+    """kopf's connection from the operator's credentials (its own service account found as
+    client-go finds it, or the kubeconfig's token, certificate or exec plugin). kopf logs in
+    again after a 401, which reads a rotated service-account token (the old one stays valid
+    until then); an exec plugin's token also expires when TokenAuth would renew it."""
+    auth = TokenAuth(credentials)
+    token = await auth.token()
+    expiration = None
+    if credentials.exec_plugin is not None and auth.valid_for() < float("inf"):
+        expiration = datetime.datetime.now(datetime.UTC) + datetime.timedelta(
+            seconds=auth.valid_for()
+        )
+    return kopf.ConnectionInfo(
+        server=credentials.server,
+        ca_path=credentials.ca_path,
+        ca_data=credentials.ca_data,
+        insecure=credentials.insecure or None,
+        token=token,
+        certificate_path=credentials.certificate_path,
+        private_key_path=credentials.private_key_path,
+        default_namespace=credentials.default_namespace,
+        expiration=expiration,
+    )
+
+
 def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     resource = (api.GROUP, api.VERSION, api.PLURAL)
 
     @kopf.on.login(registry=registry)
-    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+    async def login(**_: Any) -> kopf.ConnectionInfo:
+        return await kopf_login(Credentials.discover())
 
     @kopf.on.startup(registry=registry)
     async def configure(
@@ -349,17 +374,10 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         settings.posting.level = logging.WARNING
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 30
-        info = kopf.login_with_service_account(
-            settings=settings, logger=logger
-        ) or kopf.login_with_kubeconfig(settings=settings, logger=logger)
-        if info is None:
-            raise kopf.PermanentError(
-                "no Kubernetes credentials: no service account, no kubeconfig"
-            )
         memo.config = config
         if getattr(memo, "metrics", None) is None:  # the process serves its own (main.py)
             memo.metrics = OperatorMetrics()
-        memo.kube = KubeClient(Credentials.from_kopf(info))
+        memo.kube = KubeClient(Credentials.discover())
         memo.wakeups = children.Wakeups()
         memo.service_monitor = False
         if config.detect_monitoring:

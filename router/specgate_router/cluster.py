@@ -43,30 +43,50 @@ def ready_endpoints(slices: list[dict[str, Any]], port: int) -> dict[str, str]:
 
 
 async def watch_endpoints(state: RouterState, k8s: KubernetesDiscovery) -> None:
+    """Follow the engine Service's EndpointSlices: list once, then watch from the list's
+    resourceVersion, and after a watch ends or breaks resume from the last version seen
+    (bookmarks keep it fresh while nothing changes). Only a version the server no longer has
+    (410 Gone) or a broken list starts over with a list."""
     path = f"/apis/discovery.k8s.io/v1/namespaces/{k8s.namespace}/endpointslices"
     selector = f"kubernetes.io/service-name={k8s.service}"
     slices: dict[str, dict[str, Any]] = {}
+    version = ""  # where the next watch starts; empty: list first
     while True:
         try:
-            listed = await state.kube.list(
-                "discovery.k8s.io/v1", "EndpointSlice", k8s.namespace, label_selector=selector
-            )
-            slices = {s["metadata"]["name"]: s for s in listed}
-            state.sync_backends(ready_endpoints(list(slices.values()), k8s.port))
-            params = {"watch": "true", "labelSelector": selector, "timeoutSeconds": "300"}
+            if not version:
+                listed, version = await state.kube.list_versioned(
+                    "discovery.k8s.io/v1", "EndpointSlice", k8s.namespace, label_selector=selector
+                )
+                slices = {s["metadata"]["name"]: s for s in listed}
+                state.sync_backends(ready_endpoints(list(slices.values()), k8s.port))
+            params = {"watch": "true", "labelSelector": selector, "timeoutSeconds": "300",
+                      "resourceVersion": version, "allowWatchBookmarks": "true"}  # fmt: skip
             async for event in state.kube.watch(path, params):
-                obj = event.get("object") or {}
-                name = (obj.get("metadata") or {}).get("name")
-                if not name:
-                    continue
-                if event.get("type") == "DELETED":
-                    slices.pop(name, None)
-                else:
-                    slices[name] = obj
+                version = follow_slices(slices, event, version)
+                if not version:
+                    log.info("EndpointSlice watch expired; listing again")
+                    break
                 state.sync_backends(ready_endpoints(list(slices.values()), k8s.port))
         except (KubeError, httpx.HTTPError, json.JSONDecodeError) as exc:
-            log.warning("EndpointSlice watch failed (%s); relisting in 2s", exc)
+            if isinstance(exc, KubeError) and exc.status == 410:
+                version = ""
+            log.warning("EndpointSlice watch failed (%s); resuming in 2s", exc)
             await asyncio.sleep(2.0)
+
+
+def follow_slices(slices: dict[str, dict[str, Any]], event: dict[str, Any], version: str) -> str:
+    """Apply one watch event to `slices` (pure but for that); returns the version to resume
+    from, empty when the server says the watch's version is gone."""
+    obj = event.get("object") or {}
+    if event.get("type") == "ERROR":
+        return "" if obj.get("code") == 410 else version
+    meta = obj.get("metadata") or {}
+    name = meta.get("name")
+    if event.get("type") in ("ADDED", "MODIFIED") and name:
+        slices[name] = obj
+    elif event.get("type") == "DELETED" and name:
+        slices.pop(name, None)
+    return str(meta.get("resourceVersion") or version)
 
 
 # ---- leader election ----
