@@ -68,9 +68,11 @@ chart-crd:
 tools: $(STAMP)
 	bash scripts/install-tools.sh
 
-# A real control plane (kube-apiserver, kube-controller-manager, etcd) on loopback until Ctrl-C.
-cluster: tools
-	$(BIN)/python -m tests.control_plane
+# A real single-node cluster until Ctrl-C (as root): kube-apiserver, kube-controller-manager,
+# kube-scheduler and etcd, and a node (kubelet, kube-proxy, containerd, runc, CNI bridge) that
+# runs the images `make images` built; it prints the KUBECONFIG to export (tests/node.py).
+cluster: images
+	$(BIN)/python -m tests.control_plane --images $(DIST)/images
 
 deploy: $(STAMP)
 	$(BIN)/specgate install-manifests > deploy/operator.yaml

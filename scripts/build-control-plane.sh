@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds a real Kubernetes control plane from published Go modules into .tools/, keyed by
 # version (a second run reuses the binaries):
-#  - kube-apiserver and kube-controller-manager from k8s.io/kubernetes, its k8s.io/* staging
+#  - kube-apiserver, kube-controller-manager, kube-scheduler, and a node's kubelet and
+#    kube-proxy, and kubectl of the same version, from k8s.io/kubernetes, its k8s.io/* staging
 #    modules pinned with `replace` to the matching v0.x.y releases (the documented way to
 #    depend on k8s.io/kubernetes);
 #  - etcd from go.etcd.io/etcd/server/v3 (etcdmain, a few lines of main);
@@ -9,7 +10,7 @@
 #    InferencePool CRD (sigs.k8s.io/gateway-api-inference-extension), from their modules'
 #    config folders, into $OUT/crds (seconds).
 # Cold on 2 cores: about 7 min for kube-apiserver, 3 for kube-controller-manager (sharing its
-# build cache), 2 for etcd; warm: nothing to do.
+# build cache), 2 for etcd, and 1-2 for each of the rest; warm: nothing to do.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 K8S=${K8S_VERSION:-1.34.4}
@@ -34,7 +35,12 @@ if [ ! -f "$CRDS/.complete" ]; then
   chmod u+w "$CRDS"/*.yaml
   touch "$CRDS/.complete"
 fi
-if [ -x "$OUT/kube-apiserver" ] && [ -x "$OUT/kube-controller-manager" ] && [ -x "$OUT/etcd" ]; then
+COMMANDS="kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl"
+built() { for c in $COMMANDS etcd; do [ -x "$OUT/$c" ] || return 1; done; }
+# kubectl of the server's own version (no skew warning), where the tests and users find it.
+link_kubectl() { mkdir -p .tools/bin && ln -sf "$OUT/kubectl" .tools/bin/kubectl; }
+if built; then
+  link_kubectl
   echo "control plane ready in $OUT"
   exit 0
 fi
@@ -54,7 +60,7 @@ pkg=k8s.io/component-base/version
 minor=$(echo "$K8S" | cut -d. -f2)
 ldflags="-s -w -X $pkg.gitVersion=v$K8S -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
 ldflags="$ldflags -X $pkg.gitTreeState=clean"
-for cmd in kube-apiserver kube-controller-manager; do
+for cmd in $COMMANDS; do
   if [ ! -x "$OUT/$cmd" ]; then
     echo "building $cmd v$K8S (minutes on a small machine)..."
     go build -ldflags "$ldflags" -o "$OUT/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd"
@@ -74,4 +80,5 @@ if [ ! -x "$OUT/etcd" ]; then
   go build -ldflags "-s -w" -o "$OUT/etcd.tmp" .
   mv "$OUT/etcd.tmp" "$OUT/etcd"
 fi
+link_kubectl
 echo "control plane built in $(( $(date +%s) - started )) s into $OUT"

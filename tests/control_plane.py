@@ -1,17 +1,24 @@
-"""A real Kubernetes control plane on loopback: etcd, kube-apiserver and kube-controller-manager
-built from their Go modules by scripts/build-control-plane.sh (run by `make test` through
-`make tools`).
+"""A real Kubernetes control plane: etcd, kube-apiserver and kube-controller-manager built from
+their Go modules by scripts/build-control-plane.sh (run by `make test` through `make tools`).
 
 The API server authorizes with RBAC and signs service-account tokens with a key generated at
-start; it serves HTTPS with a certificate it generates itself. The admin authenticates with a
-static token in the group system:masters. The controller manager runs the garbage collector,
-the Deployment, ReplicaSet, EndpointSlice, ServiceAccount and namespace controllers.
+start; it serves HTTPS with a certificate from a certificate authority generated at start (the
+controller manager publishes it to every namespace as kube-root-ca.crt, as in any cluster). The
+admin authenticates with a static token in the group system:masters. The controller manager
+runs the garbage collector, the Deployment, ReplicaSet, EndpointSlice, ServiceAccount,
+namespace and root-CA controllers.
 
-No kubelet or scheduler runs. `FakeKubelet` stands in for both, as kwok does (not served by
-the Go module proxy here): it registers one Ready node, binds every pending pod to it, reports
-the pod Running and Ready with this machine's own address as its IP (loopback is refused in
-EndpointSlices), and completes deletions. Nothing runs in the pods: a test that needs an engine
-behind a pod's IP starts a simulated one on that address itself.
+Pods run one of two ways:
+- `running(folder)`: no kubelet or scheduler. `FakeKubelet` stands in for both, as kwok does: it
+  registers one Ready node, binds every pending pod to it, reports the pod Running and Ready
+  with this machine's own address as its IP (loopback is refused in EndpointSlices), and
+  completes deletions. Nothing runs in the pods: a test that needs an engine behind a pod's IP
+  starts a simulated one on that address itself. Seconds to start; the API server listens on
+  loopback only.
+- `running(folder, node_images=[...])`: a real node (tests/node.py: kubelet, kube-scheduler,
+  kube-proxy, containerd, runc, CNI) runs the pods from those image archives. The API server
+  listens on every address and advertises the node's gateway, so pods reach it through the
+  `kubernetes` Service as in any cluster.
 """
 
 from __future__ import annotations
@@ -114,7 +121,7 @@ class ControlPlane:
         return result
 
 
-def _free_ports(n: int) -> list[int]:
+def free_ports(n: int) -> list[int]:
     socks = [socket.socket() for _ in range(n)]
     try:
         for s in socks:
@@ -136,11 +143,28 @@ def _kubeconfig(server: str, token: str) -> str:
     )
 
 
-def _tail(path: Path, lines: int = 15) -> str:
+def tail(path: Path, lines: int = 15) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
+
+
+def _certificates(folder: Path, addresses: list[str]) -> tuple[Path, Path, Path]:
+    """A certificate authority and the API server's certificate and key, valid for its
+    addresses and the `kubernetes` Service's names and ClusterIP."""
+    ca_key, ca, key, cert = (folder / n for n in ("ca.key", "ca.crt", "server.key", "server.crt"))
+    names = ["kubernetes", "kubernetes.default", "kubernetes.default.svc",
+             "kubernetes.default.svc.cluster.local", "localhost"]  # fmt: skip
+    san = ",".join([*(f"DNS:{n}" for n in names), *(f"IP:{a}" for a in addresses)])
+    openssl = ["openssl", "req", "-x509", "-nodes", "-newkey", "rsa:2048", "-days", "2"]
+    for args in (
+        [*openssl, "-keyout", str(ca_key), "-out", str(ca), "-subj", "/CN=specgate-test-ca"],
+        [*openssl, "-keyout", str(key), "-out", str(cert), "-subj", "/CN=kube-apiserver",
+         "-CA", str(ca), "-CAkey", str(ca_key), "-addext", f"subjectAltName={san}"],
+    ):  # fmt: skip
+        subprocess.run(args, check=True, capture_output=True)
+    return ca, cert, key
 
 
 def _wait_ready(server: str, token: str, deadline: float, logs: Path) -> None:
@@ -159,7 +183,7 @@ def _wait_ready(server: str, token: str, deadline: float, logs: Path) -> None:
         time.sleep(0.3)
     raise ControlPlaneError(
         f"kube-apiserver not ready within {START_SECONDS:.0f}s ({last}); its log:\n"
-        + _tail(logs / "kube-apiserver.log")
+        + tail(logs / "kube-apiserver.log")
     )
 
 
@@ -272,8 +296,9 @@ class FakeKubelet:
 
 
 @contextlib.contextmanager
-def running(folder: Path) -> Iterator[ControlPlane]:
-    """etcd, kube-apiserver and kube-controller-manager on loopback, stopped on exit."""
+def running(folder: Path, node_images: list[Path] | None = None) -> Iterator[ControlPlane]:
+    """etcd, kube-apiserver and kube-controller-manager, stopped on exit, with FakeKubelet or,
+    given `node_images`, a real node that has those image archives loaded."""
     missing = [b for b in ("etcd", "kube-apiserver", "kube-controller-manager")
                if not (BINARIES / b).is_file()]  # fmt: skip
     if missing:
@@ -282,13 +307,17 @@ def running(folder: Path) -> Iterator[ControlPlane]:
             " (scripts/build-control-plane.sh)"
         )
     folder.mkdir(parents=True, exist_ok=True)
-    etcd_port, peer_port, api_port = _free_ports(3)
+    etcd_port, peer_port, api_port = free_ports(3)
     token = secrets.token_hex(16)
     (folder / "tokens.csv").write_text(f'{token},admin,admin,"system:masters"\n')
     key = folder / "sa.key"
     subprocess.run(["openssl", "genrsa", "-out", str(key), "2048"], check=True,
                    capture_output=True)  # fmt: skip
     server = f"https://127.0.0.1:{api_port}"
+    from . import node  # the real node's module imports this one
+
+    advertised = node.HOST_IP if node_images is not None else "127.0.0.1"
+    ca, cert, cert_key = _certificates(folder, sorted({"127.0.0.1", advertised, "10.96.0.1"}))
     kubeconfig = folder / "kubeconfig"
     kubeconfig.write_text(_kubeconfig(server, token))
     procs: list[subprocess.Popen[bytes]] = []
@@ -312,10 +341,11 @@ def running(folder: Path) -> Iterator[ControlPlane]:
         start(
             "kube-apiserver",
             f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            f"--bind-address={'0.0.0.0' if node_images is not None else '127.0.0.1'}",
+            f"--advertise-address={advertised}",
             f"--secure-port={api_port}",
-            f"--cert-dir={folder / 'certs'}",
+            f"--tls-cert-file={cert}",
+            f"--tls-private-key-file={cert_key}",
             f"--token-auth-file={folder / 'tokens.csv'}",
             "--authorization-mode=RBAC",
             "--service-account-issuer=https://kubernetes.default.svc",
@@ -323,14 +353,19 @@ def running(folder: Path) -> Iterator[ControlPlane]:
             f"--service-account-signing-key-file={key}",
             "--service-cluster-ip-range=10.96.0.0/16",
             "--enable-priority-and-fairness=false",
+            "--kubelet-preferred-address-types=InternalIP",  # no DNS for the node's name
         )
         _wait_ready(server, token, time.monotonic() + START_SECONDS, folder)
         start(
             "kube-controller-manager",
             f"--kubeconfig={kubeconfig}",
             "--controllers=garbagecollector,deployment,replicaset,endpointslice,"
-            "serviceaccount,serviceaccount-token,namespace",
+            "serviceaccount,serviceaccount-token,namespace,root-ca-cert-publisher"
+            # a real node is tainted not-ready until this controller sees it Ready (FakeKubelet
+            # renews no lease: this controller would mark its node unreachable)
+            + (",nodelifecycle" if node_images is not None else ""),
             f"--service-account-private-key-file={key}",
+            f"--root-ca-file={ca}",
             "--leader-elect=false",
             "--bind-address=127.0.0.1",
             "--secure-port=0",
@@ -341,11 +376,16 @@ def running(folder: Path) -> Iterator[ControlPlane]:
             procs, ("etcd", "kube-apiserver", "kube-controller-manager"), strict=True
         ):
             if proc.poll() is not None:
-                raise ControlPlaneError(f"{name} exited: \n" + _tail(folder / f"{name}.log"))
+                raise ControlPlaneError(f"{name} exited: \n" + tail(folder / f"{name}.log"))
+        plane = ControlPlane(server, token, kubeconfig, folder)
+        if node_images is not None:
+            with node.running(folder / "node", kubeconfig, plane.kubectl, node_images):
+                yield plane
+            return
         kubelet = FakeKubelet(server, token, own_address())
         kubelet.start()
         try:
-            yield ControlPlane(server, token, kubeconfig, folder)
+            yield plane
         finally:
             kubelet.stop()
     finally:
@@ -359,22 +399,43 @@ def running(folder: Path) -> Iterator[ControlPlane]:
         shutil.rmtree(folder / "etcd", ignore_errors=True)
 
 
-def main() -> int:
-    """`make cluster`: the control plane on loopback until Ctrl-C, to try `helm install` and
-    `kubectl apply` by hand (no kubelet: pods stay Pending)."""
+def main(argv: list[str] | None = None) -> int:
+    """`make cluster`: the control plane and a real node (tests/node.py) running the image
+    archives in --images, until Ctrl-C, to try `helm install` and `kubectl apply` by hand;
+    --fake-node: FakeKubelet instead (no root needed, nothing runs in the pods)."""
+    import argparse
     import signal
     import tempfile
 
+    parser = argparse.ArgumentParser(prog="make cluster", description=main.__doc__)
+    parser.add_argument("--images", type=Path, default=ROOT / "dist" / "images",
+                        help="folder of OCI archives (`make images` writes them)")  # fmt: skip
+    parser.add_argument("--fake-node", action="store_true")
+    args = parser.parse_args(argv)
+    images = None if args.fake_node else sorted(args.images.glob("*.oci.tar"))
+    if images is not None and not images:
+        print(f"make cluster: no *.oci.tar in {args.images}: run `make images`", file=sys.stderr)
+        return 2
     folder = Path(tempfile.mkdtemp(prefix="specgate-cluster-"))
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop the servers on a kill too
-    with running(folder) as plane:
-        print(f"control plane up at {plane.server}")
-        print(f"export KUBECONFIG={plane.kubeconfig}")
-        print(f"kubectl and helm are in {KUBECTL.parent}; Ctrl-C stops it", flush=True)
-        try:
-            signal.pause()
-        except KeyboardInterrupt:
-            print("stopping")
+    # Stop the servers on Ctrl-C and on a kill alike (a background job ignores SIGINT unless
+    # told otherwise).
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, lambda *_: sys.exit(0))
+    try:
+        with running(folder, node_images=images) as plane:
+            print(f"control plane up at {plane.server}; logs in {folder}")
+            if images is not None:
+                print(f"node {plane.kubectl('get', 'nodes', '-o', 'name').stdout.strip()} runs"
+                      f" pods from {', '.join(i.name for i in images)}")  # fmt: skip
+            print(f"export KUBECONFIG={plane.kubeconfig}")
+            print(f"kubectl and helm are in {KUBECTL.parent}; Ctrl-C stops it", flush=True)
+            try:
+                signal.pause()
+            finally:
+                print("stopping", flush=True)
+    except ControlPlaneError as exc:
+        print(f"make cluster: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
