@@ -13,6 +13,7 @@
 # build cache), 2 for etcd, and 1-2 for each of the rest; warm: nothing to do.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ROOT=$PWD
 K8S=${K8S_VERSION:-1.34.4}
 ETCD=${ETCD_VERSION:-3.6.5}
 OUT=$PWD/.tools/control-plane/k8s-$K8S-etcd-$ETCD
@@ -38,7 +39,7 @@ fi
 COMMANDS="kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl"
 built() { for c in $COMMANDS etcd; do [ -x "$OUT/$c" ] || return 1; done; }
 # kubectl of the server's own version (no skew warning), where the tests and users find it.
-link_kubectl() { mkdir -p .tools/bin && ln -sf "$OUT/kubectl" .tools/bin/kubectl; }
+link_kubectl() { mkdir -p "$ROOT/.tools/bin" && ln -sf "$OUT/kubectl" "$ROOT/.tools/bin/kubectl"; }
 if built; then
   link_kubectl
   echo "control plane ready in $OUT"
