@@ -6,7 +6,8 @@
 #  - typescript and @grafana/schema from npm, to type-check the dashboards;
 #  - a Kubernetes control plane, a node's kubelet and kube-proxy, and kubectl of the same
 #    version, built from Go modules (scripts/build-control-plane.sh);
-#  - containerd, runc, the CNI plugins and iptables (Debian), for that node's pods;
+#  - containerd, runc, the CNI plugins, iptables and ipset (Debian), and kube-router (its Go
+#    module: the NetworkPolicy controller), for that node's pods;
 #  - dockerfile-check, buildkit's own Dockerfile checks (`docker build --check`) built from
 #    its Go module (scripts/dockerfile-check), for a machine without a Docker engine;
 #  - prometheus-config, the Prometheus Operator's configuration generator built from its Go
@@ -54,16 +55,18 @@ if ! command -v mmdebstrap >/dev/null 2>&1; then
   fi
 fi
 # A node's container runtime and pod network (tests/node.py): Debian's containerd 1.6, runc,
-# CNI plugins (bridge, host-local, portmap, loopback) and iptables, for kube-proxy.
+# CNI plugins (bridge, host-local, portmap, loopback), iptables for kube-proxy, and ipset for
+# kube-router's NetworkPolicy controller.
 if ! command -v containerd >/dev/null 2>&1 || ! command -v runc >/dev/null 2>&1 \
-   || [ ! -x /usr/lib/cni/bridge ] || ! command -v iptables >/dev/null 2>&1; then
+   || [ ! -x /usr/lib/cni/bridge ] || ! command -v iptables >/dev/null 2>&1 \
+   || ! command -v ipset >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-      containerd runc containernetworking-plugins iptables conntrack >/dev/null
+      containerd runc containernetworking-plugins iptables conntrack ipset >/dev/null
   else
     echo "install-tools: containerd/runc/CNI plugins missing and not root:" \
-      "apt-get install containerd runc containernetworking-plugins iptables conntrack" >&2
+      "apt-get install containerd runc containernetworking-plugins iptables conntrack ipset" >&2
     exit 1
   fi
 fi
@@ -94,6 +97,15 @@ if [ "$(cat "$TOOLS/bin/.crane.version" 2>/dev/null)" != "$CRANE" ]; then
   GOTOOLCHAIN=local GOFLAGS=-mod=mod GOBIN="$TOOLS/bin" \
     go install "github.com/google/go-containerregistry/cmd/crane@$CRANE"
   echo "$CRANE" > "$TOOLS/bin/.crane.version"
+fi
+# kube-router, only its NetworkPolicy controller: the test node's CNI bridge enforces no
+# policies, and this is the one enforcing controller served as a Go module here (v2.1.0 has
+# reported security flaws; it runs only inside the test node's network namespace).
+KUBE_ROUTER=v2.1.0
+if [ "$(cat "$TOOLS/bin/.kube-router.version" 2>/dev/null)" != "$KUBE_ROUTER" ]; then
+  GOTOOLCHAIN=local GOFLAGS=-mod=mod GOBIN="$TOOLS/bin" go install -ldflags "-s -w" \
+    "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@$KUBE_ROUTER"
+  echo "$KUBE_ROUTER" > "$TOOLS/bin/.kube-router.version"
 fi
 HELM_DOCS=v1.14.2
 if [ "$(cat "$TOOLS/bin/.helm-docs.version" 2>/dev/null)" != "$HELM_DOCS" ]; then

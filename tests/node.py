@@ -1,8 +1,10 @@
 """One real Kubernetes node beside the control plane (tests/control_plane.py): kubelet,
 kube-scheduler and kube-proxy built from their Go modules (scripts/build-control-plane.sh),
-Debian's containerd 1.6 and runc, and the CNI plugins' bridge, host-local, portmap and
-loopback. Pods really run: images come from OCI archives imported into containerd (nothing is
-pulled), the sandbox ("pause") image is compiled here from a few lines of C.
+Debian's containerd 1.6 and runc, the CNI plugins' bridge, host-local, portmap and loopback,
+and kube-router's NetworkPolicy controller (its firewall only: iptables and ipset rules that
+enforce the policies; the bridge routes). Pods really run: images come from OCI archives
+imported into containerd (nothing is pulled), the sandbox ("pause") image is compiled here from
+a few lines of C.
 
 The node lives in a network namespace of its own (`sgnode`), joined to this machine by a veth
 pair as a second host would be by a wire: its bridge, pod addresses, kube-proxy's iptables
@@ -13,10 +15,9 @@ a client in the cluster's network would. The processes share this machine's moun
 
 What it leaves out, for a test machine: no cluster DNS (pods resolve with this machine's
 resolv.conf, so `<service>.<namespace>.svc` names do not resolve; specgate's own clients find
-the API server by KUBERNETES_SERVICE_HOST, as client-go does), NetworkPolicies are accepted but
-not enforced (the bridge plugin has no policy engine), the kubelet serves its API without
-authentication, and the node advertises 8 `nvidia.com/gpu` as an extended resource (the engine
-stand-in needs none; the pods ask for them as real engine pods do).
+the API server by KUBERNETES_SERVICE_HOST, as client-go does), the kubelet serves its API
+without authentication, and the node advertises 8 `nvidia.com/gpu` as an extended resource
+(the engine stand-in needs none; the pods ask for them as real engine pods do).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .control_plane import BINARIES, ControlPlaneError, free_ports, tail
-from .tools import load_script
+from .tools import TOOLS, load_script
 
 NAME = "specgate-node"
 NETNS = "sgnode"
@@ -305,6 +306,11 @@ def _unmount_under(folder: Path) -> None:
         subprocess.run(["umount", "-l", target], capture_output=True)
 
 
+def _in_chains(chain: str) -> bool:
+    listed = subprocess.run(_in_node("iptables", "-S", chain), capture_output=True, timeout=10)
+    return listed.returncode == 0
+
+
 def _wait(what: str, check: Any, deadline: float, log: Path) -> None:
     while time.monotonic() < deadline:
         if check():
@@ -322,7 +328,9 @@ def running(folder: Path, kubeconfig: Path, kubectl: Any, images: list[Path]) ->
         raise NodeError("a node needs root (containerd, runc, network namespaces)")
     missing = [b for b in ("kubelet", "kube-scheduler", "kube-proxy")
                if not (BINARIES / b).is_file()]  # fmt: skip
-    missing += [t for t in ("containerd", "runc", "ctr", "iptables", "nsenter")
+    if not (TOOLS / "bin" / "kube-router").is_file():
+        missing.append("kube-router")
+    missing += [t for t in ("containerd", "runc", "ctr", "iptables", "ipset", "nsenter")
                 if subprocess.run(["which", t], capture_output=True).returncode]  # fmt: skip
     if not (CNI_PLUGINS / "bridge").is_file():
         missing.append(str(CNI_PLUGINS / "bridge"))
@@ -390,6 +398,15 @@ def running(folder: Path, kubeconfig: Path, kubectl: Any, images: list[Path]) ->
         patch = [{"op": "add", "path": "/status/capacity/nvidia.com~1gpu", "value": str(GPUS)}]
         kubectl("patch", "node", NAME, "--subresource=status", "--type=json",
                 "-p", json.dumps(patch))  # fmt: skip
+        # The policy controller reads its Node at start: only once the node is registered.
+        start("kube-router", _in_node(
+            str(TOOLS / "bin" / "kube-router"), f"--kubeconfig={node_kubeconfig}",
+            f"--hostname-override={NAME}", f"--service-cluster-ip-range={SERVICE_RANGE}",
+            "--run-firewall=true", "--run-router=false", "--run-service-proxy=false",
+            "--enable-cni=false", "--health-port=0", "--iptables-sync-period=30s",
+        ))  # fmt: skip
+        _wait("kube-router has not set up its firewall chains", lambda: ready() and _in_chains(
+            "KUBE-ROUTER-FORWARD"), time.monotonic() + 30, folder / "kube-router.log")  # fmt: skip
         yield node
     finally:
         try:

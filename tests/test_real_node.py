@@ -4,8 +4,7 @@ kube-proxy), a SpecDecodeDeployment whose engine pods run the engine stand-in im
 requests from the official OpenAI client through the router's Service.
 
 The steps run in order on one cluster (each test builds on the last); a failure names the
-step. What the node leaves out (cluster DNS, NetworkPolicy enforcement, GPUs) is in
-tests/node.py."""
+step. What the node leaves out (cluster DNS, GPUs) is in tests/node.py."""
 
 from __future__ import annotations
 
@@ -31,6 +30,7 @@ CHART = ROOT / "charts" / "specgate"
 NAMESPACE = "specgate-system"
 NAME = "demo"
 ENGINE_IMAGE = f"ghcr.io/specgate/engine-sim:{__version__}"
+SPECGATE_IMAGE = f"ghcr.io/specgate/specgate:{__version__}"
 RELEASE = "specgate"  # the operator's Deployment and Lease take the release's name
 
 
@@ -85,6 +85,48 @@ def client_service(cluster: ControlPlane) -> str:
     service = _wait(lambda: _get(cluster, "service", f"{NAME}-router"), "the router Service")
     port = service["spec"]["ports"][0]["port"]
     return f"http://{service['spec']['clusterIP']}:{port}"
+
+
+FETCH = """
+import json, sys, urllib.request
+request = urllib.request.Request(sys.argv[1], headers=json.loads(sys.argv[2]))
+try:
+    with urllib.request.urlopen(request, timeout=5) as answer:
+        print(json.dumps({"status": answer.status, "body": answer.read().decode()}))
+except Exception as exc:
+    print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
+"""
+"""A GET from inside a pod (the specgate image's python3), as another workload would send it."""
+
+
+class ClientPods:
+    """A pod in `monitoring` (the namespace the engine NetworkPolicy lets scrape, by default)
+    and one in `elsewhere`, each able to send a GET from inside the cluster."""
+
+    def __init__(self, cluster: ControlPlane) -> None:
+        self.cluster = cluster
+        for namespace in ("monitoring", "elsewhere"):
+            cluster.kubectl("create", "namespace", namespace)
+            cluster.kubectl(
+                "run", "client", "-n", namespace, f"--image={SPECGATE_IMAGE}",
+                "--image-pull-policy=Never", "--restart=Never", "--command", "--", "sleep", "1d",
+            )  # fmt: skip
+        for namespace in ("monitoring", "elsewhere"):
+            cluster.kubectl("wait", "-n", namespace, "--for=condition=Ready", "pod/client",
+                            "--timeout=120s")  # fmt: skip
+
+    def get(self, namespace: str, url: str, headers: dict[str, str] | None = None) -> Any:
+        """{"status", "body"} or {"error"}."""
+        done = self.cluster.kubectl(
+            "exec", "-n", namespace, "client", "--", "python3", "-c", FETCH, url,
+            json.dumps(headers or {}),
+        )  # fmt: skip
+        return json.loads(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def clients(cluster: ControlPlane) -> ClientPods:
+    return ClientPods(cluster)
 
 
 def test_helm_install_runs_the_operator_as_its_image_and_probes_say(cluster: ControlPlane) -> None:
@@ -174,8 +216,7 @@ def test_a_resource_gets_engine_and_router_pods_that_find_each_other(
         "the leader to publish the pods in status",
     )
     assert [p["name"] for p in status] == [engine["metadata"]["name"]], status
-    # The API server takes the resource's NetworkPolicies; the bridge plugin does not enforce
-    # them (tests/node.py), so this is all that is checked of them here.
+    # The API server takes the resource's NetworkPolicy (kube-router enforces it: see below).
     policies = _get(cluster, "networkpolicies", "-l", f"app.kubernetes.io/instance={NAME}")
     assert policies is not None and policies["items"], policies
     table = cluster.kubectl("get", "sdd", NAME).stdout
@@ -202,7 +243,10 @@ async def test_openai_requests_reach_the_engines_through_the_routers_service(
     await client.close()
 
 
-def test_metrics_answer_on_the_ports_the_charts_pod_monitors_name(cluster: ControlPlane) -> None:
+def test_metrics_answer_on_the_ports_the_charts_pod_monitors_name(
+    cluster: ControlPlane, clients: ClientPods
+) -> None:
+    """Scraped from a pod in the monitoring namespace, as Prometheus would."""
     rendered = helm_template(
         sets=("monitoring.podMonitor.enabled=true",),
         api_versions=("monitoring.coreos.com/v1/PodMonitor",),
@@ -222,10 +266,28 @@ def test_metrics_answer_on_the_ports_the_charts_pod_monitors_name(cluster: Contr
             (port,) = [p["containerPort"] for c in pod["spec"]["containers"]
                        for p in c.get("ports") or [] if p["name"] == endpoint["port"]]  # fmt: skip
             url = f"http://{pod['status']['podIP']}:{port}{endpoint['path']}"
-            got = httpx.get(url, timeout=10)
-            assert got.status_code == 200 and "# TYPE" in got.text, (url, got.text[:200])
+            got = clients.get("monitoring", url)
+            assert got.get("status") == 200 and "# TYPE" in got["body"], (url, got)
             scraped += 1
     assert scraped >= 5  # two operator, one engine and two router pods
+
+
+def test_network_policies_let_only_routers_and_scrapers_reach_the_engines(
+    cluster: ControlPlane, clients: ClientPods
+) -> None:
+    """kube-router enforces the operator's engine NetworkPolicy: the engine port answers a
+    scraper in the monitoring namespace (and the routers, which the request tests use), and
+    nothing else: not a pod in another namespace, not this machine."""
+    (url,) = _engine_urls(cluster)
+    assert clients.get("monitoring", f"{url}/health").get("status") == 200
+    refused = clients.get("elsewhere", f"{url}/health")
+    assert "error" in refused, refused
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{url}/health", timeout=3)
+    # The routers' pods have no policy: anyone in the cluster reaches them.
+    (router, *_) = _pods(cluster, "router")
+    got = clients.get("elsewhere", f"http://{router['status']['podIP']}:8000/health")
+    assert got.get("status") == 200, got
 
 
 class Load:
@@ -287,7 +349,7 @@ def _engine_urls(cluster: ControlPlane) -> set[str]:
 
 
 async def test_scaling_adds_an_engine_pod_that_joins_the_rotation(
-    cluster: ControlPlane, client_service: str
+    cluster: ControlPlane, client_service: str, clients: ClientPods
 ) -> None:
     cluster.kubectl("scale", "sdd", NAME, "--replicas=2")
     _wait(lambda: len(_engine_urls(cluster)) == 2, "a second engine pod Ready", 120)
@@ -298,7 +360,7 @@ async def test_scaling_adds_an_engine_pod_that_joins_the_rotation(
     assert len(load.statuses) > 20 and not load.failures(), load.failures()[:10]
     served = set()
     for url in _engine_urls(cluster):
-        metrics = httpx.get(f"{url}/metrics", timeout=5).text
+        metrics = clients.get("monitoring", f"{url}/metrics")["body"]
         served |= {url} if "sglang:generation_tokens_total" in metrics else set()
     assert served == _engine_urls(cluster)
 
@@ -355,7 +417,7 @@ async def test_a_rolling_update_completes_with_requests_flowing(
 
 
 async def test_the_router_moves_a_threshold_that_does_not_pay_under_load(
-    cluster: ControlPlane, client_service: str
+    cluster: ControlPlane, client_service: str, clients: ClientPods
 ) -> None:
     """Speculating up to batch 64 costs throughput on this engine's profile at the batches a
     load of 24 clients makes; the leading router moves each engine pod's threshold down, as it
@@ -387,7 +449,7 @@ async def test_the_router_moves_a_threshold_that_does_not_pay_under_load(
     running = []  # what the engines themselves run with (asked with the engine key)
     headers = {"Authorization": f"Bearer {_engine_key(cluster)}"}
     for url in _engine_urls(cluster):
-        info = httpx.get(f"{url}/server_info", headers=headers, timeout=5).json()
+        info = json.loads(clients.get("monitoring", f"{url}/server_info", headers)["body"])
         running.append(info["internal_states"][0][contract.THRESHOLD_KEY])
     assert sorted(running) == sorted(thresholds()), (running, thresholds())
     row = cluster.kubectl("get", "sdd", NAME, "--no-headers").stdout.split()
@@ -397,6 +459,8 @@ async def test_the_router_moves_a_threshold_that_does_not_pay_under_load(
 def test_deleting_the_resource_then_helm_uninstall_removes_every_pod(
     cluster: ControlPlane,
 ) -> None:
+    for namespace in ("monitoring", "elsewhere"):  # the tests' own client pods
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
     cluster.kubectl("delete", "sdd", NAME, "--timeout=120s")
     cluster.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout=120s")
     _wait(lambda: not (_get(cluster, "pods", "-A") or {"items": [1]})["items"], "no pods", 120)
