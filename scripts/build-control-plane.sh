@@ -9,8 +9,8 @@
 #  - the Gateway API's standard CRDs (sigs.k8s.io/gateway-api) and the Inference Extension's
 #    InferencePool CRD (sigs.k8s.io/gateway-api-inference-extension), from their modules'
 #    config folders, into $OUT/crds (seconds).
-# Cold on 2 cores: about 7 min for kube-apiserver, 3 for kube-controller-manager (sharing its
-# build cache), 2 for etcd, and 1-2 for each of the rest; warm: nothing to do.
+# Cold (empty Go build and module caches) on 2 cores: most of the 10 minutes that
+# `make tools` takes; warm: nothing to do.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
