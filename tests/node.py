@@ -165,8 +165,8 @@ def _teardown_network() -> None:
         _sh("ip", "route", "delete", route, check=False)
     _sh("ip", "link", "delete", LINK_HOST, check=False)
     for netns in Path("/run/netns").glob("cni-*"):
-        # the pods' namespaces the bridge plugin made; ours if their bridge end is in NETNS,
-        # and no other runtime runs here: remove those no process holds any more
+        # containerd names its pods' namespaces cni-*: once the node's processes are gone, those
+        # no process holds any more are what this node left
         if not _held(netns):
             _sh("ip", "netns", "delete", netns.name, check=False)
     _sh("ip", "netns", "delete", NETNS, check=False)
