@@ -55,18 +55,19 @@ if ! command -v mmdebstrap >/dev/null 2>&1; then
   fi
 fi
 # A node's container runtime and pod network (tests/node.py): Debian's containerd 1.6, runc,
-# CNI plugins (bridge, host-local, portmap, loopback), iptables for kube-proxy, and ipset for
-# kube-router's NetworkPolicy controller.
+# CNI plugins (bridge, host-local, portmap, loopback), nft for kube-proxy, iptables for the
+# bridge plugin, and ipset for kube-router's NetworkPolicy controller.
 if ! command -v containerd >/dev/null 2>&1 || ! command -v runc >/dev/null 2>&1 \
    || [ ! -x /usr/lib/cni/bridge ] || ! command -v iptables >/dev/null 2>&1 \
-   || ! command -v ipset >/dev/null 2>&1; then
+   || ! command -v ipset >/dev/null 2>&1 || ! command -v nft >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-      containerd runc containernetworking-plugins iptables conntrack ipset >/dev/null
+      containerd runc containernetworking-plugins iptables conntrack ipset nftables >/dev/null
   else
     echo "install-tools: containerd/runc/CNI plugins missing and not root:" \
-      "apt-get install containerd runc containernetworking-plugins iptables conntrack ipset" >&2
+      "apt-get install containerd runc containernetworking-plugins iptables conntrack ipset" \
+      "nftables" >&2
     exit 1
   fi
 fi

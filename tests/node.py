@@ -7,7 +7,7 @@ imported into containerd (nothing is pulled), the sandbox ("pause") image is com
 a few lines of C.
 
 The node lives in a network namespace of its own (`sgnode`), joined to this machine by a veth
-pair as a second host would be by a wire: its bridge, pod addresses, kube-proxy's iptables
+pair as a second host would be by a wire: its bridge, pod addresses, kube-proxy's nftables
 rules and the node's forwarding settings stay inside it and go with it. This machine routes
 the pod range and the Service range to the node, so a test reaches a pod IP or a ClusterIP as
 a client in the cluster's network would. The processes share this machine's mount namespace
@@ -265,7 +265,9 @@ def _kube_proxy_config(kubeconfig: Path, metrics: int, healthz: int) -> dict[str
         "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
         "kind": "KubeProxyConfiguration",
         "clientConnection": {"kubeconfig": str(kubeconfig)},
-        "mode": "iptables",
+        # nftables, its own table: kube-router rewrites iptables' filter table as a whole
+        # (save, edit, restore), which raced kube-proxy's iptables rules away
+        "mode": "nftables",
         "clusterCIDR": POD_SUBNET,
         "hostnameOverride": NAME,
         "bindAddress": NODE_IP,
@@ -330,7 +332,7 @@ def running(folder: Path, kubeconfig: Path, kubectl: Any, images: list[Path]) ->
                if not (BINARIES / b).is_file()]  # fmt: skip
     if not (TOOLS / "bin" / "kube-router").is_file():
         missing.append("kube-router")
-    missing += [t for t in ("containerd", "runc", "ctr", "iptables", "ipset", "nsenter")
+    missing += [t for t in ("containerd", "runc", "ctr", "iptables", "ipset", "nft", "nsenter")
                 if subprocess.run(["which", t], capture_output=True).returncode]  # fmt: skip
     if not (CNI_PLUGINS / "bridge").is_file():
         missing.append(str(CNI_PLUGINS / "bridge"))
