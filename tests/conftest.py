@@ -56,15 +56,16 @@ def _bindable(port: int) -> bool:
     return True
 
 
-@pytest.fixture(scope="session")
-def built_images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """`make images` once a session (a minute): {"specgate"|"engine-sim": (archive, digest),
-    "log": its output}, at a fixed source date so a second build can be compared."""
+IMAGE_EPOCH = 1767225600
+
+
+def build_images(out: Path) -> dict[str, Any]:
+    """`make images` into `out` at a fixed source date (so two builds can be compared):
+    {"specgate"|"engine-sim": (archive, digest), "log": its output}."""
     import subprocess
 
     from specgate import __version__
 
-    out = tmp_path_factory.mktemp("images")
     done = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "build_image.py"), "--out", str(out),
          "--cache", str(ROOT / ".tools" / "image-cache"), "--epoch", str(IMAGE_EPOCH)],
@@ -79,7 +80,10 @@ def built_images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return built
 
 
-IMAGE_EPOCH = 1767225600
+@pytest.fixture(scope="session")
+def built_images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """`make images` once a session (a minute), for the image tests and the real node."""
+    return build_images(tmp_path_factory.mktemp("images"))
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,7 @@ import yaml
 from . import control_plane
 from .conftest import EXAMPLES, ROOT
 from .control_plane import GATEWAY_CRDS, ControlPlane, own_address
+from .tools import wait_for
 
 pytestmark = pytest.mark.integration
 CHART = ROOT / "charts" / "specgate"
@@ -49,13 +50,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
 
 
 def _wait(check: Any, what: str, seconds: float = 60.0) -> Any:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_for(check, what, seconds)
 
 
 def test_kubectl_explain_prints_the_field_docs(cluster: ControlPlane) -> None:

@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from specgate import __version__, api, contract
 from specgate_operator import render
 from specgate_sim.cluster import free_ports
 
-from .conftest import IMAGE_EPOCH, ROOT
+from .conftest import ROOT, build_images
 from .tools import load_script, wait_until_answers
 
 pytestmark = pytest.mark.integration
@@ -38,24 +37,12 @@ build_image = load_script("build_image")
 @pytest.fixture(scope="module")
 def image(built_images: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The session's build and a second one from the same inputs."""
-    out = tmp_path_factory.mktemp("two")
-    again = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "build_image.py"), "--out", str(out),
-         "--cache", str(ROOT / ".tools" / "image-cache"), "--epoch", str(IMAGE_EPOCH)],
-        capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
-
-    def digest(name: str) -> str:
-        archive = out / f"{name}-{__version__}.oci.tar"
-        (line,) = [x for x in again.stdout.splitlines() if x.startswith(f"{archive}: sha256:")]
-        return line.split()[1].rstrip(",")
-
+    again = build_images(tmp_path_factory.mktemp("two"))
     return {
         "archive": built_images["specgate"][0], "digest": built_images["specgate"][1],
-        "again": digest("specgate"), "log": built_images["log"],
+        "again": again["specgate"][1], "log": built_images["log"],
         "standin": built_images["engine-sim"][0],
-        "standin_again": (built_images["engine-sim"][1], digest("engine-sim")),
+        "standin_again": (built_images["engine-sim"][1], again["engine-sim"][1]),
     }  # fmt: skip
 
 

@@ -23,7 +23,7 @@ from specgate import __version__, contract
 from . import control_plane
 from .conftest import ROOT
 from .control_plane import ControlPlane
-from .tools import helm_template
+from .tools import helm_template, wait_for
 
 pytestmark = pytest.mark.integration
 CHART = ROOT / "charts" / "specgate"
@@ -35,13 +35,7 @@ RELEASE = "specgate"  # the operator's Deployment and Lease take the release's n
 
 
 def _wait(check: Any, what: str, seconds: float = 90.0) -> Any:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {seconds:.0f}s waiting for {what}")
+    return wait_for(check, what, seconds)
 
 
 def _get(cluster: ControlPlane, *args: str) -> Any:

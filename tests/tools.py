@@ -72,6 +72,18 @@ def query_range(data: dict[str, Any], expr: str, **variables: str) -> list[dict[
     return result
 
 
+def wait_for(check: Any, what: str, seconds: float) -> Any:
+    """Poll `check` every half second until it returns something true, and return that;
+    AssertionError naming `what` after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {seconds:.0f}s waiting for {what}")
+
+
 def wait_until_answers(url: str, timeout: float = 60.0) -> None:
     """Poll `url` until it answers 200; AssertionError naming it after `timeout` seconds."""
     deadline = time.monotonic() + timeout
