@@ -11,6 +11,16 @@ temperature sets the accept length: 0.8 gives about 3.8, 1.0 about 2.3, 1.1 abou
             single-GPU example (examples/tiny-single-gpu.yaml: every control default, four
             tokens a step while off)
 
+Two more servers measure what the off mode costs or gains against plain decoding (the
+patched engine held at threshold 0, four tokens a step, as the example renders it):
+
+  off            the patched engine with speculation off, the draft's agreement sampled on
+                 every 8th off step (its default: the accept length estimated while off)
+  off-unsampled  the same with SGLANG_SPEC_OFF_AGREEMENT_EVERY=0 (no sampling)
+
+`--servers plain,off,off-unsampled` runs only those; every cell then reports each server over
+plain as well.
+
 A cell is one load (c closed-loop clients) at one temperature. The routed pod first holds c for
 --settle seconds (arriving from the cell before), then --rounds rounds run every server for a
 --window-second window each (after --ramp seconds that fill the closed loop), in an order
@@ -64,7 +74,8 @@ from synthetic import acceptance  # type: ignore[import-not-found]  # noqa: E402
 from specgate import api  # noqa: E402
 from specgate_operator import render  # noqa: E402
 
-SERVERS = ("plain", "eagle3", "adaptive", "routed")
+SERVERS = ("plain", "eagle3", "adaptive", "routed", "off", "off-unsampled")
+DEFAULT_SERVERS = SERVERS[:4]
 ADAPTIVE_TIERS = {
     "1": {"candidate_steps": [1, 3]},
     "8": {"candidate_steps": [0, 1, 3]},
@@ -83,6 +94,7 @@ NOISE_LIMIT = 0.03
 MAX_RUNNING = 128
 ROUTER_PORT_OFFSET = 500
 MODELS = Path("/tmp/specgate-models-synthetic")
+AGREEMENT_ENV = "SGLANG_SPEC_OFF_AGREEMENT_EVERY"
 EXAMPLE = REPO / "examples" / "tiny-single-gpu.yaml"
 
 
@@ -150,10 +162,11 @@ def measure_cell(
     """One cell: the routed pod held at c for --settle seconds, then --rounds rounds (each
     round's rates passed to `progress`, where given, as they come)."""
     new = WORKLOADS[args.workload]
-    router_port = ports["routed"]
-    clients = verify.ClosedLoopClients(router_port, c, temperature, new)
-    time.sleep(args.settle)
-    clients.stop()
+    router_port = ports.get("routed")
+    if router_port is not None:
+        clients = verify.ClosedLoopClients(router_port, c, temperature, new)
+        time.sleep(args.settle)
+        clients.stop()
     names = [name for name in SERVERS if name in args.servers and name in ports]
     rates: dict[str, list[float]] = {name: [] for name in names}
     views: list[dict[str, Any]] = []
@@ -165,12 +178,14 @@ def measure_cell(
             rates[name].append(rate)
             errors += failed
             if name == "routed":
-                views.append(pod_view(router_port))
+                views.append(pod_view(ports["routed"]))
         if progress is not None:
             progress({"c": c, "temperature": temperature, "rates": rates, "views": views})
     medians = {name: statistics.median(values) for name, values in rates.items()}
     spreads = {name: round(spread(values), 4) for name, values in rates.items()}
-    best = max(medians[name] for name in names if name != "routed")
+    others = [medians[name] for name in names if name != "routed"]
+    best = max(others) if "routed" in medians and others else 0.0
+    plain = medians.get("plain", 0.0)
     return {
         "c": c,
         "temperature": temperature,
@@ -179,6 +194,7 @@ def measure_cell(
         "spreads": spreads,
         "counts": max(spreads.values()) < NOISE_LIMIT,
         "ratio": round(medians["routed"] / best, 3) if best > 0 else None,
+        "over_plain": {n: round(m / plain, 3) for n, m in medians.items()} if plain > 0 else {},
         "routed_views": views,
         "errors": errors,
     }
@@ -232,6 +248,8 @@ def start_servers(
     )  # fmt: skip
     eagle = [*verify.EAGLE, "--speculative-draft-model-path", str(MODELS / "draft")]
     config, control_flags = operator_defaults()
+    off_flags = [*control_flags]
+    off_flags[off_flags.index("--speculative-disable-batch-threshold") + 1] = "0"
     upstream = os.environ.get("SPECGATE_UPSTREAM_SITE")
     env = {"PYTHONPATH": upstream} if upstream else {}
     (out / "adaptive-tiers.json").write_text(json.dumps(ADAPTIVE_TIERS))
@@ -249,12 +267,15 @@ def start_servers(
             env,
         ),
         "routed": ([*common, *eagle, *control_flags], {}),
+        "off": ([*common, *eagle, *off_flags], {}),
+        "off-unsampled": ([*common, *eagle, *off_flags], {AGREEMENT_ENV: "0"}),
     }
     servers = {name: server for name, server in servers.items() if name in args.servers}
     ports = {name: args.port_base + i for i, name in enumerate(servers)}
     procs: list[subprocess.Popen[bytes]] = []
+    cpus = pinned_cpus(list(servers)) if args.pin else {}
     for name, (flags, server_env) in servers.items():
-        procs.append(verify.start(name, flags, ports[name], out, server_env))
+        procs.append(verify.start(name, flags, ports[name], out, server_env, cpus.get(name)))
         verify.wait_for_log(out / f"{name}.log", verify.MEMORY_SIZED, procs[-1])
     started: dict[str, float] = {}
     failed: dict[str, str] = {}
@@ -274,6 +295,8 @@ def start_servers(
     path = out / "router.yaml"
     path.write_text(json.dumps(config))  # JSON is YAML
     router_port = args.port_base + ROUTER_PORT_OFFSET
+    if "routed" not in ports:
+        return ports, procs, {"startup_seconds": started, "failed_to_start": failed}
     procs.append(launch_router(path, router_port, out))
     engine_port = ports["routed"]
     ports["routed"] = router_port  # clients of the routed server go through its router
@@ -283,27 +306,49 @@ def start_servers(
                           "router_control": config["control"]}  # fmt: skip
 
 
+def pinned_cpus(names: list[str]) -> dict[str, list[int]]:
+    """`--pin`: each server's processes on cores of their own and this process (the clients,
+    the router it starts) on the rest, so that a scheduler bound by its host's work shares no
+    core with another server or the client threads."""
+    cores = sorted(os.sched_getaffinity(0))
+    each = max(1, (len(cores) - 4) // max(1, len(names)))
+    placed = {name: cores[i * each : (i + 1) * each] for i, name in enumerate(names)}
+    rest = cores[len(names) * each :] or cores
+    os.sched_setaffinity(0, rest)
+    return placed
+
+
 def report(results: dict[str, Any]) -> str:
-    lines = [
+    lines: list[str] = [
         f"Workload {results['workload']} ({WORKLOADS[results['workload']][0]}-"
         f"{WORKLOADS[results['workload']][1]} new tokens), {results['rounds']} rounds of "
         f"{results['window']:.0f} s windows; medians over rounds, spread = (max - min) / median",
         "",
-        "| T | accept length | c | plain | EAGLE-3 | adaptive | routed | routed / best |"
-        " largest spread | counts | routed thresholds |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+    ran = [n for n in SERVERS if any(n in cell["medians"] for cell in results["cells"])]
+    routed = "routed" in ran
+    lines += [
+        "| T | accept length | c | " + " | ".join(ran)
+        + (" | routed / best" if routed else " | over plain") + " | largest spread | counts |"
+        + (" routed thresholds |" if routed else ""),
+        "| --- " * (len(ran) + 6 + routed) + "|",
+    ]  # fmt: skip
     for cell in results["cells"]:
         m, sp = cell["medians"], cell["spreads"]
-        thresholds = sorted({str(v.get("threshold")) for v in cell["routed_views"]})
         worst = max(sp, key=lambda k: sp[k])
+        if routed:
+            thresholds = sorted({str(v.get("threshold")) for v in cell["routed_views"]})
+            versus = f"**{cell['ratio']:.3f}**"
+        else:
+            versus = ", ".join(
+                f"{n} {r:.3f}" for n, r in cell.get("over_plain", {}).items() if n != "plain"
+            )
         lines.append(
             f"| {cell['temperature']} | {results['accept_lengths'].get(str(cell['temperature']))}"
-            f" | {cell['c']} | {m.get('plain', 0):.0f} | {m.get('eagle3', 0):.0f} |"
-            f" {m.get('adaptive', 0):.0f} |"
-            f" {m['routed']:.0f} | **{cell['ratio']:.3f}** | {sp[worst]:.1%} ({worst}) |"
-            f" {'yes' if cell['counts'] else 'no'} | {', '.join(thresholds)} |"
-        )
+            f" | {cell['c']} | " + " | ".join(f"{m.get(n, 0):.0f}" for n in ran)
+            + f" | {versus} | {sp[worst]:.1%} ({worst}) | {'yes' if cell['counts'] else 'no'} |"
+            + (f" {', '.join(thresholds)} |" if routed else "")
+        )  # fmt: skip
     step = results.get("step")
     if step:
         lines += [
@@ -325,22 +370,28 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
     cells = results["cells"]
     fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(cells)), 4))
-    colors = {"plain": "#999999", "eagle3": "#4c72b0", "adaptive": "#55a868", "routed": "#dd8452"}
-    for i, name in enumerate(SERVERS):
+    colors = {"plain": "#999999", "eagle3": "#4c72b0", "adaptive": "#55a868", "routed": "#dd8452",
+              "off": "#8172b3", "off-unsampled": "#c44e52"}  # fmt: skip
+    ran = [n for n in SERVERS if any(n in cell["medians"] for cell in cells)]
+    width = 0.8 / len(ran)
+    for i, name in enumerate(ran):
         for j, cell in enumerate(cells):
             if name not in cell["medians"]:
                 continue
-            x = j + (i - 1.5) * 0.2
+            x = j + (i - (len(ran) - 1) / 2) * width
             ax.bar(
-                x, cell["medians"][name], 0.18, color=colors[name], label=name if j == 0 else None
-            )
+                x, cell["medians"][name], width * 0.9, color=colors[name],
+                label=name if j == 0 else None,
+            )  # fmt: skip
             ax.plot([x] * len(cell["rates"][name]), cell["rates"][name], "k.", markersize=3)
     for j, cell in enumerate(cells):
         mark = "" if cell["counts"] else " (noisy)"
-        ax.text(j + 0.3, cell["medians"]["routed"], f"{cell['ratio']:.3f}{mark}", fontsize=7)
+        if cell.get("ratio") is not None:
+            ax.text(j + 0.3, cell["medians"]["routed"], f"{cell['ratio']:.3f}{mark}", fontsize=7)
     ax.set_xticks(range(len(cells)), [f"T {c['temperature']}\nc = {c['c']}" for c in cells])
     ax.set_ylabel("output tok/s")
-    ax.set_title(f"held loads, workload {results['workload']}: routed / best of the others")
+    versus = "routed / best of the others" if "routed" in ran else "each over plain"
+    ax.set_title(f"held loads, workload {results['workload']}: {versus}")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -354,10 +405,11 @@ def main() -> int:
     parser.add_argument("--levels", default="1,4,16,64,128")
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="long")
     parser.add_argument(
-        "--servers", type=lambda v: v.split(","), default=list(SERVERS),
-        help="which of plain,eagle3,adaptive,routed to run (routed always measured)",
+        "--servers", type=lambda v: v.split(","), default=list(DEFAULT_SERVERS),
+        help=f"which of {','.join(SERVERS)} to run",
     )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--pin", action="store_true", help="servers and clients on own cores")
     parser.add_argument("--window", type=float, default=20.0)
     parser.add_argument("--ramp", type=float, default=4.0)
     parser.add_argument("--settle", type=float, default=30.0)
@@ -395,6 +447,8 @@ def main() -> int:
     try:
         if args.attach:
             ports = {k: int(v) for k, v in json.loads(args.attach.read_text()).items()}
+            if args.pin:  # the clients on the cores the servers left them
+                pinned_cpus([name for name in SERVERS if name in ports])
         else:
             ports, procs, started = start_servers(args, out)
             results.update(started)

@@ -559,9 +559,21 @@ def test_the_held_load_counts_a_cell_only_where_every_server_is_steady(tmp_path:
     results = {"workload": "long", "rounds": 3, "window": 20.0, "accept_lengths": {"0.8": 3.83},
                "cells": [cell]}  # fmt: skip
     table = held.report(results)
-    assert "| 0.8 | 3.83 | 64 | 7569 | 9949 | 0 | 9752 | **0.980** | 20.3% (plain) | no |" in table
+    assert "| 0.8 | 3.83 | 64 | 7569 | 9949 | 9752 | **0.980** | 20.3% (plain) | no | 74 |" in table
     held.plot(results, tmp_path / "grid.png")
     assert (tmp_path / "grid.png").stat().st_size > 0
+    # The off mode against plain decoding: no routed server, each server over plain.
+    off = {
+        "c": 16, "temperature": 1.1, "counts": True, "ratio": None,
+        "rates": {"plain": [4380.0, 4400.0, 4390.0], "off": [4820.0, 4800.0, 4810.0]},
+        "medians": {"plain": 4390.0, "off": 4810.0}, "spreads": {"plain": 0.0046, "off": 0.0042},
+        "over_plain": {"plain": 1.0, "off": 1.096}, "routed_views": [],
+    }  # fmt: skip
+    table = held.report({**results, "accept_lengths": {"1.1": 1.55}, "cells": [off]})
+    assert "| T | accept length | c | plain | off | over plain |" in table
+    assert "| 1.1 | 1.55 | 16 | 4390 | 4810 | off 1.096 | 0.5% (plain) | yes |" in table
+    held.plot({**results, "cells": [off]}, tmp_path / "off.png")
+    assert (tmp_path / "off.png").stat().st_size > 0
 
 
 def test_the_control_cost_benchmark_times_every_pods_step() -> None:
