@@ -3,13 +3,15 @@ classification, the circuit breaker and settings. No I/O; time is passed in."""
 
 from __future__ import annotations
 
+import asyncio
 import random
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from specgate.engine_client import EngineClient, EngineLoad
-from specgate_router import control, placement, requests
+from specgate_router import control, placement, proxy, requests
 from specgate_router.control import pools
 from specgate_router.errors import BadRequest, ModelNotFound
 from specgate_router.pods import CircuitBreaker, PodState, Scrape
@@ -674,3 +676,37 @@ def test_a_single_router_does_not_read_finished_requests_as_another_replicas() -
     now[0] += 0.5
     state.update_class_load(now[0])
     assert state.class_load == {"latency": 8.0, "throughput": 8.0}  # 4 own + 12 others'
+
+
+async def _chunks(gaps: list[float], read_timeout: float) -> AsyncIterator[bytes]:
+    """An engine's stream: a chunk after each gap; a gap past `read_timeout` ends in the
+    TimeoutError the connection's read timeout raises."""
+    for gap in gaps:
+        if gap > read_timeout:
+            await asyncio.sleep(read_timeout)
+            raise TimeoutError("read timeout")
+        await asyncio.sleep(gap)
+        yield b"data: {}\n\n"
+
+
+async def test_a_stream_ends_at_its_deadline_however_far_its_reads_are_bounded() -> None:
+    """The answer deadline holds whether the engine connection's read timeout ends a silent
+    read first (it passes through as itself) or the deadline does (_AnswerTooLong), also
+    once the deadline comes within a read timeout in the middle of the stream."""
+    loop = asyncio.get_running_loop()
+    got: list[bytes] = []
+    with pytest.raises(TimeoutError) as raised:  # the read timeout, long before the deadline
+        async for chunk in proxy._until(_chunks([0.0, 0.0, 9.0], 0.2), loop.time() + 60, 0.2):
+            got.append(chunk)
+    assert raised.type is TimeoutError and len(got) == 2
+    started = loop.time()
+    got = []
+    with pytest.raises(proxy._AnswerTooLong):  # steady chunks, then the deadline within a read
+        async for chunk in proxy._until(_chunks([0.1] * 50, 5.0), started + 0.45, 5.0):
+            got.append(chunk)
+    assert 0.45 <= loop.time() - started < 0.6 and 3 <= len(got) <= 4
+    started = loop.time()
+    with pytest.raises(proxy._AnswerTooLong):  # far at first (read timeout 0.3), then near
+        async for _ in proxy._until(_chunks([0.2, 0.2, 0.25, 0.25], 0.3), started + 0.5, 0.3):
+            pass
+    assert 0.5 <= loop.time() - started < 0.65

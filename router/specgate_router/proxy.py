@@ -96,9 +96,10 @@ class SseTap:
     def _keep(self, event: bytes) -> bool:
         if event.strip() == b"data: [DONE]":
             self.done = True
-        found = _TOKENS.findall(event)
-        if found:
-            self.tokens = max(self.tokens, int(found[-1]))
+        if b"completion_tokens" in event:  # the usage chunk: most events carry none
+            found = _TOKENS.findall(event)
+            if found:
+                self.tokens = max(self.tokens, int(found[-1]))
         usage_only = b'"usage"' in event and b'"choices":[]' in event.replace(b" ", b"")
         return not (self.drop_usage and usage_only)
 
@@ -198,10 +199,23 @@ def _too_long(state: RouterState) -> str:
     return f"the answer took longer than the router's limit of {limit:g}s; ask for fewer tokens"
 
 
-async def _until(chunks: AsyncIterator[bytes], deadline: float) -> AsyncIterator[bytes]:
+async def _until(
+    chunks: AsyncIterator[bytes], deadline: float, read_timeout: float
+) -> AsyncIterator[bytes]:
     """`chunks` as they come, until the loop-time `deadline` (then _AnswerTooLong). A read
-    timeout of the engine's connection (also a TimeoutError) passes through as itself."""
+    timeout of the engine's connection (also a TimeoutError) passes through as itself. A
+    chunk awaited with more than `read_timeout` (the connection's own bound on a read) left
+    before the deadline needs no timer: the read ends, or times out, first. A timer per chunk
+    would cost a stream of 200 chunks about a millisecond of the router's CPU."""
+    loop = asyncio.get_running_loop()
     while True:
+        if deadline - loop.time() > read_timeout:
+            try:
+                chunk = await anext(chunks)
+            except StopAsyncIteration:
+                return
+            yield chunk
+            continue
         bound = asyncio.timeout_at(deadline)
         try:
             async with bound:
@@ -297,7 +311,7 @@ async def forward(state: RouterState, req: RoutedRequest, request_id: str) -> Re
             release()
             raise
         timing.first = time.monotonic()
-        chunks = _until(chunks, deadline)
+        chunks = _until(chunks, deadline, res.read_timeout_seconds)
         if req.stream and resp.status == 200:
             return StreamingResponse(
                 _relay(state, pod, req, resp, chunks, first, timing, release),
