@@ -31,7 +31,7 @@ if [ ! -f "$SITE-upstream/.specgate-unpacked" ]; then
   rm -rf "$SITE-upstream" && mkdir -p "$SITE-upstream"
   xz -dc -T0 "$ARCHIVE" | tar -x -C "$SITE-upstream"
   touch "$SITE-upstream/.specgate-unpacked"
-  # Compiled kernels from an earlier run (checks-2gpu.sh packs them), if carried along.
+  # Compiled kernels from an earlier run (job.py packs them for the jobs that say so), if carried along.
   if [ -f .gpu/kcache.tar.xz ]; then tar -xJf .gpu/kcache.tar.xz -C /tmp; fi
 fi
 # Router dependencies the GPU image lacks (httptools, PyJWT, the OpenTelemetry SDK), carried as

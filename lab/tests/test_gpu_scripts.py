@@ -18,6 +18,8 @@ import pytest
 
 from tests.conftest import ROOT, load_module
 
+ENVELOPE = "lab/bench/gpu_envelope.py"
+
 
 def _gputest_module(name: str) -> ModuleType:
     return load_module(ROOT / "lab" / "gpu" / f"{name}.py", name)
@@ -413,14 +415,12 @@ def test_speed_script_orchestration_without_a_gpu(
     assert fractions == (["0.40", "0.40"] if interleave else ["0.6", "0.6"])
 
 
-@pytest.mark.parametrize("gpus", [2, 1])
-def test_off_step_job_orchestration_without_a_gpu(gpus: int, tmp_path: Path) -> None:
-    """off-step-2gpu.sh with the GPU runner and nvidia-smi stood in for: with two GPUs the
-    checks run on GPU 0 beside the speed runs on GPU 1; with one, verify runs first and the
-    speed runs after it on GPU 0, without draftkv. Either way the results come back as at most
-    8 files at the top (the device tool returns no more), the rest in one archive."""
-    import tarfile
-
+def _job(
+    tmp_path: Path, job: str, *args: str, gpus: int = 2, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess[str], list[tuple[str, str, str]], Path]:
+    """lab/gpu/job.py JOB with run-on-gpu.sh and nvidia-smi stood in for: the runner's
+    output, each run's (CUDA_VISIBLE_DEVICES, script, arguments) in the order they started
+    (the set-up run included), and where the results came back."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     smi = bin_dir / "nvidia-smi"
@@ -428,87 +428,36 @@ def test_off_step_job_orchestration_without_a_gpu(gpus: int, tmp_path: Path) -> 
     calls = tmp_path / "calls.txt"
     runner = tmp_path / "run.sh"
     runner.write_text(f"""#!/usr/bin/env bash
-echo "${{CUDA_VISIBLE_DEVICES:-none}} $3" >> {calls}
-echo "$3 ${{*:4}}" >> {calls}.args
+echo "${{CUDA_VISIBLE_DEVICES-none}}|$3|${{*:4}}" >> {calls}
 mkdir -p "$2"
 case "$3" in
-  verify) echo '{{"all_passed": true}}' > "$2/results.json" ;;
+  none) ;;
+  verify) echo '{{"all_passed": true}}' > "$2/results.json"; echo log > "$2/plain.log" ;;
   draftkv) echo '{{"passed": true}}' > "$2/draftkv.json" ;;
-  lab/bench/gpu_envelope.py)
-    echo '{{"windows": []}}' > "$2/envelope.json"; echo log > "$2/plain.log" ;;
+  *) echo '{{"windows": []}}' > "$2/envelope.json"; echo log > "$2/plain.log"
+     echo log > "$2/router.log" ;;
 esac
 """)
     for script in (smi, runner):
         script.chmod(0o755)
     out = tmp_path / "out"
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OFF_STEP_RUN": str(runner)}
-    if gpus == 1:  # the checks' arguments can be chosen; by default prefill graphs as deployed
-        env["OFF_STEP_CHECK_ARGS"] = "--checks control"
+    run_env = {
+        **os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SPECGATE_GPU_RUN": str(runner),
+        "SPECGATE_PYSPY_WHEEL": "", **(env or {}),
+    }  # fmt: skip
     result = subprocess.run(
-        ["bash", str(ROOT / "lab" / "gpu" / "off-step-2gpu.sh"), "site.tar.xz", str(out)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    ran = calls.read_text().split("\n")[:-1]
-    if gpus == 2:
-        assert sorted(ran) == sorted(
-            ["none none", "0 verify", "0 draftkv", "1 lab/bench/gpu_envelope.py"]
-        )
-    else:
-        assert ran == ["none none", "0 verify", "0 lab/bench/gpu_envelope.py"]
-    # Checks and speed runs replay prefill graphs unless told otherwise (OFF_STEP_CHECK_ARGS
-    # for the checks, the script's own arguments for the speed runs).
-    args = dict(line.split(" ", 1) for line in Path(f"{calls}.args").read_text().splitlines())
-    checks = "--prefill-graph-tokens 4096" if gpus == 2 else "--checks control"
-    assert args["verify"] == checks and args.get("draftkv", checks) == checks
-    assert "--prefill-graph-tokens 2048" in args["lab/bench/gpu_envelope.py"]
-    top = sorted(p.name for p in out.iterdir())
-    assert len(top) <= 8 and all(p.is_file() for p in out.iterdir())
-    assert {"verify.json", "envelope.json", "logs.tar.xz"} <= set(top)
-    assert ("draftkv.json" in top) == (gpus == 2)
-    with tarfile.open(out / "logs.tar.xz") as archive:
-        names = archive.getnames()
-    assert "envelope/plain.log" in names and "setup/setup.log" in names
+        [sys.executable, str(ROOT / "lab" / "gpu" / "job.py"), job, "--archive", "site.tar.xz",
+         "--out", str(out), *args],
+        capture_output=True, text=True, env=run_env, timeout=120,
+    )  # fmt: skip
+    lines = calls.read_text().splitlines() if calls.exists() else []
+    ran = [tuple(line.split("|", 2)) for line in lines]
+    return result, ran, out  # type: ignore[return-value]
 
 
-def _job(
-    tmp_path: Path, script: str, env_var: str, *args: str, env: dict[str, str] | None = None
-) -> tuple[list[str], Path]:
-    """Run a job script of lab/bench/ with the GPU runner (named by `env_var`) stood in for: each
-    run's `GPUS ARGS` line (GPUS `none` where the script named none), and where the results
-    came back."""
-    calls = tmp_path / "calls.txt"
-    runner = tmp_path / "run.sh"
-    runner.write_text(f"""#!/usr/bin/env bash
-echo "${{CUDA_VISIBLE_DEVICES:-none}} ${{*:3}}" >> {calls}
-mkdir -p "$2"
-[ "$3" = none ] || {{ echo '{{"windows": []}}' > "$2/envelope.json"; echo log > "$2/plain.log"
-  echo log > "$2/router.log"; }}
-""")
-    runner.chmod(0o755)
-    out = tmp_path / "out"
-    run_env = {**os.environ, env_var: str(runner), **(env or {})}
-    result = subprocess.run(
-        ["bash", str(ROOT / "lab" / "bench" / script), "site.tar.xz", str(out), *args],
-        capture_output=True,
-        text=True,
-        env=run_env,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    return calls.read_text().splitlines(), out
-
-
-def _two_run_job(
-    tmp_path: Path, script: str, env_var: str, *args: str, env: dict[str, str] | None = None
-) -> tuple[dict, Path]:
-    """A two-GPU job script: what each GPU's run was told (the set-up run, on none, left out),
-    and where the results came back."""
-    lines, out = _job(tmp_path, script, env_var, *args, env=env)
-    return dict(line.split(" ", 1) for line in lines if line[0] != "n"), out
+def _by_gpu(ran: list[tuple[str, str, str]]) -> dict[str, str]:
+    """Each GPU's one bench run's arguments (the set-up run left out)."""
+    return {gpu: args for gpu, script, args in ran if script != "none"}
 
 
 def _results_came_back(out: Path, files: set[str], logs: set[str]) -> None:
@@ -516,318 +465,158 @@ def _results_came_back(out: Path, files: set[str], logs: set[str]) -> None:
     import tarfile
 
     top = sorted(p.name for p in out.iterdir())
-    assert len(top) <= 8 and all(p.is_file() for p in out.iterdir())
-    assert files | {"logs.tar.xz"} <= set(top)
+    assert len(top) <= 8 and all(p.is_file() for p in out.iterdir()), top
+    assert files | {"logs.tar.xz"} <= set(top), top
     with tarfile.open(out / "logs.tar.xz") as archive:
-        assert logs | {"setup/setup.log"} <= set(archive.getnames())
+        names = set(archive.getnames())
+    assert logs | {"setup/setup.log", "setup/thread-siblings.txt"} <= names, names
 
 
-def test_workload_ab_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
-    """lab/bench/workload-ab-2gpu.sh: the long-request A/B on GPU 0 beside the prefill-graph A/B
-    on GPU 1, each told its one change to the sweep's workload, and both the extra arguments."""
-    ran, out = _two_run_job(
-        tmp_path, "workload-ab-2gpu.sh", "WORKLOAD_AB_RUN", "--temperature", "0.9"
-    )
-    assert set(ran) == {"0", "1"}
-    assert "--new-tokens 512,1024" in ran["0"] and "--prefill-graph-tokens" not in ran["0"]
-    assert "--prefill-graph-tokens 2048" in ran["1"] and "--new-tokens" not in ran["1"]
-    assert all("--extra patched-off" in a and a.endswith("--temperature 0.9") for a in ran.values())
-    _results_came_back(out, {"long.json", "graphs.json"}, {"long/plain.log", "graphs/plain.log"})
-
-
-def test_flush_ab_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
-    """lab/bench/flush-ab-2gpu.sh: the same A/B on both GPUs, prefix caches kept on GPU 0 and
-    emptied before each window (and profiled) on GPU 1, on ports and models of their own."""
-    ran, out = _two_run_job(tmp_path, "flush-ab-2gpu.sh", "FLUSH_AB_RUN", "--temperature", "1.0")
-    assert set(ran) == {"0", "1"}
-    assert "--flush-cache" not in ran["0"] and "--flush-cache" in ran["1"]
-    assert "--profile-levels 16,64" in ran["1"] and "--port-base 31300" in ran["1"]
-    for args in ran.values():
-        assert "--extra patched-off" in args and "--prefill-graph-tokens 2048" in args
-        assert args.endswith("--temperature 1.0")
-    _results_came_back(out, {"kept.json", "flushed.json"}, {"kept/plain.log", "flushed/plain.log"})
-
-
-def test_sweep_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
-    """lab/bench/sweep-2gpu.sh:
-    the low levels with all four servers on GPU 0 beside the learned high
-    levels on GPU 1, both as deployed (prefill graphs, emptied caches), on ports of their own."""
-    ran, out = _two_run_job(tmp_path, "sweep-2gpu.sh", "SWEEP_RUN", "--seconds", "3")
-    assert set(ran) == {"0", "1"}
-    assert "--levels 4,8,2,1" in ran["0"] and "upstream-0step" in ran["0"]
-    assert "--probe-interval 600" in ran["0"] and "--learn-seconds" not in ran["0"]
-    assert "--levels 16,128,64,32" in ran["1"] and "--learn-seconds 90" in ran["1"]
-    assert "--port-base 31300" in ran["1"] and "--port-base" not in ran["0"]
-    for args in ran.values():
-        assert "--prefill-graph-tokens 2048 --flush-cache" in args and "specgate-probes" in args
+def test_a_job_runs_its_lanes_side_by_side_one_gpu_each_with_the_callers_arguments(
+    tmp_path: Path,
+) -> None:
+    """The sweep: low levels with all four servers on GPU 0 beside the learned high levels
+    on GPU 1, both as deployed, on ports of their own; arguments after -- reach both, last."""
+    result, ran, out = _job(tmp_path, "sweep", "--", "--seconds", "3")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert ran[0] == ("none", "none", "")  # set up once, before the runs
+    by_gpu = _by_gpu(ran)
+    assert set(by_gpu) == {"0", "1"}
+    assert "--levels 4,8,2,1" in by_gpu["0"] and "upstream-0step" in by_gpu["0"]
+    assert "--levels 16,128,64,32" in by_gpu["1"] and "--learn-seconds 90" in by_gpu["1"]
+    assert "--port-base 31300" in by_gpu["1"] and "--port-base" not in by_gpu["0"]
+    for args in by_gpu.values():
+        assert "--prefill-graph-tokens 2048 --flush-cache" in args
         assert args.endswith("--seconds 3")
     _results_came_back(out, {"low.json", "high.json"}, {"low/plain.log", "high/plain.log"})
+    assert (out / "low.log").read_text().splitlines()[-1] == "low: exit 0"
 
 
-def test_speculating_gap_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
-    """lab/bench/speculating-gap-2gpu.sh:
-    verify then draftkv with prefill graphs on GPU 0, beside the
-    deployed sweep of plain, always-on, the held-speculating routed engine (direct too) and
-    pinned-off on GPU 1."""
-    ran, out = _two_run_job(
-        tmp_path, "speculating-gap-2gpu.sh", "SPECULATING_GAP_RUN", "--repeat", "4"
+@pytest.mark.parametrize("gpus", [2, 1])
+def test_checks_go_beside_the_bench_run_or_before_it_on_one_gpu(gpus: int, tmp_path: Path) -> None:
+    """off-step: with two GPUs the checks run on GPU 0 beside the speed runs on GPU 1; with
+    one, verify first and the speed runs after it on GPU 0, without draftkv (it needs a
+    second GPU). --check-args replaces the checks' arguments; the bench run keeps its own.
+    The profiles' summary is made where the run left profiles."""
+    result, ran, out = _job(tmp_path, "off-step", "--check-args", "--checks control", gpus=gpus)
+    assert result.returncode == 0, result.stdout + result.stderr
+    started = [(gpu, script) for gpu, script, _ in ran[1:]]
+    if gpus == 2:
+        assert sorted(started) == [("0", "draftkv"), ("0", "verify"), ("1", ENVELOPE)]
+    else:
+        assert started == [("0", "verify"), ("0", ENVELOPE)]
+    args = {script: a for _, script, a in ran[1:]}
+    assert args["verify"] == "--checks control" and args.get("draftkv", "--checks control") == (
+        "--checks control"
     )
-    calls = (tmp_path / "calls.txt").read_text().splitlines()
-    assert [c.split()[:2] for c in calls if c[0] == "0"] == [["0", "verify"], ["0", "draftkv"]]
-    assert all("--prefill-graph-tokens 4096" in c for c in calls if c[0] == "0")
-    envelope = ran["1"]
-    assert "--servers plain,always-on,specgate-probes --direct-too" in envelope
-    assert "--router-threshold 146" in envelope and "--extra patched-off" in envelope
-    assert "--prefill-graph-tokens 2048 --flush-cache" in envelope
-    assert envelope.endswith("--repeat 4") and "--port-base 31300" in envelope
-    _results_came_back(out, {"envelope.json"}, {"envelope/plain.log", "verify/plain.log"})
-    # Each check's log ends with its exit status (job-lib.sh's gpu_check).
-    for check in ("verify", "draftkv"):
-        assert (out / f"{check}.log").read_text().splitlines()[-1] == f"{check}: exit 0"
+    assert "--prefill-graph-tokens 2048" in args[ENVELOPE]
+    _results_came_back(out, {"verify.json", "envelope.json"}, {"envelope/plain.log"})
+    assert ("draftkv.json" in {p.name for p in out.iterdir()}) == (gpus == 2)
 
 
-def test_misses_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
-    """lab/bench/misses-2gpu.sh: off against plain with ten window pairs on GPU 0, beside the
-    sweep's two missed levels with ten windows each after a learning phase on GPU 1, on
-    engines admitting 128 requests and a router that does not probe within the job, both
-    as deployed, on ports and models of their own."""
-    ran, out = _two_run_job(tmp_path, "misses-2gpu.sh", "MISSES_RUN", "--temperature", "1.0")
-    assert set(ran) == {"0", "1"}
-    assert "--servers plain --extra patched-off --levels 16,64" in ran["0"]
-    assert "--repeat 10" in ran["0"] and "--port-base" not in ran["0"]
-    assert "--servers plain,always-on,specgate-probes --levels 16,4 --repeat 10" in ran["1"]
-    assert "--learn-seconds 90 --max-running 128 --probe-interval 600" in ran["1"]
-    assert "--port-base 31300" in ran["1"]
-    for args in ran.values():
-        assert "--prefill-graph-tokens 2048 --flush-cache" in args
-        assert args.endswith("--temperature 1.0")  # the caller's arguments come last
-    _results_came_back(out, {"gpu0.json", "misses.json"}, {"gpu0/plain.log", "misses/plain.log"})
-
-
-def test_misses_job_runs_the_weak_draft_on_gpu0_when_asked(tmp_path: Path) -> None:
-    """MISSES_GPU0=weak-draft: job 17's temperature 1.0 at c = 8 and 32 after learning, on
-    models of its own; anything else is refused before a GPU is touched."""
-    ran, _ = _two_run_job(
-        tmp_path, "misses-2gpu.sh", "MISSES_RUN", env={"MISSES_GPU0": "weak-draft"}
-    )
-    assert "--servers plain,always-on,specgate-probes --levels 8,32 --repeat 5" in ran["0"]
-    assert "--temperature 1.0 --learn-seconds 90 --max-running 128" in ran["0"]
-    assert "--models /tmp/specgate-models-weak" in ran["0"]
-    assert "--temperature 0.9" in ran["1"]
-    script = ROOT / "lab" / "bench" / "misses-2gpu.sh"
-    env = {**os.environ, "MISSES_GPU0": "fast", "MISSES_RUN": "/nonexistent"}
-    done = subprocess.run(
-        ["bash", str(script), "x", str(tmp_path / "bad")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
-    assert done.returncode == 2 and "MISSES_GPU0=fast: off, weak-draft or none" in done.stdout
-
-
-def test_misses_job_on_one_gpu(tmp_path: Path) -> None:
-    """MISSES_GPU0=none: the misses alone, on GPU 0; MISSES_GPU1=none: GPU 0's run alone."""
-    lines, out = _job(tmp_path, "misses-2gpu.sh", "MISSES_RUN", env={"MISSES_GPU0": "none"})
-    ran = [line for line in lines if not line.startswith("none")]
-    assert len(ran) == 1 and ran[0].startswith("0 ") and "--levels 16,4" in ran[0]
+def test_only_names_the_runs_that_go_and_bad_names_are_refused(tmp_path: Path) -> None:
+    """--only misses: the one run, alone on GPU 0. An unknown job or run is one line naming
+    what there is, before a GPU is touched."""
+    (tmp_path / "a").mkdir()
+    result, ran, out = _job(tmp_path / "a", "misses", "--only", "misses")
+    assert result.returncode == 0, result.stdout + result.stderr
+    (run,) = [r for r in ran if r[1] != "none"]
+    assert run[0] == "0" and "--levels 16,4" in run[2] and "--learn-seconds 90" in run[2]
     _results_came_back(out, {"misses.json"}, {"misses/plain.log"})
-    (tmp_path / "alone").mkdir()
-    alone, _ = _job(
-        tmp_path / "alone",
-        "misses-2gpu.sh",
-        "MISSES_RUN",
-        env={"MISSES_GPU0": "weak-draft", "MISSES_GPU1": "none"},
-    )
-    ran = [line for line in alone if not line.startswith("none")]
-    assert len(ran) == 1 and ran[0].startswith("0 ") and "--levels 8,32" in ran[0]
+    (tmp_path / "b").mkdir()
+    result, ran, _ = _job(tmp_path / "b", "misses", "--only", "fast")
+    assert result.returncode == 2 and ran == []
+    assert result.stdout.strip() == "job.py: --only fast: misses's runs are gpu0, misses"
+    (tmp_path / "c").mkdir()
+    result, ran, _ = _job(tmp_path / "c", "nope")
+    assert result.returncode == 2 and ran == [] and "no job 'nope'; one of sweep," in result.stdout
 
 
-def test_host_time_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
-    """lab/bench/host-time-1gpu.sh: job 41's pair on one GPU with ten window pairs, each window's
-    scheduler recorded by the py-spy it unpacks from the carried wheel; without a wheel it
-    stops before starting a server. With HOST_TIME_CHECKS=1 the checks run on GPU 1 beside."""
+def test_every_job_is_listed_with_what_it_measures() -> None:
+    job = load_module(ROOT / "lab" / "gpu" / "job.py", "gpu_job")
+    listed = subprocess.run(
+        [sys.executable, str(ROOT / "lab" / "gpu" / "job.py"), "--list"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout.splitlines()  # fmt: skip
+    assert [line.split()[0] for line in listed] == list(job.JOBS)
+    for spec in job.JOBS.values():
+        names = [r.name for lane in spec.lanes for r in lane]
+        assert len(names) == len(set(names))  # each run's folder and results its own
+        for run in (r for lane in spec.lanes for r in lane):
+            assert run.script in ("verify", "draftkv", "recovery") or (
+                run.script.startswith("record-router:") or (ROOT / run.script).is_file()
+            ), run
 
+
+def test_a_py_spy_job_unpacks_its_wheel_or_stops_before_any_server(tmp_path: Path) -> None:
+    """host-time: each window's scheduler recorded by the py-spy unpacked from the carried
+    wheel, its summary into pyspy-steps.md; without a wheel the job stops before starting a
+    server."""
     wheel = tmp_path / "py_spy-0.4.3-py2.py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as zf:
         zf.writestr("py_spy-0.4.3.data/scripts/py-spy", "#!/bin/sh\n")
     spy_dir = tmp_path / "spy"
     (tmp_path / "job").mkdir()
-    lines, out = _job(
-        tmp_path / "job",
-        "host-time-1gpu.sh",
-        "HOST_TIME_RUN",
-        "--seconds",
-        "3",
-        env={"HOST_TIME_PYSPY": str(wheel), "SPECGATE_PYSPY_DIR": str(spy_dir)},
-    )
-    ran = [line.split(" ", 1)[1] for line in lines]
-    assert ran[0] == "none" and len(ran) == 2
-    args = ran[1]
-    assert args.startswith("lab/bench/gpu_envelope.py --servers plain --extra patched-off")
-    assert "--repeat 10 --gc-stats" in args and "--freeze-gc" not in args
+    env = {"SPECGATE_PYSPY_WHEEL": str(wheel), "SPECGATE_PYSPY_DIR": str(spy_dir)}
+    result, ran, out = _job(tmp_path / "job", "host-time", "--", "--seconds", "3", env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    ((gpu, script, args),) = [r for r in ran if r[1] != "none"]
+    assert gpu == "0" and script == ENVELOPE
+    assert "--repeat 10 --gc-stats" in args and args.endswith("--seconds 3")
     assert f"--pyspy {spy_dir / 'py-spy'} " in args and (spy_dir / "py-spy").stat().st_mode & 0o100
-    assert "--prefill-graph-tokens 2048" in args and args.endswith("--seconds 3")
-    _results_came_back(
-        out, {"host-time.json", "host-time.log", "pyspy-steps.md"}, {"run/plain.log"}
-    )
-    # The stand-in's windows have no recordings: the summary says so rather than inventing one.
+    _results_came_back(out, {"host-time.json", "pyspy-steps.md"}, {"host-time/plain.log"})
     assert "no window with a py-spy recording" in (out / "pyspy-steps.md").read_text()
     (tmp_path / "none").mkdir()
-    result = subprocess.run(
-        [
-            "bash",
-            str(ROOT / "lab" / "bench" / "host-time-1gpu.sh"),
-            "site.tar.xz",
-            str(tmp_path / "none" / "out"),
-        ],
-        capture_output=True,
-        text=True,
-        env={
-            **os.environ,
-            "HOST_TIME_RUN": str(tmp_path / "job" / "run.sh"),
-            "HOST_TIME_PYSPY": "",
-        },
-        timeout=60,
-    )
-    assert result.returncode == 1 and "no py-spy: carry its wheel in .gpu/" in result.stdout
-    (tmp_path / "checks").mkdir()
-    lines, out = _job(
-        tmp_path / "checks",
-        "host-time-1gpu.sh",
-        "HOST_TIME_RUN",
-        env={
-            "HOST_TIME_PYSPY": str(wheel),
-            "SPECGATE_PYSPY_DIR": str(spy_dir),
-            "HOST_TIME_CHECKS": "1",
-        },
-    )
-    by_gpu = sorted(line.split(" ", 2)[:2] for line in lines)
-    assert by_gpu == [
-        ["0", "lab/bench/gpu_envelope.py"],
-        ["1", "draftkv"],
-        ["1", "verify"],
-        ["none", "none"],
-    ]
-    _results_came_back(
-        out, {"host-time.json", "pyspy-steps.md"}, {"verify.log", "draftkv.log", "run/plain.log"}
-    )
+    result, ran, _ = _job(tmp_path / "none", "host-time")
+    assert result.returncode == 1 and ran == []
+    assert "no py-spy: carry its wheel in .gpu/" in result.stdout
 
 
-def test_patch_checks_on_one_gpu_without_a_gpu(tmp_path: Path) -> None:
-    """lab/gpu/patch-checks-1gpu.sh: verify, then draftkv, on GPU 0, each with the
-    prefill CUDA graphs the operator's pods run; their results and logs come back on top."""
-    lines, out = _job(tmp_path, "../gpu/patch-checks-1gpu.sh", "PATCH_CHECKS_RUN")
-    assert lines == [
-        "none none",
-        "0 verify --prefill-graph-tokens 4096",
-        "0 draftkv --prefill-graph-tokens 4096",
-    ]
-    _results_came_back(out, {"verify.log", "draftkv.log"}, {"verify", "draftkv"})
-    assert "verify: exit 0" in (out / "verify.log").read_text()
-
-
-def test_router_stall_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
-    """lab/bench/router-stall.sh:
-    the routed engine and its own port at c = 128 twice on one GPU, one
-    run after the other (a connection per request, then kept connections), on ports and
-    models of their own; no py-spy wheel, no recording, and the job goes on."""
-    lines, out = _job(
-        tmp_path,
-        "router-stall.sh",
-        "ROUTER_STALL_RUN",
-        "--seconds",
-        "3",
-        env={"ROUTER_STALL_PYSPY": ""},
-    )
-    ran = [line.split(" ", 1)[1] for line in lines]
-    assert ran[0] == "none" and len(ran) == 3
-    conn, keep = ran[1:]
-    for args in (conn, keep):
-        assert "--servers specgate-probes --direct-too --levels 128" in args
-        assert "--router-threshold 146" in args and "--prefill-graph-tokens 2048" in args
-        assert "--flush-cache" in args and args.endswith("--seconds 3")
-    assert "--client-keepalive" not in conn and "--port-base" not in conn
-    assert "--client-keepalive --port-base 31300" in keep
-    _results_came_back(
-        out, {"conn.json", "keep.json"}, {"conn/router.log", "keep/router.log", "host/net.txt"}
-    )
+def test_a_recording_lane_goes_beside_the_gpu_runs_and_host_limits_come_back(
+    tmp_path: Path,
+) -> None:
+    """router-stall on one GPU: conn then keep on GPU 0 (kept connections, ports of their
+    own), the router's recorder beside them (no wheel: it says so and the job goes on), the
+    host's network limits in the archive."""
+    result, ran, out = _job(tmp_path, "router-stall", "--", "--seconds", "3", gpus=1)
+    assert result.returncode == 0, result.stdout + result.stderr
+    conn, keep = [args for _, script, args in ran if script == ENVELOPE]
+    assert "--servers specgate-probes --direct-too --levels 128" in conn
+    assert "--client-keepalive" not in conn and "--client-keepalive --port-base 31300" in keep
+    assert conn.endswith("--seconds 3") and keep.endswith("--seconds 3")
+    _results_came_back(out, {"conn.json", "keep.json"}, {"conn/router.log", "host/net.txt"})
     assert "no py-spy wheel" in (out / "pyspy.log").read_text()
-    import tarfile
-
-    with tarfile.open(out / "logs.tar.xz") as archive:
-        member = archive.extractfile("host/net.txt")
-        assert member is not None
-        assert "net.core.somaxconn = " in member.read().decode()
 
 
-def test_job_lib_splits_profiles_by_loop_part_and_lists_syncs(tmp_path: Path) -> None:
-    """job-lib.sh's profile_splits, as the job scripts call it: the three loop parts' function
-    tables, then the syncs, for a folder of traces."""
+def test_the_runner_splits_profiles_by_loop_part_and_lists_syncs(tmp_path: Path) -> None:
+    """The three loop parts' function tables, then the syncs, for a folder of traces."""
     import gzip
 
     trace = tmp_path / "profiles" / "plain-c16" / "rank0.trace.json.gz"
     trace.parent.mkdir(parents=True)
     events = [
-        {
-            "ph": "X",
-            "cat": "user_annotation",
-            "name": "scheduler.run_batch",
-            "ts": 0,
-            "dur": 900,
-            "tid": 1,
-        },
-        {
-            "ph": "X",
-            "cat": "user_annotation",
-            "name": "step[DECODE bs=16]",
-            "ts": 10,
-            "dur": 800,
-            "tid": 1,
-        },
-        {
-            "ph": "X",
-            "cat": "python_function",
-            "name": "x.py(1): forget",
-            "ts": 20,
-            "dur": 500,
-            "tid": 1,
-        },
-        {
-            "ph": "X",
-            "cat": "cuda_runtime",
-            "name": "cudaStreamSynchronize",
-            "ts": 30,
-            "dur": 400,
-            "tid": 1,
-        },
-    ]
+        {"ph": "X", "cat": "user_annotation", "name": "scheduler.run_batch", "ts": 0, "dur": 900,
+         "tid": 1},
+        {"ph": "X", "cat": "user_annotation", "name": "step[DECODE bs=16]", "ts": 10, "dur": 800,
+         "tid": 1},
+        {"ph": "X", "cat": "python_function", "name": "x.py(1): forget", "ts": 20, "dur": 500,
+         "tid": 1},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 30, "dur": 400,
+         "tid": 1},
+    ]  # fmt: skip
     with gzip.open(trace, "wt") as fh:
         json.dump({"traceEvents": events}, fh)
-    script = f". lab/gpu/job-lib.sh && profile_splits {tmp_path / 'profiles'}"
-    result = subprocess.run(
-        ["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, result.stderr
-    headers = [line for line in result.stdout.splitlines() if line.startswith("# ")]
+    job = load_module(ROOT / "lab" / "gpu" / "job.py", "gpu_job")
+    job.Runner.profile_splits(tmp_path / "profiles", tmp_path / "functions.txt")
+    text = (tmp_path / "functions.txt").read_text()
+    headers = [line for line in text.splitlines() if line.startswith("# ")]
     assert headers == [
         "# profile_summary.py PROFILES --functions 50 --part run_batch",
         "# profile_summary.py PROFILES --functions 50 --part get_next_batch_to_run",
         "# profile_summary.py PROFILES --functions 50 --part process_batch_result",
         "# profile_summary.py PROFILES --syncs",
     ]
-    assert "1 x cudaStreamSynchronize" in result.stdout and "in forget" in result.stdout
-
-
-def test_pinned_job_orchestration_without_a_gpu(tmp_path: Path) -> None:
-    """lab/bench/pinned-2gpu.sh: the c = 4 rerun on GPU 0 and the off A/B on GPU 1, each on its own
-    half of the host's cores, on ports and model folders of their own."""
-    ran, out = _two_run_job(tmp_path, "pinned-2gpu.sh", "PINNED_RUN")
-    assert set(ran) == {"0", "1"}
-    assert "--levels 4 " in ran["0"] and "--pin-cpus 1/2" in ran["0"]
-    assert "--extra patched-off" in ran["1"] and "--pin-cpus 2/2" in ran["1"]
-    assert "--port-base 31300" in ran["1"] and "--port-base" not in ran["0"]
-    _results_came_back(out, {"c4.json", "off.json"}, {"c4/plain.log", "off/plain.log"})
+    assert "1 x cudaStreamSynchronize" in text and "in forget" in text
 
 
 def test_a_warm_gpu_machine_patches_again_when_the_patch_changed(tmp_path: Path) -> None:
