@@ -5,6 +5,7 @@ them (correction.py)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -198,3 +199,72 @@ def test_a_trial_pays_where_the_other_mode_could_gain_more_than_the_trial_costs(
     assert not pays(1.6, correction.prior_error(0.8, TUNING), seconds=30)  # a slow trial
     assert correction.worth_a_trial(0.9, False, sigma=sigma, seconds=2.5, horizon=60)
     assert math.isinf(correction.phase_noise([], model(), 4))
+
+
+def _run(speculating: bool, scale: float, start: float, n: int, batch: float = 8) -> list[Sample]:
+    """n samples of one mode whose steps took `scale` x what WIRE profiles at `batch`."""
+    profile = StepProfile.from_wire(WIRE)
+    assert profile is not None
+    step = profile.step_seconds(batch, speculating)
+    assert step is not None
+    return [
+        Sample(start + 0.5 * i, batch, 500.0, float(speculating), step_seconds=step * scale)
+        for i in range(n)
+    ]
+
+
+def test_the_running_modes_steps_scale_its_profile_and_a_mode_never_run_keeps_it() -> None:
+    """A start-up profile taken on a quieter GPU: the pod's speculating steps take 1.2x what
+    it says. The model predicts that mode from the steps; plain decoding, never run, stays
+    as profiled."""
+    profile = StepProfile.from_wire(WIRE)
+    assert profile is not None
+    own = _run(True, 1.2, 0.0, 12)
+    assert control.measured_scale(own, profile) == pytest.approx((1.2, 1.0))
+    plain = model()
+    scaled = replace(plain, scale=control.measured_scale(own, profile))
+    on, off = plain.seconds_per_token(8, True), plain.seconds_per_token(8, False)
+    assert on is not None and off is not None
+    assert scaled.seconds_per_token(8, True) == pytest.approx(1.2 * on)
+    assert scaled.seconds_per_token(8, False) == off
+    assert scaled.ratio(8) == pytest.approx((plain.ratio(8) or 0) / 1.2)
+
+
+def test_a_mode_left_is_scaled_against_the_running_one_so_a_slowing_host_moves_both() -> None:
+    """Speculation ran at 0.9 of its profile, then plain decoding at 1.0 of its own; since,
+    the host slowed by half: plain's steps read 1.5. Speculation, measured before the host
+    slowed, is taken as slowed alike (0.9 x 1.5), not as 0.9: a mode measured first would
+    otherwise read as the faster one whenever the host slows."""
+    profile = StepProfile.from_wire(WIRE)
+    assert profile is not None
+    own = _run(True, 0.9, 0.0, 12) + _run(False, 1.0, 6.0, 12) + _run(False, 1.5, 12.0, 12)
+    on, off = control.measured_scale(own, profile)
+    assert off == pytest.approx(1.5) and on == pytest.approx(0.9 * 1.5)
+
+
+def test_a_run_counts_from_its_third_sample_without_the_one_that_spans_the_switch() -> None:
+    """The first sample after a switch times the new mode's first step from the old mode's
+    last (here 3x): left out. Until the new run holds three more, the scales stay as before
+    the switch, so a switch alone never moves the model."""
+    profile = StepProfile.from_wire(WIRE)
+    assert profile is not None
+    before = _run(True, 1.1, 0.0, 12)
+    expected = control.measured_scale(before, profile)
+    spanning = _run(False, 3.0, 6.0, 1)
+    for n in range(3):
+        own = before + spanning + _run(False, 0.8, 6.5, n)
+        assert control.measured_scale(own, profile) == pytest.approx(expected)
+    own = before + spanning + _run(False, 0.8, 6.5, 4)
+    assert control.measured_scale(own, profile) == pytest.approx((1.1 * 0.8 / 0.8, 0.8))
+
+
+def test_a_scale_beyond_twice_the_profile_is_clipped_and_a_fitted_profile_is_not_scaled() -> None:
+    profile = StepProfile.from_wire(WIRE)
+    assert profile is not None
+    assert control.measured_scale(_run(True, 10.0, 0.0, 12), profile) == (2.0, 1.0)
+    assert control.measured_scale([], profile) == (1.0, 1.0)
+    untimed = [replace(s, step_seconds=None) for s in _run(True, 10.0, 0.0, 12)]
+    assert control.measured_scale(untimed, profile) == (1.0, 1.0)
+    fitted = control.fitted_from_samples(_run(True, 1.0, 0.0, 12), now=10.0, need=4)
+    assert fitted is not None
+    assert control.measured_scale(_run(True, 10.0, 0.0, 12), fitted) == (1.0, 1.0)

@@ -90,6 +90,41 @@ def test_a_sample_comes_from_the_engines_per_step_decode_moments() -> None:
     assert p.samples[-1].tokens_per_second == pytest.approx(80 / 0.5)
 
 
+def test_a_sample_carries_the_decode_step_its_engine_timed_alone() -> None:
+    """The engine's uninterrupted-step counters (decode steps right after another decode
+    step) give each sample its mode's step time, which the model scales its profile by."""
+
+    def loads(steps: int, timed: int, micros: int) -> dict[str, Any]:
+        return {
+            "loads": [
+                {
+                    "num_running_reqs": 8,
+                    "num_waiting_reqs": 0,
+                    "max_running_requests": 64,
+                    "decode_moments": [steps, 8 * steps, 0, 0, 0, 16 * steps],
+                    "speculative": {
+                        "disable_batch_threshold": 16,
+                        "decode_steps_on": steps,
+                        "decode_steps_off": 0,
+                        "uninterrupted_decode_steps": timed,
+                        "uninterrupted_decode_us": micros,
+                    },
+                }
+            ]
+        }
+
+    p = PodState(
+        "p",
+        "http://p",
+        EngineClient("http://p", None),  # type: ignore[arg-type]
+        control.Decision(16, control.Rule.HOLD, ""),
+    )
+    p.record(Scrape(10.0, EngineLoad.from_response(loads(100, 90, 900_000))))
+    p.record(Scrape(10.5, EngineLoad.from_response(loads(150, 130, 1_380_000))))
+    (sample,) = p.samples
+    assert sample.step_seconds == pytest.approx(0.012)  # 480 ms over 40 steps timed alone
+
+
 def test_a_sample_times_its_tokens_by_the_decode_cycles_that_made_them() -> None:
     """Decode steps of 120 ms, each giving 8 requests 4 tokens, scraped every half second: a
     scrape interval holds four steps or five, so against the wall clock its rate reads 256 or

@@ -571,6 +571,8 @@ async def test_a_new_pod_gets_the_predicted_threshold_without_learning(
     assert str(view["reason"]).startswith("speculation pays up to"), view
     prediction = view["prediction"]
     assert isinstance(prediction, dict) and prediction["correction"] is not None
+    # The simulated engine runs its profile's steps: the mode it ran reads about 1.
+    assert 0.8 < max(prediction["stepScale"].values()) < 1.25, prediction
     assert prediction["acceptLengthSource"] in ("measured", "estimated while off (uncalibrated)")
     assert 'specgate_pod_control_rule{engine_pod="' in metrics
     assert 'specgate_threshold_changes_total{direction="raise",engine_pod="' in metrics

@@ -248,6 +248,8 @@ class PodState:
         except ValueError as exc:
             self.profile_error = str(exc)[:300]
             step_seconds = None
+        if step_seconds is not None:
+            sample = replace(sample, step_seconds=step_seconds)
         if step_seconds is None and self.profile is not None:
             # A prefill between every two decode steps leaves none timed alone: the profile
             # says what such a step takes.
@@ -340,6 +342,9 @@ class PodState:
             "acceptLength": None if acceptance is None else round(acceptance.tau, 3),
             "acceptLengthSource": None if acceptance is None else acceptance.source,
             "correction": None if model is None else round(model.correction, 3),
+            "stepScale": None
+            if model is None
+            else {"on": round(model.scale[0], 3), "off": round(model.scale[1], 3)},
             "readings": [
                 {
                     "batch": round(r.batch, 1),

@@ -26,7 +26,7 @@ from specgate_router.control.decision import (
     trial_event,
 )
 from specgate_router.control.fleet import PodInput, models, step
-from specgate_router.control.model import RateModel
+from specgate_router.control.model import RateModel, measured_scale
 from specgate_router.control.profile import StepProfile, fitted_from_samples
 from specgate_router.control.samples import (
     STEADY_MODE_FRACTION,
@@ -56,6 +56,7 @@ __all__ = [
     "decide",
     "fitted_from_samples",
     "initial_decision",
+    "measured_scale",
     "median_batch",
     "models",
     "pool_samples",

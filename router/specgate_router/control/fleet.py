@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from specgate_router.control.acceptance import Acceptance
 from specgate_router.control.decision import Decision, decide
-from specgate_router.control.model import RateModel
+from specgate_router.control.model import RateModel, measured_scale
 from specgate_router.control.profile import StepProfile, fitted_from_samples
 from specgate_router.control.samples import Sample, newest_within, pool_samples
 from specgate_router.control.tuning import TUNING, Tuning
@@ -105,7 +105,7 @@ def models(
             out.append(
                 RateModel(
                     profile, acceptance.tau, acceptance.source, between,
-                    tau_error=acceptance.error,
+                    tau_error=acceptance.error, scale=measured_scale(pod.samples, profile),
                 )
             )  # fmt: skip
     return out

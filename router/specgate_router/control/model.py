@@ -4,10 +4,13 @@ From what the engine reports, a request at decode batch b spends per output toke
 
     speculating   t_on(b) / tau + q * b        off   t_off(b) / k + q * b
 
-(t_*: the step profile; tau: the accept length; k: the off-step tokens; q: the seconds the pod
-spends between decode steps per token it generates, mostly prefills, measured from its own
-samples and taken to be the same in both modes, since both prefill the same requests; a
-request waits for the prefills of a whole batch). One measured correction, rho, multiplies the
+(t_*: the step profile, each mode's scaled by what the pod's own decode steps in that mode
+took against it (`measured_scale`: a start-up profile taken on a busier or quieter GPU is off
+by a factor per mode, and the engine times every step it runs); tau: the accept length; k:
+the off-step tokens; q: the seconds the pod spends between decode steps per token it
+generates, mostly prefills, measured from its own samples and taken to be the same in both
+modes, since both prefill the same requests; a request waits for the prefills of a whole
+batch). One measured correction, rho, multiplies the
 speculating rate: what the trials read between the two modes' delivered-over-predicted
 (`correction.Reading`). Speculation pays at b where
 
@@ -20,9 +23,12 @@ per token, prefills included.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from specgate_router.control.profile import StepProfile
+from specgate_router.control.samples import Sample
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,9 @@ class RateModel:
     """rho: the modes' delivered-over-predicted, speculating over off (1: none measured)."""
     tau_error: float = 0.0
     """How far (as a share) `tau` may be from what speculation would measure (0: measured)."""
+    scale: tuple[float, float] = (1.0, 1.0)
+    """(speculating, off): the pod's measured decode steps over the profile's, per mode
+    (`measured_scale`; 1: not measured)."""
 
     def corrected(self, correction: float, between: float | None = None) -> RateModel:
         """This model with the correction `correction`, and `between` where given (a reading's:
@@ -55,6 +64,7 @@ class RateModel:
         step = self.profile.step_seconds(batch, speculating)
         if step is None:
             return None
+        step *= self.scale[0] if speculating else self.scale[1]
         if self.profile.fitted:
             return step
         tokens = (self.tau if tau is None else tau) if speculating else self.profile.off_step_tokens
@@ -69,7 +79,7 @@ class RateModel:
         return self._ratio(b, pair)
 
     def _ratio(self, b: int, pair: tuple[float, float]) -> float:
-        on, off = pair
+        on, off = pair[0] * self.scale[0], pair[1] * self.scale[1]
         if self.profile.fitted:
             return self.correction * off / on
         wait = self.between * b
@@ -105,3 +115,68 @@ class RateModel:
                 while best > 0 and not pays(best):
                     best -= 1
         return min(max(best, low), high)
+
+
+SCALE_SAMPLES = 9
+"""Samples of a run (the pod in one mode) a measured scale is the median of."""
+SCALE_MIN_SAMPLES = 3
+"""A run counts once it holds this many (its first, which times the new mode's first step
+from the old mode's last, left out): until then the scales stay as they were before it."""
+SCALE_SCAN = 600
+"""How far back (samples: five minutes of scrapes) the runs are looked for: a mode not run
+for that long keeps the profile's own figure."""
+SCALE_BOUNDS = (0.5, 2.0)
+"""A scale outside these says the steps measured something other than the profile (another
+model, a stalled host): it is clipped, not believed."""
+
+
+def measured_scale(samples: Sequence[Sample], profile: StepProfile) -> tuple[float, float]:
+    """(speculating, off): each mode's decode steps as the pod timed them alone
+    (`Sample.step_seconds`) over the profile's at the same batch.
+
+    The mode of the pod's newest run: the median over its newest samples. The other mode,
+    from the run before: its steps against those of the newer run right after the switch,
+    times the newer run's scale now: the host's speed moves both modes alike, and a mode
+    measured minutes after the other would read a host that slowed in between as a gain of
+    the mode measured first. A mode without a run within SCALE_SCAN samples keeps the
+    profile's figure (1), as does a profile fitted from samples (measured already)."""
+    if profile.fitted:
+        return 1.0, 1.0
+    runs = _runs(samples, profile)
+    if not runs:
+        return 1.0, 1.0
+    mode, newest, adjacent = runs[0]
+    now = _median(newest)
+    other = now * _median(runs[1][1]) / _median(adjacent) if len(runs) > 1 else 1.0
+    low, high = SCALE_BOUNDS
+    now, other = (min(high, max(low, v)) for v in (now, other))
+    return (now, other) if mode else (other, now)
+
+
+def _runs(
+    samples: Sequence[Sample], profile: StepProfile
+) -> list[tuple[bool, list[float], list[float]]]:
+    """The pod's two newest runs of SCALE_MIN_SAMPLES timed samples or more, newest first:
+    (speculating, its newest SCALE_SAMPLES steps over the profile's, its oldest as many)."""
+    runs: list[tuple[bool, list[float], list[float]]] = []
+    values: list[float] = []  # the run being read, newest first
+    mode: bool | None = None
+    for s in itertools.islice(reversed(samples), SCALE_SCAN):
+        if s.speculating != mode:
+            if mode is not None and len(values) > SCALE_MIN_SAMPLES:
+                # values[-1] is the run's first sample: it spans the switch.
+                runs.append((mode, values[:SCALE_SAMPLES], values[-SCALE_SAMPLES - 1 : -1]))
+                if len(runs) == 2:
+                    return runs
+            mode, values = s.speculating, []
+        reported = profile.step_seconds(s.batch, s.speculating)
+        if s.step_seconds is not None and reported:
+            values.append(s.step_seconds / reported)
+    if mode is not None and len(values) >= SCALE_MIN_SAMPLES:
+        runs.append((mode, values[:SCALE_SAMPLES], values[-SCALE_SAMPLES:]))
+    return runs
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]

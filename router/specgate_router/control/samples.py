@@ -38,6 +38,9 @@ class Sample:
     """The share of the pod's decode cycles (one decode step's launch to the next's) spent
     outside its decode steps: prefills and what runs around them, which the step profile does
     not time (None: unknown)."""
+    step_seconds: float | None = None
+    """The mean of its decode steps that directly followed another decode step (no prefill
+    between): what a step of its mode took at its batch, measured (None: none ran)."""
 
     @property
     def per_request(self) -> float:
