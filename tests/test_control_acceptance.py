@@ -302,3 +302,20 @@ def test_a_calibration_follows_the_comparisons_around_the_last_switch() -> None:
         tracker._calibrate(2.0, 0.7, 60.0 + 0.5 * i)
     later = 2.0 / control.chain_accept_length(0.7, 3)
     assert abs(tracker.calibration - later) < 0.1 * abs(first - later)
+
+
+def test_a_comparison_on_another_workload_starts_the_calibration_over() -> None:
+    """Comparisons on one workload (agreement 0.95) average; the map from agreement to accept
+    length belongs to the workload, so one across a switch on another (agreement 0.70, its
+    chain accepting less at later positions) replaces them instead of being outweighed by
+    them for minutes: the pod would otherwise flip back to speculation on an estimate 25%
+    high after each switch off."""
+    tracker = AcceptanceTracker(num_steps=6)
+    for at in (0.0, 10.0, 20.0, 30.0):
+        tracker._calibrate(5.6, 0.95, at)
+    old = 5.6 / control.chain_accept_length(0.95, 6)
+    assert tracker.calibration == pytest.approx(old)
+    tracker._calibrate(5.9, 0.96, 40.0)  # the same workload, read again: averaged in
+    assert old < tracker.calibration < 5.9 / control.chain_accept_length(0.96, 6)
+    tracker._calibrate(2.4, 0.70, 70.0)
+    assert tracker.calibration == pytest.approx(2.4 / control.chain_accept_length(0.70, 6))

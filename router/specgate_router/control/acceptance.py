@@ -44,6 +44,10 @@ CALIBRATING_PROPOSALS = 256
 """Proposals behind one reading of the agreement for it to calibrate alone (within about 0.03)."""
 SETTLED_AGREEMENT = 0.05
 """The latest agreement reading within this of the smoothed one: the workload is not moving."""
+ANOTHER_WORKLOAD = 0.1
+"""Two comparisons whose agreements lie further apart than this were made on different
+workloads (a reading of CALIBRATING_PROPOSALS is within about 0.03 of its workload's, so two
+on one workload differ by less)."""
 MIN_CALIBRATING_REQUEST_STEPS = 256
 """Speculating request-steps behind a measured accept length before it calibrates the estimate
 at a switch off (a chain's accepted drafts vary by about 1 a step: 256 put it within 3%). A pod
@@ -102,6 +106,9 @@ class AcceptanceTracker:
     """The comparisons behind `calibration`, each counted once and halved every
     CALIBRATION_HALF_LIFE_SECONDS: a mean over comparisons, so that the few seconds of them
     around one switch outweigh one made minutes before on another workload."""
+    calibration_p1: float | None = None
+    """The agreement of the latest comparison: one whose agreement lies more than
+    ANOTHER_WORKLOAD from it was made on another workload, and starts the mean over."""
     _last: dict[str, float] | None = None
     _pending: list[float] = field(default_factory=lambda: [0.0, 0.0])
     _off_since_switch: list[float] | None = None
@@ -224,12 +231,17 @@ class AcceptanceTracker:
             return
         ratio = min(1.5, max(0.3, measured / chain))
         kept = 0.0
-        if self.calibrated:
+        # How a chain accepts along its positions, and so the map, is the workload's: one
+        # whose first position agrees otherwise than the last comparison's is another.
+        moved = self.calibration_p1 is not None and abs(p1_off - self.calibration_p1) > (
+            ANOTHER_WORKLOAD
+        )
+        if self.calibrated and not moved:
             elapsed = max(0.0, at - self.calibration_at)
             kept = self.calibration_weight * 0.5 ** (elapsed / CALIBRATION_HALF_LIFE_SECONDS)
         self.calibration = (kept * self.calibration + ratio) / (kept + 1.0)
         self.calibration_weight = kept + 1.0
-        self.calibrated, self.calibration_at = True, at
+        self.calibrated, self.calibration_at, self.calibration_p1 = True, at, p1_off
 
     def current(self, now: float) -> Acceptance | None:
         """The expected accept length, or None when nothing recent says."""
