@@ -24,7 +24,8 @@ per token, prefills included.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from specgate_router.control.profile import StepProfile
@@ -157,24 +158,45 @@ def _runs(
     samples: Sequence[Sample], profile: StepProfile
 ) -> list[tuple[bool, list[float], list[float]]]:
     """The pod's two newest runs of SCALE_MIN_SAMPLES timed samples or more, newest first:
-    (speculating, its newest SCALE_SAMPLES steps over the profile's, its oldest as many)."""
+    (speculating, its newest SCALE_SAMPLES steps over the profile's, its oldest as many).
+    Only those are divided out: a pod that held one mode for minutes has hundreds."""
     runs: list[tuple[bool, list[float], list[float]]] = []
-    values: list[float] = []  # the run being read, newest first
+    newest: list[Sample] = []  # the run being read: its newest timed samples
+    oldest: deque[Sample] = deque(maxlen=SCALE_SAMPLES + 1)  # and its oldest, one to spare
+    count = 0
     mode: bool | None = None
+
+    def ratios(run: Iterable[Sample]) -> list[float]:
+        out = []
+        for s in run:
+            reported = profile.step_seconds(s.batch, s.speculating)
+            if reported and s.step_seconds is not None:
+                out.append(s.step_seconds / reported)
+        return out
+
+    # The batches each mode is profiled at: a sample beyond them has nothing to scale.
+    spans = {m: (p[0][0], p[-1][0]) for m, p in ((True, profile.on), (False, profile.off))}
     for s in itertools.islice(reversed(samples), SCALE_SCAN):
         if s.speculating != mode:
-            if mode is not None and len(values) > SCALE_MIN_SAMPLES:
-                # values[-1] is the run's first sample: it spans the switch.
-                runs.append((mode, values[:SCALE_SAMPLES], values[-SCALE_SAMPLES - 1 : -1]))
+            if mode is not None and count > SCALE_MIN_SAMPLES:
+                # The run's first timed sample (oldest[-1]) spans the switch: left out.
+                first = list(oldest)[:-1] if count > SCALE_SAMPLES else newest[:-1]
+                runs.append((mode, ratios(newest), ratios(first[-SCALE_SAMPLES:])))
                 if len(runs) == 2:
                     return runs
-            mode, values = s.speculating, []
-        reported = profile.step_seconds(s.batch, s.speculating)
-        if s.step_seconds is not None and reported:
-            values.append(s.step_seconds / reported)
-    if mode is not None and len(values) >= SCALE_MIN_SAMPLES:
-        runs.append((mode, values[:SCALE_SAMPLES], values[-SCALE_SAMPLES:]))
-    return runs
+            mode, newest, count = s.speculating, [], 0
+            oldest.clear()
+        low, high = spans[s.speculating]
+        if s.step_seconds is None or not low <= s.batch <= high:
+            continue
+        count += 1
+        if len(newest) < SCALE_SAMPLES:
+            newest.append(s)
+        oldest.append(s)
+    if mode is not None and count >= SCALE_MIN_SAMPLES:
+        first = list(oldest) if count > SCALE_SAMPLES else newest
+        runs.append((mode, ratios(newest), ratios(first[-SCALE_SAMPLES:])))
+    return [run for run in runs if run[1] and run[2]]
 
 
 def _median(values: Sequence[float]) -> float:
