@@ -17,6 +17,7 @@ patched engine held at threshold 0, four tokens a step, as the example renders i
   off            the patched engine with speculation off, the draft's agreement sampled on
                  every 8th off step (its default: the accept length estimated while off)
   off-unsampled  the same with SGLANG_SPEC_OFF_AGREEMENT_EVERY=0 (no sampling)
+  off-sparse     the same sampled on every 32nd off step (a quarter of the default's cost)
 
 `--servers plain,off,off-unsampled` runs only those; every cell then reports each server over
 plain as well.
@@ -74,7 +75,7 @@ from synthetic import acceptance  # type: ignore[import-not-found]  # noqa: E402
 from specgate import api  # noqa: E402
 from specgate_operator import render  # noqa: E402
 
-SERVERS = ("plain", "eagle3", "adaptive", "routed", "off", "off-unsampled")
+SERVERS = ("plain", "eagle3", "adaptive", "routed", "off", "off-unsampled", "off-sparse")
 DEFAULT_SERVERS = SERVERS[:4]
 ADAPTIVE_TIERS = {
     "1": {"candidate_steps": [1, 3]},
@@ -95,6 +96,8 @@ MAX_RUNNING = 128
 ROUTER_PORT_OFFSET = 500
 MODELS = Path("/tmp/specgate-models-synthetic")
 AGREEMENT_ENV = "SGLANG_SPEC_OFF_AGREEMENT_EVERY"
+SPARSE_EVERY = 32
+"""`off-sparse` samples the draft's agreement on every this many off steps."""
 EXAMPLE = REPO / "examples" / "tiny-single-gpu.yaml"
 
 
@@ -269,6 +272,7 @@ def start_servers(
         "routed": ([*common, *eagle, *control_flags], {}),
         "off": ([*common, *eagle, *off_flags], {}),
         "off-unsampled": ([*common, *eagle, *off_flags], {AGREEMENT_ENV: "0"}),
+        "off-sparse": ([*common, *eagle, *off_flags], {AGREEMENT_ENV: str(SPARSE_EVERY)}),
     }
     servers = {name: server for name, server in servers.items() if name in args.servers}
     ports = {name: args.port_base + i for i, name in enumerate(servers)}
@@ -290,13 +294,13 @@ def start_servers(
             failed[name] = str(exc)
             verify.log(f"{name} did not start ({exc}); measuring without it (see {name}.log)")
             del ports[name]
+    if "routed" not in ports:
+        return ports, procs, {"startup_seconds": started, "failed_to_start": failed}
     config["backends"] = [f"http://127.0.0.1:{ports['routed']}"]
     config["engineApiKey"] = verify.KEY
     path = out / "router.yaml"
     path.write_text(json.dumps(config))  # JSON is YAML
     router_port = args.port_base + ROUTER_PORT_OFFSET
-    if "routed" not in ports:
-        return ports, procs, {"startup_seconds": started, "failed_to_start": failed}
     procs.append(launch_router(path, router_port, out))
     engine_port = ports["routed"]
     ports["routed"] = router_port  # clients of the routed server go through its router
@@ -371,7 +375,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     cells = results["cells"]
     fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(cells)), 4))
     colors = {"plain": "#999999", "eagle3": "#4c72b0", "adaptive": "#55a868", "routed": "#dd8452",
-              "off": "#8172b3", "off-unsampled": "#c44e52"}  # fmt: skip
+              "off": "#8172b3", "off-unsampled": "#c44e52", "off-sparse": "#937860"}  # fmt: skip
     ran = [n for n in SERVERS if any(n in cell["medians"] for cell in cells)]
     width = 0.8 / len(ran)
     for i, name in enumerate(ran):

@@ -4,10 +4,12 @@ profile summary (lab/bench/folded_top.py) and the per-step comparison of py-spy 
 
 from __future__ import annotations
 
+import argparse
 import json
 import lzma
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -587,3 +589,41 @@ def test_the_control_cost_benchmark_times_every_pods_step() -> None:
     assert row["per_pod_ms_median"] == pytest.approx(row["step_ms_median"] / 2, abs=1e-3)
     assert set(row["rules"]) <= {str(r) for r in __import__("specgate_router").control.Rule}
     assert sum(row["rules"].values()) == 2 * 120
+
+
+def test_the_held_load_starts_the_off_mode_servers_without_a_routed_pod(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--servers plain,off,off-sparse,off-unsampled` starts those four and no router: each
+    off server is the patched engine held at threshold 0, told how often to sample the draft's
+    agreement (an earlier version looked up the routed pod's port and failed here on a GPU)."""
+    sys.path[:0] = [str(ROOT / "lab" / "gpu"), str(ROOT / "lab" / "bench")]
+    try:
+        held = load_module(ROOT / "lab" / "bench" / "held_load.py", "held_load_off")
+    finally:
+        del sys.path[:2]
+    started: dict[str, tuple[list[str], dict[str, str]]] = {}
+
+    def start(name: str, flags: list[str], port: int, logs: Path, env: Any, cpus: Any) -> Any:
+        started[name] = (flags, env)
+        return name
+
+    monkeypatch.setattr(held, "write_synthetic_pair", lambda *a: None)
+    monkeypatch.setattr(held.verify, "start", start)
+    monkeypatch.setattr(held.verify, "wait_for_log", lambda *a: None)
+    monkeypatch.setattr(held.verify, "wait_healthy", lambda port, proc: 1.0)
+    monkeypatch.setattr(held, "launch_router", lambda *a: pytest.fail("no router without routed"))
+    args = argparse.Namespace(
+        servers=["plain", "off", "off-sparse", "off-unsampled"], c=12.0, mem_fraction=0.18,
+        pin=False, port_base=32600,
+    )  # fmt: skip
+    ports, procs, what = held.start_servers(args, tmp_path)
+    assert sorted(ports) == sorted(args.servers) and "routed" not in ports
+    assert sorted(procs) == sorted(args.servers)  # one process a server, no router
+    assert what["startup_seconds"] == dict.fromkeys(args.servers, 1.0)
+    env = {name: e.get(held.AGREEMENT_ENV) for name, (_, e) in started.items()}
+    assert env == {"plain": None, "off": None, "off-sparse": "32", "off-unsampled": "0"}
+    for name in ("off", "off-sparse", "off-unsampled"):
+        flags = started[name][0]
+        assert flags[flags.index("--speculative-disable-batch-threshold") + 1] == "0"
+    assert "--speculative-disable-batch-threshold" not in started["plain"][0]
