@@ -683,6 +683,50 @@ async def test_pods_learn_only_from_siblings_on_the_same_accelerators() -> None:
     assert (odd.accelerator, odd.num_accelerators) == (None, None)
 
 
+async def test_the_control_step_lets_the_loop_run_between_pods() -> None:
+    """At 64 pods one control step takes about 10 ms; taken at once, every request and scrape
+    behind it waits that long. The step decides one pod at a time and lets the loop run
+    between them: a callback scheduled before it runs while pods are still undecided, and each
+    pod's decision is what `control.step` gives for all of them at once."""
+    from specgate_router.state import RouterState
+
+    now = [100.0]
+    names = [f"p{i}" for i in range(6)]
+    state = RouterState(
+        RouterSettings.model_validate(
+            {"backends": [f"http://{n}" for n in names], "control": {"minSamples": 2}}
+        ),
+        clock=lambda: now[0],
+    )
+    state.is_leader = False
+    live = state.live_pods()
+    for i, pod_state in enumerate(live):
+        pod_state.record(Scrape(now[0], EngineLoad(
+            running=4 + 4 * i, waiting=0, max_running=64, threshold=8, threshold_known=True,
+        )))  # fmt: skip
+        for t in range(3):
+            pod_state.samples.append(control.Sample(90.0 + t, 4.0 + 4 * i, 200.0 + 40 * i, 1.0))
+            pod_state.samples.append(control.Sample(93.0 + t, 4.0 + 4 * i, 260.0 + 30 * i, 0.0))
+    params = state.settings.control
+    expected = control.step([p.control_input(now[0], params) for p in live], now=now[0],
+                            params=params)  # fmt: skip
+    loop = asyncio.get_running_loop()
+    turns: list[int] = []  # loop iterations that ran while the step was under way
+    stepping = True
+
+    def turn() -> None:
+        if stepping:
+            turns.append(sum(p.decision in expected for p in live))
+            loop.call_soon(turn)
+
+    loop.call_soon(turn)
+    await state.control_step()
+    stepping = False
+    assert [p.decision for p in live] == expected
+    assert len(turns) >= len(live) - 1, turns
+    assert turns == sorted(turns) and turns[0] < len(live), turns  # pods decided one by one
+
+
 def test_a_single_router_does_not_read_finished_requests_as_another_replicas() -> None:
     """A wave of requests finishes between a scrape and the next pool update: the pods last
     reported 16 running while this router now has 4 in flight. Those 16 were all its own, so

@@ -589,6 +589,8 @@ def test_the_control_cost_benchmark_times_every_pods_step() -> None:
     assert row["per_pod_ms_median"] == pytest.approx(row["step_ms_median"] / 2, abs=1e-3)
     assert set(row["rules"]) <= {str(r) for r in __import__("specgate_router").control.Rule}
     assert sum(row["rules"].values()) == 2 * 120
+    # One pod's turn is the longest the router's loop waits: under the whole step.
+    assert 0 < row["longest_turn_ms_median"] <= row["step_ms_median"]
 
 
 def test_the_held_load_starts_the_off_mode_servers_without_a_routed_pod(

@@ -25,7 +25,7 @@ from specgate_router.control.decision import (
     initial_decision,
     trial_event,
 )
-from specgate_router.control.fleet import PodInput, models, step
+from specgate_router.control.fleet import PodInput, each_decision, models, step
 from specgate_router.control.model import RateModel, measured_scale
 from specgate_router.control.profile import StepProfile, fitted_from_samples
 from specgate_router.control.samples import (
@@ -54,6 +54,7 @@ __all__ = [
     "chain_accept_length",
     "counters_from_wire",
     "decide",
+    "each_decision",
     "fitted_from_samples",
     "initial_decision",
     "measured_scale",

@@ -10,7 +10,7 @@ all at once.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from typing import NamedTuple
 
 from specgate_router.control.acceptance import Acceptance
@@ -50,6 +50,22 @@ def step(
 ) -> list[Decision]:
     """Every pod's next decision, in the order given."""
     decisions: list[Decision | None] = [None] * len(pods)
+    for i, decision in each_decision(pods, now=now, params=params, tuning=tuning):
+        decisions[i] = decision
+    return [d for d in decisions if d is not None]
+
+
+def each_decision(
+    pods: Sequence[PodInput],
+    *,
+    now: float,
+    params: ControlSettings,
+    tuning: Tuning = TUNING,
+) -> Iterator[tuple[int, Decision]]:
+    """`step`, one pod at a time: (index into `pods`, its decision), a pod's model built
+    just before its decision. A caller that must not hold its thread for a whole fleet (the
+    router's event loop, at 64 pods about 10 ms a step) may pause between pods; what it reads
+    of a pod's samples then is what they hold when that pod's turn comes."""
     groups: dict[Hashable, list[int]] = {}
     for i, pod in enumerate(pods):
         groups.setdefault(pod.group, []).append(i)
@@ -57,7 +73,7 @@ def step(
         group = [pods[i] for i in members]
         trialing = any(pod.previous.trial is not None for pod in group)
         for i, pod, model in zip(
-            members, group, models(group, now=now, params=params), strict=True
+            members, group, each_model(group, now=now, params=params), strict=True
         ):
             decision = decide(
                 pod.previous,
@@ -70,8 +86,7 @@ def step(
                 may_trial=not trialing and pod.pool != "latency" and pod.settled,
             )
             trialing = trialing or decision.trial is not None
-            decisions[i] = decision
-    return [d for d in decisions if d is not None]
+            yield i, decision
 
 
 def models(
@@ -80,6 +95,13 @@ def models(
     """Each pod's uncorrected model: its engine's profile (or a sibling's) with its accept
     length (or its siblings' mean), or, where no pod of the group reports a profile, one
     fitted from the group's samples."""
+    return list(each_model(group, now=now, params=params))
+
+
+def each_model(
+    group: Sequence[PodInput], *, now: float, params: ControlSettings
+) -> Iterator[RateModel | None]:
+    """`models`, built one pod at a time as they are asked for."""
     profiles = [p.profile for p in group if p.profile is not None]
     known = [p.acceptance for p in group if p.acceptance is not None]
     shared = (
@@ -92,23 +114,19 @@ def models(
         pooled = pool_samples([p.samples for p in group])
         profile = fitted_from_samples(pooled, now=now, need=params.min_samples)
         fitted = None if profile is None else RateModel(profile, 1.0, "samples")
-    out: list[RateModel | None] = []
     for pod in group:
         profile = pod.profile or (profiles[0] if profiles else None)
         acceptance = pod.acceptance or shared
         if profile is None:
-            out.append(fitted)
+            yield fitted
         elif acceptance is None:
-            out.append(None)
+            yield None
         else:
             between = between_steps(pod.samples, now)
-            out.append(
-                RateModel(
-                    profile, acceptance.tau, acceptance.source, between,
-                    tau_error=acceptance.error, scale=measured_scale(pod.samples, profile),
-                )
+            yield RateModel(
+                profile, acceptance.tau, acceptance.source, between,
+                tau_error=acceptance.error, scale=measured_scale(pod.samples, profile),
             )  # fmt: skip
-    return out
 
 
 BETWEEN_SECONDS = 10.0
