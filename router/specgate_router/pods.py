@@ -3,6 +3,7 @@ decision, its pool, the router's own in-flight count and a circuit breaker."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections import deque
@@ -280,9 +281,9 @@ class PodState:
             steps = self.profile.num_steps if self.profile else 3
             self.acceptance.update(counters, scrape.at, steps, speculating)
 
-    @property
+    @functools.cached_property
     def public_id(self) -> str:
-        return public_id(self.name)
+        return public_id(self.name)  # a hash: every answer names its pod
 
     def scrape_failed(self, error: str, *, unreachable: bool) -> None:
         """A failed scrape leaves the metrics to go stale (the pod is then de-prioritised and
