@@ -346,16 +346,22 @@ def _trial_or_not(
     batch, speculating = steady
     outside = 0.0 if model.profile.fitted else _outside_share(own, now, tuning)
     ratio = model.ratio(batch)
-    # The spread of the mode it runs at this batch since the load came there (within a
-    # cooldown), past its first settle_seconds: the load's arrival swings the rates by more
-    # than its steady scrapes do. Until that holds 2 x minSamples, the pod waits to decide.
+    # The spread of the mode it runs at this batch since the load and the workload came
+    # there (within a cooldown), past its first settle_seconds: the load's arrival swings the
+    # rates by more than its steady scrapes do, and a change of acceptance is a step in what
+    # the model gets wrong, which a trial reads, not noise. Until that holds 2 x minSamples,
+    # the pod waits to decide.
     window = max(params.cooldown_seconds, 2 * tuning.settle_seconds)
+    newest = list(samples.newest_within(own, now=now, seconds=window))
+    workload = samples.accept_length_now(newest)
     run = list(
         itertools.takewhile(
             lambda s: (
-                s.speculating == speculating and samples.near(s.batch, batch, tuning.load_moved)
+                s.speculating == speculating
+                and samples.near(s.batch, batch, tuning.load_moved)
+                and samples.same_workload(s, workload, tuning.workload_band)
             ),
-            samples.newest_within(own, now=now, seconds=window),
+            newest,
         )
     )[::-1]
     recent = [s for s in run if s.at > run[0].at + tuning.settle_seconds] if run else []

@@ -98,6 +98,28 @@ def newest_within(own: Sequence[Sample], *, now: float, seconds: float) -> Itera
     return itertools.takewhile(lambda s: now - s.at <= seconds, reversed(own))
 
 
+def accept_length_now(newest_first: Sequence[Sample], count: int = 3) -> float | None:
+    """The median accept length measured by the newest `count` speculating samples (None:
+    none): the workload the pod runs now, steadier than one interval's reading. An estimate
+    while off moves with its calibration and its source as well as with the workload, so
+    only measured lengths tell workloads apart."""
+    found = sorted(
+        itertools.islice(
+            (s.accept_length for s in newest_first if s.speculating and s.accept_length), count
+        )
+    )
+    return found[len(found) // 2] if found else None
+
+
+def same_workload(sample: Sample, accept_length: float | None, band: float) -> bool:
+    """Whether `sample` was taken on the workload whose measured accept length is
+    `accept_length`: a speculating sample's own within `band` of it (True where either is
+    unknown, and for samples that did not speculate)."""
+    if accept_length is None or not sample.speculating or not sample.accept_length:
+        return True
+    return abs(sample.accept_length - accept_length) <= band * accept_length
+
+
 def since(own: Sequence[Sample], start: float) -> list[Sample]:
     """The samples taken after `start`, in time order."""
     return list(itertools.takewhile(lambda s: s.at > start, reversed(own)))[::-1]
