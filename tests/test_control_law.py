@@ -283,7 +283,7 @@ def test_a_pod_without_a_profile_or_acceptance_borrows_its_siblings() -> None:
         start(8), own, profile=profile, acceptance=control.Acceptance(2.2, "measured"),
         group="h200",
     )  # fmt: skip
-    models = control.models([new, known], now=40.0, params=PARAMS)
+    models = list(control.models([new, known], now=40.0, params=PARAMS))
     assert models[0] is not None and models[0].profile is profile
     assert models[0].source == "siblings'" and models[0].tau == 2.2
     # Where no pod reports a profile, the rates come from the group's samples: with plain

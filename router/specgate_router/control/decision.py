@@ -353,7 +353,7 @@ def _trial_or_not(
     # the pod waits to decide.
     window = max(params.cooldown_seconds, 2 * tuning.settle_seconds)
     newest = list(samples.newest_within(own, now=now, seconds=window))
-    workload = samples.accept_length_now(newest)
+    workload = samples.accept_length_now(newest) if speculating else None
     run = list(
         itertools.takewhile(
             lambda s: (

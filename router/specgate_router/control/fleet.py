@@ -73,7 +73,7 @@ def each_decision(
         group = [pods[i] for i in members]
         trialing = any(pod.previous.trial is not None for pod in group)
         for i, pod, model in zip(
-            members, group, each_model(group, now=now, params=params), strict=True
+            members, group, models(group, now=now, params=params), strict=True
         ):
             decision = decide(
                 pod.previous,
@@ -91,17 +91,10 @@ def each_decision(
 
 def models(
     group: Sequence[PodInput], *, now: float, params: ControlSettings
-) -> list[RateModel | None]:
-    """Each pod's uncorrected model: its engine's profile (or a sibling's) with its accept
-    length (or its siblings' mean), or, where no pod of the group reports a profile, one
-    fitted from the group's samples."""
-    return list(each_model(group, now=now, params=params))
-
-
-def each_model(
-    group: Sequence[PodInput], *, now: float, params: ControlSettings
 ) -> Iterator[RateModel | None]:
-    """`models`, built one pod at a time as they are asked for."""
+    """Each pod's uncorrected model, built as it is asked for: its engine's profile (or a
+    sibling's) with its accept length (or its siblings' mean), or, where no pod of the group
+    reports a profile, one fitted from the group's samples."""
     profiles = [p.profile for p in group if p.profile is not None]
     known = [p.acceptance for p in group if p.acceptance is not None]
     shared = (
